@@ -1,0 +1,29 @@
+# Two commands do all set-up on a fresh machine with Python 3.11: `make demo`, `make test`.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(EXTRAS)
+EXTRAS := test,progress,plot
+
+.PHONY: demo test bench venv clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
+	touch $@
+
+demo: $(STAMP)
+	$(BIN)/python examples/demo.py
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q tests
+
+bench:
+	$(MAKE) venv EXTRAS=test,progress,plot,bench
+	$(BIN)/python benchmarks/run.py
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache

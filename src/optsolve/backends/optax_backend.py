@@ -1,0 +1,330 @@
+"""The optax family: every optax optimizer as an optsolve algorithm, and raw transformations.
+
+One programmatic wrapper (:func:`make_optax_algorithm`) turns an optax factory such as
+``optax.adam`` into an algorithm class with the factory's signature and docstring whose
+numeric hyperparameters are pytree leaves: a jitted function taking ``Adam(lr)`` compiles
+once for any ``lr``. Any numeric hyperparameter may be a schedule (a callable of the step
+count); those optax does not schedule natively go through ``optax.inject_hyperparams``.
+
+Transformations that need more than a gradient (line searches, ``optax.lbfgs``,
+``optax.polyak_sgd``, ``optax.contrib.sophia``) get ``value``, ``grad``, ``value_fn`` or
+``obj_fn`` from ``solve``: the first set of extra arguments the transformation accepts.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from optsolve.backends.iterative import Objective, Step, run_iterative
+from optsolve.solve_api.algorithm import Algorithm
+from optsolve.solve_api.options import SolveOptions
+from optsolve.solve_api.problem import OptimizationProblem
+from optsolve.solve_api.registry import (
+    register_adapter, register_algorithm, register_backend,
+)
+from optsolve.solve_api.solution import Solution
+
+PyTree = Any
+
+
+class _Static:
+    """Holds an unhashable static value (a mask pytree, say); equal only to itself."""
+
+    def __init__(self, value: Any):
+        self.value = value
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
+def _freeze(value: Any) -> Any:
+    try:
+        hash(value)
+    except TypeError:
+        return _Static(value)
+    return value
+
+
+def _thaw(value: Any) -> Any:
+    return value.value if isinstance(value, _Static) else value
+
+
+def _is_leaf_value(value: Any) -> bool:
+    """Numbers that are pytree leaves: floats and arrays. Ints and bools fix structure."""
+    if isinstance(value, (bool, np.bool_, int, np.integer)):
+        return False
+    return isinstance(value, (float, np.floating, np.ndarray, jax.Array))
+
+
+class OptaxAlgorithm(Algorithm):
+    """An optax optimizer as an optsolve algorithm (base of the generated classes).
+
+    Hyperparameters are the optax factory's arguments, readable as attributes
+    (``Adam(1e-3).learning_rate``); ``replace(**changes)`` returns a new algorithm.
+    """
+
+    family: ClassVar[str] = "optax"
+    factory: ClassVar[Callable[..., optax.GradientTransformation]]
+    schedulable: ClassVar[frozenset[str]] = frozenset()
+    native_schedules: ClassVar[frozenset[str]] = frozenset()
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        signature = inspect.signature(type(self).factory)
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError as err:
+            raise TypeError(f"{type(self).__name__}{signature}: {err}") from None
+        bound.apply_defaults()
+        object.__setattr__(self, "_hyperparams", dict(bound.arguments))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"{type(self).__name__} is immutable; use .replace({name}=...).")
+
+    def __getattr__(self, name: str) -> Any:
+        hyperparams = self.__dict__.get("_hyperparams", {})
+        if name in hyperparams:
+            return hyperparams[name]
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+
+    @property
+    def hyperparams(self) -> dict[str, Any]:
+        """The factory's arguments, by name (a copy)."""
+        return dict(self._hyperparams)
+
+    def replace(self, **changes: Any) -> "OptaxAlgorithm":
+        """A copy with some hyperparameters changed."""
+        unknown = set(changes) - set(self._hyperparams)
+        if unknown:
+            raise TypeError(
+                f"{type(self).__name__}.replace: unknown hyperparameter(s) {sorted(unknown)}; "
+                f"valid: {', '.join(self._hyperparams)}."
+            )
+        return type(self)(**{**self._hyperparams, **changes})
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self._hyperparams.items())
+        return f"{type(self).__name__}({args})"
+
+    def transformation(self) -> optax.GradientTransformation:
+        """The optax transformation for the current hyperparameters (traced or concrete)."""
+        hp = self._hyperparams
+        injected = [
+            name for name, value in hp.items()
+            if callable(value) and name in self.schedulable and name not in self.native_schedules
+        ]
+        if not injected:
+            return type(self).factory(**hp)
+        # optax schedules only some arguments natively; inject_hyperparams schedules any.
+        scheduled = {n for n, v in hp.items() if callable(v) and n in self.schedulable}
+        static = tuple(n for n, v in hp.items() if not _is_leaf_value(v) and n not in scheduled)
+        return optax.inject_hyperparams(type(self).factory, static_args=static)(**hp)
+
+    # pytree protocol (registered per generated class)
+    def _tree_flatten_with_keys(self):
+        leaf_names = tuple(n for n, v in self._hyperparams.items() if _is_leaf_value(v))
+        statics = tuple((n, _freeze(v)) for n, v in self._hyperparams.items()
+                        if n not in leaf_names)
+        children = [(jax.tree_util.GetAttrKey(n), self._hyperparams[n]) for n in leaf_names]
+        return children, (leaf_names, statics)
+
+    @classmethod
+    def _tree_unflatten(cls, aux, children):
+        leaf_names, statics = aux
+        obj = object.__new__(cls)
+        values = dict(zip(leaf_names, children))
+        values.update({n: _thaw(v) for n, v in statics})
+        order = list(inspect.signature(cls.factory).parameters)
+        object.__setattr__(obj, "_hyperparams", {n: values[n] for n in order if n in values})
+        return obj
+
+
+_NUMERIC_MARKERS = ("float", "numpy.number", "Numeric", "ScalarOrSchedule")
+
+
+def _schedulable_names(factory: Callable[..., Any]) -> tuple[frozenset[str], frozenset[str]]:
+    """(arguments that are numbers and so may be scheduled, those optax schedules itself)."""
+    schedulable, native = set(), set()
+    for name, param in inspect.signature(factory).parameters.items():
+        annotation = str(param.annotation)
+        numeric_default = isinstance(param.default, float) or (
+            isinstance(param.default, int) and not isinstance(param.default, bool)
+        )
+        if "mask" in name or "dtype" in name:
+            continue
+        if annotation in ("<class 'int'>", "int", "<class 'bool'>", "bool"):
+            continue
+        if numeric_default or any(m in annotation for m in _NUMERIC_MARKERS):
+            schedulable.add(name)
+            if "Callable" in annotation:
+                native.add(name)
+    return frozenset(schedulable), frozenset(native)
+
+
+def make_optax_algorithm(factory: Callable[..., optax.GradientTransformation], name: str,
+                         source: str) -> type[OptaxAlgorithm]:
+    """Generate the algorithm class for one optax factory (``source`` names it in docs)."""
+    signature = inspect.signature(factory)
+    schedulable, native = _schedulable_names(factory)
+
+    def __init__(self, *args, **kwargs):
+        OptaxAlgorithm.__init__(self, *args, **kwargs)
+
+    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    __init__.__signature__ = signature.replace(
+        parameters=params + list(signature.parameters.values()), return_annotation=None
+    )
+    header = (
+        f"``{source}`` as an optsolve algorithm: an immutable pytree whose numeric "
+        "hyperparameters are leaves (new values reuse compiled code); any numeric "
+        "hyperparameter may be a schedule, a callable of the step count.\n\n"
+        f"Example:\n  >>> sol = optsolve.solve(problem, optsolve.{name}(...), maxiters=100)\n\n"
+        f"The arguments are those of ``{source}``, whose documentation follows.\n\n"
+    )
+    cls = type(name, (OptaxAlgorithm,), {
+        "factory": staticmethod(factory),
+        "schedulable": schedulable,
+        "native_schedules": native,
+        "__init__": __init__,
+        "__doc__": header + inspect.cleandoc(factory.__doc__ or ""),
+        "__module__": "optsolve",
+        "__qualname__": name,
+    })
+    cls.__signature__ = signature
+    __init__.__doc__ = cls.__doc__
+    jax.tree_util.register_pytree_with_keys(
+        cls, cls._tree_flatten_with_keys, cls._tree_unflatten
+    )
+    register_algorithm(cls)
+    register_backend(cls, solve_optax)
+    return cls
+
+
+class OptaxTransform(Algorithm):
+    """A raw ``optax.GradientTransformation`` (chains, clipping, masks, line searches).
+
+    The transformation is static: it is a closure, so a new transformation object means a
+    new compilation. Prefer the generated classes (``optsolve.Adam``, ...) to sweep
+    hyperparameters without recompiling.
+    """
+
+    family: ClassVar[str] = "optax"
+
+    def __init__(self, transformation: optax.GradientTransformation):
+        if not isinstance(transformation, optax.GradientTransformation):
+            raise TypeError(
+                "OptaxTransform: `transformation` must be an optax.GradientTransformation, got "
+                f"{type(transformation).__name__}."
+            )
+        object.__setattr__(self, "_transformation", transformation)
+
+    def transformation(self) -> optax.GradientTransformation:
+        return self._transformation
+
+    def __repr__(self) -> str:
+        return f"OptaxTransform({self._transformation!r})"
+
+
+jax.tree_util.register_pytree_node(
+    OptaxTransform,
+    lambda a: ((), a._transformation),
+    lambda aux, _: OptaxTransform(aux),
+)
+
+
+# ----------------------------------------------------------------------------- the solver
+
+_EXTRA_ARG_SETS = (("value", "grad", "value_fn"), ("obj_fn",), ("value", "grad", "value_fn", "obj_fn"))
+_LINESEARCH_STATES = (
+    optax.ScaleByZoomLinesearchState, optax.ScaleByBacktrackingLinesearchState,
+)
+
+
+def _final_linesearch_state(state: PyTree):
+    """The line-search state if it is the last transformation of a chain, else None.
+
+    Only then are its stored value and gradient those at the new iterate.
+    """
+    while True:
+        if isinstance(state, _LINESEARCH_STATES):
+            return state
+        if isinstance(state, optax.InjectHyperparamsState):
+            state = state.inner_state
+        elif isinstance(state, tuple) and not hasattr(state, "_fields") and state:
+            state = state[-1]
+        else:
+            return None
+
+
+class _OptaxSolver:
+    detect_stall = False
+
+    def __init__(self, transformation: optax.GradientTransformation):
+        self.tx = transformation
+        self.extra_names: tuple[str, ...] | None = None
+
+    def init(self, objective: Objective, x, f, g):
+        return self.tx.init(x)
+
+    def _extra_args(self, objective: Objective, f, g, names) -> dict[str, Any]:
+        available = {"value": f, "grad": g, "value_fn": objective.value, "obj_fn": objective.value}
+        return {n: available[n] for n in names}
+
+    def _choose_extra_names(self, objective: Objective, x, f, g, state) -> tuple[str, ...]:
+        if not isinstance(self.tx, optax.GradientTransformationExtraArgs):
+            return ()
+        first_error = None
+        for names in _EXTRA_ARG_SETS:
+            kwargs = self._extra_args(objective, f, g, names)
+            try:
+                jax.eval_shape(lambda gg, ss, xx: self.tx.update(gg, ss, xx, **kwargs), g, state, x)
+            except (TypeError, ValueError) as err:
+                first_error = first_error or err
+                continue
+            return names
+        raise first_error
+
+    def step(self, objective: Objective, x, f, g, state) -> Step:
+        if self.extra_names is None:
+            self.extra_names = self._choose_extra_names(objective, x, f, g, state)
+        kwargs = self._extra_args(objective, f, g, self.extra_names)
+        updates, new_state = self.tx.update(g, state, x, **kwargs)
+        x_new = optax.apply_updates(x, updates)
+        one = jnp.ones((), jnp.int32)
+        ls = _final_linesearch_state(new_state)
+        if ls is not None and ls.grad is not None:
+            trials = jnp.asarray(ls.info.num_linesearch_steps, jnp.int32)
+            f_new, g_new = ls.value, ls.grad
+            backtracking = isinstance(ls, optax.ScaleByBacktrackingLinesearchState)
+            return Step(x_new, f_new, g_new, new_state, trials, one if backtracking else trials,
+                        jnp.zeros((), bool))
+        f_new, g_new = objective.value_and_grad(x_new)
+        f_evals, grad_evals = one, one
+        if ls is not None:
+            trials = jnp.asarray(ls.info.num_linesearch_steps, jnp.int32)
+            f_evals = f_evals + trials
+            if isinstance(ls, optax.ScaleByZoomLinesearchState):
+                grad_evals = grad_evals + trials
+        return Step(x_new, f_new, g_new, new_state, f_evals, grad_evals, jnp.zeros((), bool))
+
+
+def _make_solver(algorithm: OptaxAlgorithm | OptaxTransform,
+                 problem: OptimizationProblem) -> _OptaxSolver:
+    return _OptaxSolver(algorithm.transformation())
+
+
+def solve_optax(problem: OptimizationProblem, algorithm: Algorithm,
+                options: SolveOptions) -> Solution:
+    """Run an optax-family algorithm: one compiled loop (see :mod:`.iterative`)."""
+    return run_iterative(_make_solver, problem, algorithm, options)
+
+
+register_backend(OptaxTransform, solve_optax)
+register_adapter(optax.GradientTransformation, OptaxTransform)

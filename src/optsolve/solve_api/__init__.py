@@ -1,0 +1,11 @@
+"""What users touch: the problem, solve(), the solution and its return codes."""
+
+from optsolve.solve_api.algorithm import Algorithm
+from optsolve.solve_api.problem import Constraint, OptimizationProblem
+from optsolve.solve_api.returncode import ReturnCode
+from optsolve.solve_api.solution import Solution, Stats
+from optsolve.solve_api.solve import solve
+
+__all__ = [
+    "Algorithm", "Constraint", "OptimizationProblem", "ReturnCode", "Solution", "Stats", "solve",
+]

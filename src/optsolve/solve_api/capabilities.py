@@ -1,0 +1,96 @@
+"""Checks of a problem and its options against an algorithm's capability traits.
+
+One place for every "this algorithm cannot do that" error, run before dispatch, each
+naming the algorithms that can.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from optsolve.solve_api.algorithm import Algorithm
+from optsolve.solve_api.options import SolveOptions
+from optsolve.solve_api.problem import OptimizationProblem
+from optsolve.solve_api.registry import algorithm_classes
+
+
+def _names_with(trait: str) -> str:
+    names = [c.__name__ for c in algorithm_classes() if getattr(c, trait)]
+    return ", ".join(names) if names else "(none installed)"
+
+
+def check_capabilities(problem: OptimizationProblem, algorithm: Algorithm,
+                       options: SolveOptions) -> None:
+    """Raise a clear error when ``algorithm`` cannot honour the problem or the options."""
+    name = type(algorithm).__name__
+    if problem.has_bounds and not algorithm.takes_bounds:
+        raise ValueError(
+            f"solve: {name} does not support bounds. Either remove `bounds` from the problem or "
+            f"use an algorithm that takes them: {_names_with('takes_bounds')}."
+        )
+    if problem.constraints and not algorithm.takes_constraints:
+        raise ValueError(
+            f"solve: {name} does not support constraints. Either remove `constraints` from the "
+            f"problem or use an algorithm that takes them: {_names_with('takes_constraints')}."
+        )
+    if not algorithm.stops_by_itself and all(
+        getattr(options, o) is None for o in ("maxiters", "maxtime", "gtol", "ftol")
+    ):
+        raise ValueError(
+            f"solve: {name} has no convergence test of its own, so `maxiters` is required "
+            "(or a stopping tolerance: gtol, ftol, maxtime); e.g. solve(prob, alg, maxiters=1000)."
+        )
+
+
+def _tree_signature(tree: Any) -> tuple:
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    return treedef, tuple((jnp.shape(l), jnp.result_type(l)) for l in leaves)
+
+
+def check_objective(problem: OptimizationProblem) -> None:
+    """Raise a clear error unless ``f(x0, p)`` is a real floating-point scalar."""
+    try:
+        key = (problem.f, _tree_signature(problem.x0), _tree_signature(problem.p))
+        hash(key)
+    except TypeError:
+        key = None
+    if key is None:
+        _check_objective_uncached(problem.f, problem.x0, problem.p)
+    else:
+        _check_objective_cached(key, problem.f, problem.x0, problem.p)
+
+
+def _check_objective_cached(key, f, x0, p):
+    # The check traces f once; cache it per (f, shapes) so repeated solves pay nothing.
+    if key in _CHECKED:
+        return
+    _check_objective_uncached(f, x0, p)
+    if len(_CHECKED) > 1024:
+        _CHECKED.clear()
+    _CHECKED.add(key)
+
+
+_CHECKED: set = set()
+
+
+def _check_objective_uncached(f, x0, p) -> None:
+    out = jax.eval_shape(f, x0, p)
+    if not hasattr(out, "shape") or not hasattr(out, "dtype"):
+        raise TypeError(
+            "OptimizationProblem: `f(x, p)` must return a scalar array, got "
+            f"{jax.tree_util.tree_structure(out)}."
+        )
+    if out.shape != ():
+        raise ValueError(
+            f"OptimizationProblem: `f(x, p)` must return a scalar, got an array of shape "
+            f"{out.shape}. Reduce it, e.g. with jnp.sum or jnp.mean."
+        )
+    if not jnp.issubdtype(out.dtype, jnp.floating):
+        kind = "a complex" if jnp.issubdtype(out.dtype, jnp.complexfloating) else f"a {out.dtype}"
+        raise TypeError(
+            f"OptimizationProblem: `f(x, p)` must return a real floating-point scalar, got "
+            f"{kind} value. Minimisation needs a real objective (e.g. take jnp.abs or .real)."
+        )

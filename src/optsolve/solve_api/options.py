@@ -1,0 +1,89 @@
+"""The one vocabulary of stopping and monitoring options that every algorithm accepts."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from optsolve.solve_api.algorithm import Algorithm
+from optsolve.solve_api.pytree import pytree_dataclass, static_field
+
+COMMON_OPTIONS = ("maxiters", "maxtime", "gtol", "ftol", "callback", "callback_every")
+
+
+@pytree_dataclass
+class SolveOptions:
+    """Validated options of one ``solve`` call.
+
+    Numbers are leaves (changing ``maxiters`` or ``gtol`` does not recompile); None means
+    "not set". ``callback``, ``callback_every`` and backend-specific ``extra`` are static.
+
+    Attributes:
+      maxiters: the most iterations (accepted steps) to take.
+      maxtime: the most wall-clock seconds to run.
+      gtol: stop with SUCCESS once the gradient's infinity norm is <= gtol.
+      ftol: stop with SUCCESS once |f_k - f_{k+1}| <= ftol * max(|f_k|, |f_{k+1}|, 1).
+      callback: ``callback(iteration, x, objective) -> bool | None``; True stops the run.
+      callback_every: call the callback every k-th iteration (default 1).
+      extra: backend-specific options, as a tuple of (name, value) pairs.
+    """
+
+    maxiters: Any = None
+    maxtime: Any = None
+    gtol: Any = None
+    ftol: Any = None
+    callback: Callable[..., Any] | None = static_field(default=None)
+    callback_every: int = static_field(default=1)
+    extra: tuple[tuple[str, Any], ...] = static_field(default=())
+
+    def get(self, name: str, default: Any = None) -> Any:
+        """A backend-specific option's value, or ``default`` when not given."""
+        return dict(self.extra).get(name, default)
+
+
+def _check_number(name: str, value: Any, *, integer: bool = False, positive: bool = False):
+    if value is None:
+        return
+    if isinstance(value, jax.core.Tracer):
+        return
+    arr = np.asarray(value)
+    ok = arr.ndim == 0 and (np.issubdtype(arr.dtype, np.integer) if integer
+                            else np.issubdtype(arr.dtype, np.number) and not np.iscomplexobj(arr))
+    if isinstance(value, bool) or not ok:
+        kind = "an integer" if integer else "a real number"
+        raise TypeError(f"solve: `{name}` must be {kind}, got {value!r}.")
+    if (positive and arr <= 0) or arr < 0:
+        bound = "> 0" if positive else ">= 0"
+        raise ValueError(f"solve: `{name}` must be {bound}, got {value!r}.")
+
+
+def make_options(algorithm: Algorithm, *, maxiters=None, maxtime=None, gtol=None, ftol=None,
+                 callback=None, callback_every: int = 1, **extra: Any) -> SolveOptions:
+    """Validate ``solve``'s keyword options for ``algorithm`` and bundle them."""
+    valid_extra = tuple(type(algorithm).extra_options)
+    unknown = sorted(set(extra) - set(valid_extra))
+    if unknown:
+        valid = ", ".join(COMMON_OPTIONS + valid_extra)
+        raise TypeError(
+            f"solve: {type(algorithm).__name__} does not take the option(s) "
+            f"{', '.join(repr(u) for u in unknown)}. Valid options: {valid}."
+        )
+    _check_number("maxiters", maxiters, integer=True)
+    _check_number("maxtime", maxtime, positive=True)
+    _check_number("gtol", gtol)
+    _check_number("ftol", ftol)
+    if callback is not None and not callable(callback):
+        raise TypeError(
+            f"solve: `callback` must be callable as callback(iteration, x, objective), got "
+            f"{callback!r}."
+        )
+    if isinstance(callback_every, bool) or not isinstance(callback_every, (int, np.integer)) \
+            or callback_every < 1:
+        raise ValueError(f"solve: `callback_every` must be an integer >= 1, got {callback_every!r}.")
+    return SolveOptions(
+        maxiters=maxiters, maxtime=maxtime, gtol=gtol, ftol=ftol, callback=callback,
+        callback_every=int(callback_every), extra=tuple(sorted(extra.items())),
+    )

@@ -1,0 +1,188 @@
+"""The problem a user declares: objective, starting point, hyperparameters, bounds, constraints."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from optsolve.solve_api.pytree import pytree_dataclass, replace, static_field
+
+PyTree = Any
+
+
+def _is_concrete(value: Any) -> bool:
+    return not isinstance(value, jax.core.Tracer)
+
+
+@pytree_dataclass
+class Constraint:
+    """A general constraint ``lower <= g(x, p) <= upper`` (elementwise).
+
+    Args:
+      g: ``g(x, p) -> array``; a scalar or a 1-D array of constraint values.
+      lower: lower bound(s); ``-inf`` for none. Equality where ``lower == upper``.
+      upper: upper bound(s); ``inf`` for none.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> c = Constraint(lambda x, p: x[0] + x[1], lower=1.0, upper=1.0)  # x0 + x1 == 1
+    """
+
+    g: Callable[[PyTree, PyTree], jax.Array] = static_field()
+    lower: Any = -jnp.inf
+    upper: Any = jnp.inf
+
+    def __post_init__(self):
+        if not callable(self.g):
+            raise TypeError(f"Constraint: `g` must be a callable g(x, p) -> array, got {self.g!r}.")
+        lo, up = self.lower, self.upper
+        if _is_concrete(lo) and _is_concrete(up):
+            if np.any(np.asarray(lo) > np.asarray(up)):
+                raise ValueError(
+                    f"Constraint: `lower` must be <= `upper` elementwise, got lower={lo!r}, "
+                    f"upper={up!r}."
+                )
+
+    @property
+    def is_equality(self) -> bool:
+        return bool(np.all(np.asarray(self.lower) == np.asarray(self.upper)))
+
+
+def _check_x0(x0: PyTree) -> None:
+    leaves = jax.tree_util.tree_leaves(x0)
+    if not leaves:
+        raise ValueError("OptimizationProblem: `x0` must contain at least one array, got an empty pytree.")
+    for path, leaf in jax.tree_util.tree_leaves_with_path(x0):
+        dtype = jnp.result_type(leaf)
+        where = jax.tree_util.keystr(path) or "x0"
+        if not jnp.issubdtype(dtype, jnp.floating):
+            kind = "complex" if jnp.issubdtype(dtype, jnp.complexfloating) else str(dtype)
+            raise TypeError(
+                f"OptimizationProblem: `x0` must hold real floating-point arrays (float32 or "
+                f"float64), but leaf x0{'' if where == 'x0' else where} has dtype {kind}. "
+                f"Convert it, e.g. jnp.asarray(x0, dtype=jnp.float32)."
+            )
+
+
+def _normalize_bound(bound: Any, x0: PyTree, fill: float, name: str) -> PyTree:
+    """A bound given as None, a scalar or a pytree like x0, returned as a pytree like x0."""
+    x0_leaves, x0_def = jax.tree_util.tree_flatten(x0)
+    if bound is None:
+        return jax.tree_util.tree_unflatten(
+            x0_def, [jnp.full(jnp.shape(l), fill, jnp.result_type(l)) for l in x0_leaves]
+        )
+    if isinstance(bound, (int, float, np.number)) or (
+        hasattr(bound, "shape") and jnp.ndim(bound) == 0
+    ):
+        return jax.tree_util.tree_unflatten(
+            x0_def,
+            [jnp.full(jnp.shape(l), bound, jnp.result_type(l)) for l in x0_leaves],
+        )
+    try:
+        b_leaves = x0_def.flatten_up_to(bound)
+    except (ValueError, TypeError) as err:
+        raise ValueError(
+            f"OptimizationProblem: `bounds` {name} must be None, a scalar, or a pytree with the "
+            f"structure of x0 ({x0_def}); got {jax.tree_util.tree_structure(bound)}."
+        ) from err
+    out = []
+    for xl, bl in zip(x0_leaves, b_leaves):
+        if bl is None:
+            bl = fill
+        if jnp.ndim(bl) != 0 and jnp.shape(bl) != jnp.shape(xl):
+            raise ValueError(
+                f"OptimizationProblem: `bounds` {name} has a leaf of shape {jnp.shape(bl)} where "
+                f"x0 has shape {jnp.shape(xl)}; each bound must be a scalar or match x0's shape."
+            )
+        out.append(jnp.broadcast_to(jnp.asarray(bl, jnp.result_type(xl)), jnp.shape(xl)))
+    return jax.tree_util.tree_unflatten(x0_def, out)
+
+
+@pytree_dataclass
+class OptimizationProblem:
+    """Minimise a scalar objective ``f(x, p)`` over ``x``, starting from ``x0``.
+
+    An immutable pytree: ``x0``, ``p``, ``bounds`` and the constraints' bounds are leaves,
+    ``f`` is static. ``prob.replace(p=new_p)`` gives a new problem without recompilation.
+
+    Args:
+      f: the objective, ``f(x, p) -> scalar`` (real floating point).
+      x0: the starting point; any pytree of real floating-point arrays (nested dicts,
+        tuples, lists, a flax params dict).
+      p: hyperparameters, any pytree (or None); differentiable through ``solve``.
+      bounds: ``(lower, upper)``, each None, a scalar or a pytree shaped like x0; None or
+        +-inf entries mean unbounded. Stored normalised, as two pytrees shaped like x0.
+      constraints: a sequence of :class:`Constraint`.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> prob = OptimizationProblem(lambda x, p: jnp.sum((x - p) ** 2), jnp.zeros(3), p=2.0)
+    """
+
+    f: Callable[[PyTree, PyTree], jax.Array] = static_field()
+    x0: PyTree = None
+    p: PyTree = None
+    bounds: tuple[PyTree, PyTree] | None = None
+    constraints: tuple[Constraint, ...] | None = None
+
+    def __init__(self, f, x0, p=None, *, bounds=None, constraints=None):
+        if not callable(f):
+            raise TypeError(f"OptimizationProblem: `f` must be a callable f(x, p) -> scalar, got {f!r}.")
+        _check_x0(x0)
+        if bounds is not None:
+            if not isinstance(bounds, (tuple, list)) or len(bounds) != 2:
+                raise ValueError(
+                    "OptimizationProblem: `bounds` must be a pair (lower, upper), each None, a "
+                    f"scalar or a pytree like x0; got {bounds!r}."
+                )
+            lower = _normalize_bound(bounds[0], x0, -jnp.inf, "lower")
+            upper = _normalize_bound(bounds[1], x0, jnp.inf, "upper")
+            for lo, up in zip(jax.tree_util.tree_leaves(lower), jax.tree_util.tree_leaves(upper)):
+                if _is_concrete(lo) and _is_concrete(up) and np.any(np.asarray(lo) > np.asarray(up)):
+                    raise ValueError(
+                        "OptimizationProblem: `bounds` must have lower <= upper elementwise; "
+                        f"got lower={np.asarray(lo)!r} > upper={np.asarray(up)!r} somewhere."
+                    )
+            bounds = (lower, upper)
+        if constraints is not None:
+            if isinstance(constraints, Constraint):
+                constraints = (constraints,)
+            constraints = tuple(constraints)
+            for i, c in enumerate(constraints):
+                if not isinstance(c, Constraint):
+                    raise TypeError(
+                        f"OptimizationProblem: `constraints[{i}]` must be an optsolve.Constraint, "
+                        f"got {type(c).__name__}."
+                    )
+            if not constraints:
+                constraints = None
+        object.__setattr__(self, "f", f)
+        object.__setattr__(self, "x0", x0)
+        object.__setattr__(self, "p", p)
+        object.__setattr__(self, "bounds", bounds)
+        object.__setattr__(self, "constraints", constraints)
+
+    def replace(self, **changes: Any) -> "OptimizationProblem":
+        """A new problem with some of ``f``, ``x0``, ``p``, ``bounds``, ``constraints`` changed."""
+        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise TypeError(
+                f"OptimizationProblem.replace: unknown field(s) {sorted(unknown)}; valid fields "
+                "are f, x0, p, bounds, constraints."
+            )
+        return replace(self, **changes)
+
+    @property
+    def has_bounds(self) -> bool:
+        """True when some bound is finite (concrete bounds) or bounds were given (traced)."""
+        if self.bounds is None:
+            return False
+        for leaf in jax.tree_util.tree_leaves(self.bounds):
+            if not _is_concrete(leaf) or np.any(np.isfinite(np.asarray(leaf))):
+                return True
+        return False

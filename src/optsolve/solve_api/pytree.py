@@ -1,0 +1,53 @@
+"""Immutable dataclasses that are JAX pytrees: numeric fields are leaves, the rest is static.
+
+Unflattening bypasses ``__init__`` so validation in ``__post_init__`` only runs on user
+construction, never on the placeholder leaves JAX passes around inside transformations.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, TypeVar
+
+import jax
+
+T = TypeVar("T")
+
+
+def static_field(**kwargs: Any) -> Any:
+    """A dataclass field that is part of the pytree structure (aux data), not a leaf."""
+    metadata = dict(kwargs.pop("metadata", {}) or {})
+    metadata["static"] = True
+    return dataclasses.field(metadata=metadata, **kwargs)
+
+
+def pytree_dataclass(cls: type[T]) -> type[T]:
+    """Make ``cls`` a frozen dataclass registered as a pytree (with key paths)."""
+    # eq=False: fields hold arrays, whose == is elementwise; identity is the only sound equality.
+    cls = dataclasses.dataclass(frozen=True, eq=False)(cls)
+    fields = dataclasses.fields(cls)
+    data_names = tuple(f.name for f in fields if not f.metadata.get("static", False))
+    meta_names = tuple(f.name for f in fields if f.metadata.get("static", False))
+
+    def flatten_with_keys(obj):
+        children = [(jax.tree_util.GetAttrKey(n), getattr(obj, n)) for n in data_names]
+        return children, tuple(getattr(obj, n) for n in meta_names)
+
+    def flatten(obj):
+        return [getattr(obj, n) for n in data_names], tuple(getattr(obj, n) for n in meta_names)
+
+    def unflatten(meta, children):
+        obj = object.__new__(cls)
+        for name, value in zip(meta_names, meta):
+            object.__setattr__(obj, name, value)
+        for name, value in zip(data_names, children):
+            object.__setattr__(obj, name, value)
+        return obj
+
+    jax.tree_util.register_pytree_with_keys(cls, flatten_with_keys, unflatten, flatten)
+    return cls
+
+
+def replace(obj: T, **changes: Any) -> T:
+    """A copy of a pytree dataclass with ``changes``, validated like a fresh construction."""
+    return dataclasses.replace(obj, **changes)

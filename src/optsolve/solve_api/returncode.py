@@ -1,0 +1,48 @@
+"""Return codes shared by every backend."""
+
+from __future__ import annotations
+
+import enum
+
+
+class ReturnCode(enum.IntEnum):
+    """Why a solve stopped. Every backend's own status is mapped onto these.
+
+    An ``IntEnum``, so inside ``jax.jit`` a Solution carries it as an int32 array and
+    ``sol.retcode == ReturnCode.SUCCESS`` works on arrays and on members alike.
+    ``ReturnCode.X.message`` is a readable explanation.
+    """
+
+    SUCCESS = 0
+    MAXITERS = 1
+    MAXTIME = 2
+    FAILURE = 3
+    TERMINATED = 4
+    INFEASIBLE = 5
+    STALLED = 6
+    INTERRUPTED = 7
+
+    @property
+    def message(self) -> str:
+        return _MESSAGES[self]
+
+
+_MESSAGES = {
+    ReturnCode.SUCCESS: "converged: a stopping tolerance (gtol, ftol, ...) was met",
+    ReturnCode.MAXITERS: (
+        "stopped at maxiters without meeting a convergence tolerance; increase maxiters or "
+        "set gtol/ftol if convergence was expected"
+    ),
+    ReturnCode.MAXTIME: "stopped after maxtime seconds without meeting a convergence tolerance",
+    ReturnCode.FAILURE: (
+        "numerical failure (non-finite objective or gradient, or a failed line search); "
+        "sol.x is the last finite iterate"
+    ),
+    ReturnCode.TERMINATED: "stopped by the callback returning True; sol.x is the current iterate",
+    ReturnCode.INFEASIBLE: "the constraints are violated at the returned point",
+    ReturnCode.STALLED: "no further progress was possible (step too small to change x or f)",
+    ReturnCode.INTERRUPTED: "interrupted (KeyboardInterrupt); sol.x is the last completed step",
+}
+
+# Internal marker for "still running" inside compiled loops; never returned to users.
+RUNNING = -1

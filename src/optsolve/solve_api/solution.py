@@ -1,0 +1,81 @@
+"""The one result type every backend returns."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+
+from optsolve.solve_api.pytree import pytree_dataclass
+from optsolve.solve_api.returncode import ReturnCode
+
+PyTree = Any
+
+
+@pytree_dataclass
+class Stats:
+    """Counters of one solve. Any field may be None where the backend cannot know it.
+
+    Attributes:
+      iterations: accepted iterations (optimizer steps).
+      f_evals: objective evaluations, line-search trials included.
+      grad_evals: gradient evaluations.
+      time: wall-clock seconds of the solve; None when ``solve`` ran inside a JAX
+        transformation (jit, vmap, grad), where the host cannot time it.
+    """
+
+    iterations: Any = None
+    f_evals: Any = None
+    grad_evals: Any = None
+    time: Any = None
+
+
+@pytree_dataclass
+class Solution:
+    """What ``solve`` returns, whatever ran underneath. A pytree: it can leave jit and vmap.
+
+    Attributes:
+      x: the solution, a pytree like ``problem.x0``.
+      objective: ``f(x, p)`` at ``x``.
+      retcode: a :class:`ReturnCode` (an int32 array inside JAX transformations).
+      stats: :class:`Stats`.
+      original: the backend's own result (optax: the optimizer state; scipy: OptimizeResult).
+      state: the final optimizer state, from which a run can continue.
+    """
+
+    x: PyTree
+    objective: Any
+    retcode: Any
+    stats: Stats
+    original: Any = None
+    state: Any = None
+
+    @property
+    def success(self) -> Any:
+        """True where the run converged (``retcode == ReturnCode.SUCCESS``)."""
+        return self.retcode == ReturnCode.SUCCESS
+
+    @property
+    def message(self) -> str:
+        """A readable explanation of the retcode (for concrete, unbatched solutions)."""
+        code = _concrete_code(self.retcode)
+        if code is None:
+            return "retcode is traced or batched; call .message on a single concrete Solution"
+        return code.message
+
+    def __repr__(self) -> str:
+        code = _concrete_code(self.retcode)
+        rc = code.name if code is not None else repr(self.retcode)
+        return (
+            f"Solution(retcode={rc}, objective={self.objective!r}, "
+            f"iterations={self.stats.iterations!r}, x={self.x!r})"
+        )
+
+
+def _concrete_code(retcode: Any) -> ReturnCode | None:
+    if isinstance(retcode, ReturnCode):
+        return retcode
+    if isinstance(retcode, jax.core.Tracer) or np.ndim(retcode) != 0:
+        return None
+    return ReturnCode(int(retcode))
