@@ -26,6 +26,9 @@ class ReturnCode(enum.IntEnum):
     def message(self) -> str:
         return _MESSAGES[self]
 
+    def __str__(self) -> str:
+        return f"ReturnCode.{self.name}"
+
 
 _MESSAGES = {
     ReturnCode.SUCCESS: "converged: a stopping tolerance (gtol, ftol, ...) was met",

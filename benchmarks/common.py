@@ -1,0 +1,51 @@
+"""Shared benchmark helpers: machine facts, interleaved timing, markdown tables."""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from importlib import metadata
+
+import jax
+
+
+def machine_line() -> str:
+    versions = []
+    for pkg in ("jax", "optax", "scipy", "numpy", "jaxopt", "optimistix"):
+        try:
+            versions.append(f"{pkg} {metadata.version(pkg)}")
+        except metadata.PackageNotFoundError:
+            pass
+    return (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+            f"Python {platform.python_version()}, {jax.default_backend()} backend; "
+            + ", ".join(versions))
+
+
+def block(tree):
+    return jax.block_until_ready(tree)
+
+
+def time_first_call(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    block(fn())
+    return time.perf_counter() - start
+
+
+def interleaved_medians(runners: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """Median wall time of each runner, measured in turns so drift hits all alike."""
+    times: dict[str, list[float]] = {name: [] for name in runners}
+    for _ in range(repeats):
+        for name, fn in runners.items():
+            start = time.perf_counter()
+            block(fn())
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
