@@ -2,10 +2,10 @@
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(EXTRAS)
 EXTRAS := test,progress,plot
+STAMP = $(VENV)/.installed-$(EXTRAS)
 
-.PHONY: demo test bench venv clean
+.PHONY: demo test bench docs venv clean
 
 venv: $(STAMP)
 
@@ -20,6 +20,9 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
+
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict
 
 bench:
 	$(MAKE) venv EXTRAS=test,progress,plot,bench

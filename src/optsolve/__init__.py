@@ -1,15 +1,24 @@
 """optsolve: one interface over every kind of optimizer for JAX users."""
 
 from optsolve.solve_api import (
-    Algorithm, Constraint, OptimizationProblem, ReturnCode, Solution, Stats, solve,
+    Algorithm, Constraint, ImplicitAdjoint, OptimizationProblem, ReturnCode, Solution, Stats, UnrolledAdjoint, load, save, solve,
 )
 from optsolve.backends.optax_backend import OptaxAlgorithm, OptaxTransform
+from optsolve.backends.optax_groups import ParameterGroups
 from optsolve.backends.optax_algorithms import ALGORITHMS as _OPTAX_ALGORITHMS
+from optsolve.backends.classical import GradientDescent, NonlinearCG
+from optsolve.backends.linesearch import Backtracking, Zoom
+from optsolve.backends.quasi_newton import BFGS, LBFGS
+from optsolve.backends.second_order import AdaHessian, Newton, TrustRegion
+from optsolve.backends.scipy_backend import ScipyGlobal, ScipyMinimize
 
 globals().update(_OPTAX_ALGORITHMS)
 
 __version__ = "0.1.0"
 __all__ = [
-    "Algorithm", "Constraint", "OptimizationProblem", "ReturnCode", "Solution", "Stats", "solve",
-    "OptaxAlgorithm", "OptaxTransform", *sorted(_OPTAX_ALGORITHMS),
+    "Algorithm", "Constraint", "ImplicitAdjoint", "OptimizationProblem", "ReturnCode", "Solution", "Stats", "UnrolledAdjoint", "load", "save", "solve",
+    "OptaxAlgorithm", "OptaxTransform", "ParameterGroups", *sorted(_OPTAX_ALGORITHMS),
+    "AdaHessian", "BFGS", "Backtracking", "GradientDescent", "LBFGS", "Newton", "NonlinearCG",
+    "TrustRegion", "Zoom",
+    "ScipyGlobal", "ScipyMinimize",
 ]

@@ -24,6 +24,7 @@ import numpy as np
 import optax
 
 from optsolve.backends.iterative import Objective, Step, run_iterative
+from optsolve.backends.stochastic import run_training
 from optsolve.solve_api.algorithm import Algorithm
 from optsolve.solve_api.options import SolveOptions
 from optsolve.solve_api.problem import OptimizationProblem
@@ -72,6 +73,10 @@ class OptaxAlgorithm(Algorithm):
     """
 
     family: ClassVar[str] = "optax"
+    unrollable: ClassVar[bool] = True
+    resumable: ClassVar[bool] = True
+    records_history: ClassVar[bool] = True
+    takes_data: ClassVar[bool] = True
     factory: ClassVar[Callable[..., optax.GradientTransformation]]
     schedulable: ClassVar[frozenset[str]] = frozenset()
     native_schedules: ClassVar[frozenset[str]] = frozenset()
@@ -199,6 +204,8 @@ def make_optax_algorithm(factory: Callable[..., optax.GradientTransformation], n
     })
     cls.__signature__ = signature
     __init__.__doc__ = cls.__doc__
+    __init__.__qualname__ = f"{name}.__init__"
+    __init__.__module__ = "optsolve"
     jax.tree_util.register_pytree_with_keys(
         cls, cls._tree_flatten_with_keys, cls._tree_unflatten
     )
@@ -216,6 +223,10 @@ class OptaxTransform(Algorithm):
     """
 
     family: ClassVar[str] = "optax"
+    unrollable: ClassVar[bool] = True
+    resumable: ClassVar[bool] = True
+    records_history: ClassVar[bool] = True
+    takes_data: ClassVar[bool] = True
 
     def __init__(self, transformation: optax.GradientTransformation):
         if not isinstance(transformation, optax.GradientTransformation):
@@ -264,14 +275,13 @@ def _final_linesearch_state(state: PyTree):
 
 
 class _OptaxSolver:
+    """What both shapes share: the transformation and the extra arguments it takes."""
+
     detect_stall = False
 
     def __init__(self, transformation: optax.GradientTransformation):
         self.tx = transformation
         self.extra_names: tuple[str, ...] | None = None
-
-    def init(self, objective: Objective, x, f, g):
-        return self.tx.init(x)
 
     def _extra_args(self, objective: Objective, f, g, names) -> dict[str, Any]:
         available = {"value": f, "grad": g, "value_fn": objective.value, "obj_fn": objective.value}
@@ -291,38 +301,62 @@ class _OptaxSolver:
             return names
         raise first_error
 
-    def step(self, objective: Objective, x, f, g, state) -> Step:
+    def _update(self, objective: Objective, x, f, g, state):
         if self.extra_names is None:
             self.extra_names = self._choose_extra_names(objective, x, f, g, state)
         kwargs = self._extra_args(objective, f, g, self.extra_names)
         updates, new_state = self.tx.update(g, state, x, **kwargs)
-        x_new = optax.apply_updates(x, updates)
-        one = jnp.ones((), jnp.int32)
+        return optax.apply_updates(x, updates), new_state
+
+
+class _OptaxUpdater(_OptaxSolver):
+    """Plain transformations: each update needs the gradient at the current iterate only."""
+
+    def init(self, objective: Objective, x):
+        return self.tx.init(x)
+
+    def update(self, objective: Objective, x, f, g, state):
+        x_new, new_state = self._update(objective, x, f, g, state)
+        trials = jnp.zeros((), jnp.int32)
         ls = _final_linesearch_state(new_state)
-        if ls is not None and ls.grad is not None:
+        if ls is not None:  # a value-only line search (backtracking without store_grad)
             trials = jnp.asarray(ls.info.num_linesearch_steps, jnp.int32)
-            f_new, g_new = ls.value, ls.grad
-            backtracking = isinstance(ls, optax.ScaleByBacktrackingLinesearchState)
-            return Step(x_new, f_new, g_new, new_state, trials, one if backtracking else trials,
-                        jnp.zeros((), bool))
-        f_new, g_new = objective.value_and_grad(x_new)
-        f_evals, grad_evals = one, one
-        if ls is not None:
-            trials = jnp.asarray(ls.info.num_linesearch_steps, jnp.int32)
-            f_evals = f_evals + trials
-            if isinstance(ls, optax.ScaleByZoomLinesearchState):
-                grad_evals = grad_evals + trials
-        return Step(x_new, f_new, g_new, new_state, f_evals, grad_evals, jnp.zeros((), bool))
+        return x_new, new_state, trials, jnp.zeros((), jnp.int32)
+
+
+class _OptaxStepper(_OptaxSolver):
+    """Transformations ending in a line search that stores the value and gradient at the new
+    iterate (zoom; backtracking with store_grad): they are reused, never recomputed."""
+
+    def init(self, objective: Objective, x, f, g):
+        return self.tx.init(x)
+
+    def step(self, objective: Objective, x, f, g, state) -> Step:
+        x_new, new_state = self._update(objective, x, f, g, state)
+        ls = _final_linesearch_state(new_state)
+        trials = jnp.asarray(ls.info.num_linesearch_steps, jnp.int32)
+        backtracking = isinstance(ls, optax.ScaleByBacktrackingLinesearchState)
+        # zoom evaluates value and gradient at every trial; backtracking the value, then
+        # the gradient once at the accepted point
+        grad_evals = jnp.ones((), jnp.int32) if backtracking else trials
+        return Step(x_new, ls.value, ls.grad, new_state, trials, grad_evals, jnp.zeros((), bool))
 
 
 def _make_solver(algorithm: OptaxAlgorithm | OptaxTransform,
                  problem: OptimizationProblem) -> _OptaxSolver:
-    return _OptaxSolver(algorithm.transformation())
+    tx = algorithm.transformation()
+    ls = _final_linesearch_state(jax.eval_shape(tx.init, problem.x0))
+    if ls is not None and ls.grad is not None:
+        return _OptaxStepper(tx)
+    return _OptaxUpdater(tx)
 
 
 def solve_optax(problem: OptimizationProblem, algorithm: Algorithm,
                 options: SolveOptions) -> Solution:
-    """Run an optax-family algorithm: one compiled loop (see :mod:`.iterative`)."""
+    """Run an optax-family algorithm: one compiled loop (see :mod:`.iterative`), or, with
+    ``data``, the training loop of :mod:`.stochastic`."""
+    if options.data is not None:
+        return run_training(_make_solver, problem, algorithm, options)
     return run_iterative(_make_solver, problem, algorithm, options)
 
 

@@ -1,11 +1,13 @@
 """What users touch: the problem, solve(), the solution and its return codes."""
 
+from optsolve.solve_api.adjoint import ImplicitAdjoint, UnrolledAdjoint
 from optsolve.solve_api.algorithm import Algorithm
+from optsolve.solve_api.checkpoint import load, save
 from optsolve.solve_api.problem import Constraint, OptimizationProblem
 from optsolve.solve_api.returncode import ReturnCode
 from optsolve.solve_api.solution import Solution, Stats
 from optsolve.solve_api.solve import solve
 
 __all__ = [
-    "Algorithm", "Constraint", "OptimizationProblem", "ReturnCode", "Solution", "Stats", "solve",
+    "Algorithm", "Constraint", "ImplicitAdjoint", "OptimizationProblem", "ReturnCode", "Solution", "Stats", "UnrolledAdjoint", "load", "save", "solve",
 ]

@@ -23,6 +23,11 @@ class Algorithm:
       stops_by_itself: has a default convergence test; when False ``solve`` needs
         ``maxiters`` (or gtol / ftol / maxtime).
       extra_options: options accepted by ``solve`` beyond the common vocabulary.
+      unrollable: the run can be differentiated by unrolling its iterations
+        (:class:`~optsolve.solve_api.adjoint.UnrolledAdjoint`).
+      resumable: ``solve(..., resume=sol)`` continues an earlier run.
+      records_history: ``solve(..., history=True)`` records every iterate's objective.
+      takes_data: trains on ``solve(..., data=...)`` with an objective f(x, p, batch).
     """
 
     family: ClassVar[str] = "abstract"
@@ -34,12 +39,17 @@ class Algorithm:
     vmappable: ClassVar[bool] = True
     stops_by_itself: ClassVar[bool] = False
     extra_options: ClassVar[tuple[str, ...]] = ()
+    unrollable: ClassVar[bool] = False
+    resumable: ClassVar[bool] = False
+    records_history: ClassVar[bool] = False
+    takes_data: ClassVar[bool] = False
 
     @classmethod
     def traits(cls) -> dict[str, Any]:
         """The capability traits of this algorithm class, by name."""
         names = (
             "family", "needs_gradient", "needs_hessian", "takes_bounds", "takes_constraints",
-            "jittable", "vmappable", "stops_by_itself", "extra_options",
+            "jittable", "vmappable", "stops_by_itself", "extra_options", "unrollable",
+            "resumable", "records_history", "takes_data",
         )
         return {n: getattr(cls, n) for n in names}

@@ -36,6 +36,16 @@ def check_capabilities(problem: OptimizationProblem, algorithm: Algorithm,
             f"solve: {name} does not support constraints. Either remove `constraints` from the "
             f"problem or use an algorithm that takes them: {_names_with('takes_constraints')}."
         )
+    if options.resume is not None and not algorithm.resumable:
+        raise ValueError(
+            f"solve: {name} cannot resume from a Solution. Algorithms that can: "
+            f"{_names_with('resumable')}."
+        )
+    if options.history and not algorithm.records_history:
+        raise ValueError(
+            f"solve: {name} does not record a history. Algorithms that do: "
+            f"{_names_with('records_history')}."
+        )
     if not algorithm.stops_by_itself and all(
         getattr(options, o) is None for o in ("maxiters", "maxtime", "gtol", "ftol")
     ):
@@ -45,22 +55,50 @@ def check_capabilities(problem: OptimizationProblem, algorithm: Algorithm,
         )
 
 
+def resume_point(problem: OptimizationProblem, solution: Any) -> Any:
+    """The parts of ``solution`` a run continues from, checked against ``problem``."""
+    from optsolve.solve_api.solution import Solution, Stats
+    if solution is None:
+        return None
+    if not isinstance(solution, Solution):
+        raise TypeError(
+            f"solve: `resume` must be a Solution returned by solve, got {type(solution).__name__}."
+        )
+    expected = jax.tree_util.tree_structure(problem.x0)
+    given = jax.tree_util.tree_structure(solution.x)
+    if expected != given:
+        raise ValueError(
+            f"solve: `resume` holds x with structure {given}, but the problem's x0 has "
+            f"structure {expected}; resume a run of the same problem."
+        )
+    if solution.state is None:
+        raise ValueError("solve: `resume` holds no optimizer state (Solution.state is None).")
+    stats = solution.stats
+    return Solution(
+        x=solution.x, objective=solution.objective, retcode=None, state=solution.state,
+        stats=Stats(iterations=stats.iterations, f_evals=stats.f_evals,
+                    grad_evals=stats.grad_evals, time=None),
+    )
+
+
 def _tree_signature(tree: Any) -> tuple:
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     return treedef, tuple((jnp.shape(l), jnp.result_type(l)) for l in leaves)
 
 
-def check_objective(problem: OptimizationProblem) -> None:
-    """Raise a clear error unless ``f(x0, p)`` is a real floating-point scalar."""
+def check_objective(problem: OptimizationProblem, *batch: Any) -> None:
+    """Raise a clear error unless ``f(x0, p[, batch])`` is a real floating-point scalar."""
+    f = problem.f if not batch else (lambda x, p: problem.f(x, p, batch[0]))
     try:
-        key = (problem.f, _tree_signature(problem.x0), _tree_signature(problem.p))
+        key = (problem.f, _tree_signature(problem.x0), _tree_signature(problem.p),
+               _tree_signature(batch))
         hash(key)
     except TypeError:
         key = None
     if key is None:
-        _check_objective_uncached(problem.f, problem.x0, problem.p)
+        _check_objective_uncached(f, problem.x0, problem.p)
     else:
-        _check_objective_cached(key, problem.f, problem.x0, problem.p)
+        _check_objective_cached(key, f, problem.x0, problem.p)
 
 
 def _check_objective_cached(key, f, x0, p):

@@ -26,9 +26,19 @@ class SolveOptions:
       maxtime: the most wall-clock seconds to run.
       gtol: stop with SUCCESS once the gradient's infinity norm is <= gtol.
       ftol: stop with SUCCESS once |f_k - f_{k+1}| <= ftol * max(|f_k|, |f_{k+1}|, 1).
-      callback: ``callback(iteration, x, objective) -> bool | None``; True stops the run.
+      callback: ``callback(iteration, x, objective[, grad_norm]) -> bool | None``; True
+        stops the run. The gradient's infinity norm is passed when the callback takes a
+        fourth argument.
       callback_every: call the callback every k-th iteration (default 1).
       extra: backend-specific options, as a tuple of (name, value) pairs.
+      resume: a :class:`~optsolve.solve_api.solution.Solution` to continue from (its x,
+        state and counters), or None.
+      history: the length of the per-iterate record (maxiters + 1), 0 for none, -1 for one
+        of unknown length (training on data).
+      progress: show a tqdm progress bar with the loss (the ``progress`` extra).
+      data: a :class:`~optsolve.backends.stochastic.DataSpec` for training on data, or None.
+      unroll: set by :class:`~optsolve.solve_api.adjoint.UnrolledAdjoint` to the (static)
+        maxiters: the JAX-native loop then runs as a differentiable bounded scan.
     """
 
     maxiters: Any = None
@@ -38,6 +48,11 @@ class SolveOptions:
     callback: Callable[..., Any] | None = static_field(default=None)
     callback_every: int = static_field(default=1)
     extra: tuple[tuple[str, Any], ...] = static_field(default=())
+    unroll: int | None = static_field(default=None)
+    resume: Any = None
+    history: int = static_field(default=0)
+    progress: bool = static_field(default=False)
+    data: Any = static_field(default=None)
 
     def get(self, name: str, default: Any = None) -> Any:
         """A backend-specific option's value, or ``default`` when not given."""
@@ -61,7 +76,8 @@ def _check_number(name: str, value: Any, *, integer: bool = False, positive: boo
 
 
 def make_options(algorithm: Algorithm, *, maxiters=None, maxtime=None, gtol=None, ftol=None,
-                 callback=None, callback_every: int = 1, **extra: Any) -> SolveOptions:
+                 callback=None, callback_every: int = 1, resume=None, history: bool = False,
+                 progress: bool = False, **extra: Any) -> SolveOptions:
     """Validate ``solve``'s keyword options for ``algorithm`` and bundle them."""
     valid_extra = tuple(type(algorithm).extra_options)
     unknown = sorted(set(extra) - set(valid_extra))
@@ -83,7 +99,10 @@ def make_options(algorithm: Algorithm, *, maxiters=None, maxtime=None, gtol=None
     if isinstance(callback_every, bool) or not isinstance(callback_every, (int, np.integer)) \
             or callback_every < 1:
         raise ValueError(f"solve: `callback_every` must be an integer >= 1, got {callback_every!r}.")
+    # -1: a history without a known length, which only a training loop on data can record
+    length = -1 if maxiters is None or isinstance(maxiters, jax.core.Tracer) else int(maxiters) + 1
     return SolveOptions(
         maxiters=maxiters, maxtime=maxtime, gtol=gtol, ftol=ftol, callback=callback,
         callback_every=int(callback_every), extra=tuple(sorted(extra.items())),
+        resume=resume, history=length if history else 0, progress=bool(progress),
     )

@@ -118,6 +118,11 @@ class OptimizationProblem:
       bounds: ``(lower, upper)``, each None, a scalar or a pytree shaped like x0; None or
         +-inf entries mean unbounded. Stored normalised, as two pytrees shaped like x0.
       constraints: a sequence of :class:`Constraint`.
+      grad: optional ``grad(x, p) -> pytree like x``, the gradient of ``f`` in ``x``; when
+        given, the JAX-native backends use it instead of automatic differentiation.
+      hvp: optional ``hvp(x, v, p) -> pytree like x``, the Hessian of ``f`` at ``x`` times
+        ``v``; when given, second-order methods use it instead of forward-over-reverse
+        differentiation of the gradient.
 
     Example:
       >>> import jax.numpy as jnp
@@ -129,10 +134,22 @@ class OptimizationProblem:
     p: PyTree = None
     bounds: tuple[PyTree, PyTree] | None = None
     constraints: tuple[Constraint, ...] | None = None
+    grad: Callable[[PyTree, PyTree], PyTree] | None = static_field(default=None)
+    hvp: Callable[[PyTree, PyTree, PyTree], PyTree] | None = static_field(default=None)
 
-    def __init__(self, f, x0, p=None, *, bounds=None, constraints=None):
+    def __init__(self, f, x0, p=None, *, bounds=None, constraints=None, grad=None, hvp=None):
         if not callable(f):
             raise TypeError(f"OptimizationProblem: `f` must be a callable f(x, p) -> scalar, got {f!r}.")
+        if grad is not None and not callable(grad):
+            raise TypeError(
+                f"OptimizationProblem: `grad` must be None or a callable grad(x, p) -> pytree "
+                f"like x, got {grad!r}."
+            )
+        if hvp is not None and not callable(hvp):
+            raise TypeError(
+                f"OptimizationProblem: `hvp` must be None or a callable hvp(x, v, p) -> pytree "
+                f"like x, got {hvp!r}."
+            )
         _check_x0(x0)
         if bounds is not None:
             if not isinstance(bounds, (tuple, list)) or len(bounds) != 2:
@@ -166,14 +183,17 @@ class OptimizationProblem:
         object.__setattr__(self, "p", p)
         object.__setattr__(self, "bounds", bounds)
         object.__setattr__(self, "constraints", constraints)
+        object.__setattr__(self, "grad", grad)
+        object.__setattr__(self, "hvp", hvp)
 
     def replace(self, **changes: Any) -> "OptimizationProblem":
-        """A new problem with some of ``f``, ``x0``, ``p``, ``bounds``, ``constraints`` changed."""
+        """A new problem with some of ``f``, ``x0``, ``p``, ``bounds``, ``constraints``, ``grad``,
+        ``hvp`` changed."""
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
         if unknown:
             raise TypeError(
                 f"OptimizationProblem.replace: unknown field(s) {sorted(unknown)}; valid fields "
-                "are f, x0, p, bounds, constraints."
+                "are f, x0, p, bounds, constraints, grad, hvp."
             )
         return replace(self, **changes)
 

@@ -33,8 +33,9 @@ class ReturnCode(enum.IntEnum):
 _MESSAGES = {
     ReturnCode.SUCCESS: "converged: a stopping tolerance (gtol, ftol, ...) was met",
     ReturnCode.MAXITERS: (
-        "stopped at maxiters without meeting a convergence tolerance; increase maxiters or "
-        "set gtol/ftol if convergence was expected"
+        "stopped at maxiters (or, training on data, after its epochs or at its end) without "
+        "meeting a convergence tolerance; increase maxiters or set gtol/ftol if convergence "
+        "was expected"
     ),
     ReturnCode.MAXTIME: "stopped after maxtime seconds without meeting a convergence tolerance",
     ReturnCode.FAILURE: (

@@ -32,6 +32,38 @@ class Stats:
 
 
 @pytree_dataclass
+class History:
+    """Per-iteration record of a run, written inside the compiled loop (no host round-trips).
+
+    Attributes:
+      objective: ``f`` at iterates 0, 1, ..., maxiters (index = iteration of this run);
+        NaN past the last iterate.
+      grad_norm: the gradient's infinity norm (projected where the problem has bounds)
+        at the same iterates; NaN past the last.
+    """
+
+    objective: Any
+    grad_norm: Any
+
+    def plot(self, ax=None, log: bool = True):
+        """Plot objective and gradient norm against the iteration (needs matplotlib)."""
+        import matplotlib.pyplot as plt
+        import numpy as np
+
+        if ax is None:
+            _, ax = plt.subplots()
+        objective, grad_norm = np.asarray(self.objective), np.asarray(self.grad_norm)
+        steps = np.arange(objective.shape[-1])
+        ax.plot(steps, objective, label="objective")
+        ax.plot(steps, grad_norm, label="gradient inf-norm")
+        if log:
+            ax.set_yscale("log")
+        ax.set_xlabel("iteration")
+        ax.legend()
+        return ax
+
+
+@pytree_dataclass
 class Solution:
     """What ``solve`` returns, whatever ran underneath. A pytree: it can leave jit and vmap.
 
@@ -41,7 +73,9 @@ class Solution:
       retcode: a :class:`ReturnCode` (an int32 array inside JAX transformations).
       stats: :class:`Stats`.
       original: the backend's own result (optax: the optimizer state; scipy: OptimizeResult).
-      state: the final optimizer state, from which a run can continue.
+      state: the final optimizer state, from which a run can continue
+        (``solve(problem, algorithm, resume=sol, maxiters=m)``).
+      history: a :class:`History` when ``solve`` was asked for one, else None.
     """
 
     x: PyTree
@@ -50,6 +84,7 @@ class Solution:
     stats: Stats
     original: Any = None
     state: Any = None
+    history: History | None = None
 
     @property
     def success(self) -> Any:

@@ -1,0 +1,302 @@
+"""optsolve's JAX-native LBFGS and BFGS against the JAX and scipy peers, side by side.
+
+Runners (float64; every JAX runner is one ``jax.jit``-compiled function of x0):
+  * optsolve.LBFGS and optsolve.BFGS: ``solve(prob, alg, gtol=1e-6, maxiters=1000)``;
+  * jaxopt.LBFGS(fun, tol=1e-6, maxiter=1000) (its tol is on the gradient's 2-norm);
+  * optimistix.BFGS and optimistix.LBFGS(rtol=atol=1e-9) via ``optx.minimise``, max_steps
+    1000 (no gradient test in optimistix: a Cauchy test on steps, tuned so that the
+    returned gradients are comparable; the table shows them);
+  * optax.lbfgs() driven by the ``lax.while_loop`` of optax's documentation (L-BFGS
+    example, with ``value_and_grad_from_state``), stopped at inf-norm 1e-6 or 1000 steps;
+  * jax.scipy.optimize.minimize(method="BFGS", gtol=1e-6, maxiter=1000);
+  * scipy L-BFGS-B (gtol=1e-6, ftol=0, maxiter=1000) with a jitted value_and_grad.
+Problems: chained Rosenbrock n=2 and n=100, extended Rosenbrock n=1000 (x0 = (-1.2, 1, ...)),
+L2-regularised logistic regression (mean log-loss + 0.005 ||w||^2, intercept column) on
+scikit-learn's breast_cancer (standardised, d=31) and on a synthetic 20000 x 500 set.
+
+Measured per runner: compile + first solve; steady-state median wall time of full solves
+from x0 over interleaved repeats; iterations and function/gradient evaluations, counted in
+a separate, untimed run by host callbacks in a custom_vjp wrapper of f (forward = one
+function evaluation, backward = one gradient evaluation: the same count for every runner);
+f and the gradient inf-norm recomputed at each returned point. BLAS pinned to one thread
+with threadpoolctl; JAX's own threads untouched.
+
+Run: ``python benchmarks/bench_classical.py`` (writes docs/benchmarks-classical.md) or
+``python benchmarks/run.py classical``. About 4 minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+jax.config.update("jax_enable_x64", True)
+sys.path.insert(0, str(Path(__file__).parent))
+
+import jaxopt  # noqa: E402
+import optax  # noqa: E402
+import optax.tree_utils as otu  # noqa: E402
+import optimistix as optx  # noqa: E402
+import scipy.optimize as so  # noqa: E402
+from sklearn.datasets import load_breast_cancer  # noqa: E402
+from threadpoolctl import threadpool_limits  # noqa: E402
+
+import jax.scipy.optimize  # noqa: E402
+import optsolve  # noqa: E402
+from common import machine_line, markdown_table  # noqa: E402
+
+GTOL, MAXITER = 1e-6, 1000
+JAX_PEERS = ("jaxopt.LBFGS", "optimistix.BFGS", "optimistix.LBFGS", "optax.lbfgs",
+             "jax.scipy BFGS")
+
+
+# ----------------------------------------------------------------------------- problems
+
+def chained_rosenbrock(x, p):
+    return jnp.sum(100.0 * (x[1:] - x[:-1] ** 2) ** 2 + (1.0 - x[:-1]) ** 2)
+
+
+def extended_rosenbrock(x, p):
+    return jnp.sum(100.0 * (x[1::2] - x[0::2] ** 2) ** 2 + (1.0 - x[0::2]) ** 2)
+
+
+def logistic(w, p):
+    X, y = p
+    z = X @ w
+    return jnp.mean(jnp.logaddexp(0.0, z) - y * z) + 0.005 * jnp.sum(w ** 2)
+
+
+def _with_intercept(features):
+    features = (features - features.mean(0)) / features.std(0)
+    return np.hstack([features, np.ones((features.shape[0], 1))])
+
+
+def problems():
+    bc = load_breast_cancer()
+    rng = np.random.default_rng(0)
+    Xs = rng.normal(size=(20000, 500))
+    ys = (Xs @ rng.normal(size=500) / np.sqrt(500) + 0.5 * rng.normal(size=20000) > 0)
+    rosen_x0 = lambda n: jnp.asarray(np.tile([-1.2, 1.0], n // 2))
+    return {
+        "Rosenbrock chained n=2": (chained_rosenbrock, rosen_x0(2), None),
+        "Rosenbrock chained n=100": (chained_rosenbrock, rosen_x0(100), None),
+        "Rosenbrock extended n=1000": (extended_rosenbrock, rosen_x0(1000), None),
+        "logistic breast_cancer d=31": (
+            logistic, jnp.zeros(31),
+            (jnp.asarray(_with_intercept(bc.data)), jnp.asarray(bc.target, jnp.float64))),
+        "logistic synthetic 20000x500": (
+            logistic, jnp.zeros(501),
+            (jnp.asarray(_with_intercept(Xs)), jnp.asarray(ys, jnp.float64))),
+    }
+
+
+# ------------------------------------------------------------------------------ runners
+
+def jax_runners(f, p):
+    """name -> jitted function x0 -> (x, iterations)."""
+    fun = lambda x: f(x, p)
+
+    def optsolve_run(alg):
+        def run(x0):
+            sol = optsolve.solve(optsolve.OptimizationProblem(f, x0, p), alg, gtol=GTOL,
+                                 maxiters=MAXITER)
+            return sol.x, sol.stats.iterations
+        return run
+
+    def jaxopt_run(x0):
+        res = jaxopt.LBFGS(fun=fun, tol=GTOL, maxiter=MAXITER).run(x0)
+        return res.params, res.state.iter_num
+
+    def optx_run(solver):
+        def run(x0):
+            sol = optx.minimise(lambda x, _: fun(x), solver, x0, max_steps=MAXITER, throw=False)
+            return sol.value, sol.stats["num_steps"]
+        return run
+
+    def optax_run(x0):
+        # The loop of optax's documentation (L-BFGS example), stopped at the inf-norm.
+        opt = optax.lbfgs()
+        value_and_grad = optax.value_and_grad_from_state(fun)
+
+        def step(carry):
+            params, state = carry
+            value, grad = value_and_grad(params, state=state)
+            updates, state = opt.update(grad, state, params, value=value, grad=grad,
+                                        value_fn=fun)
+            return optax.apply_updates(params, updates), state
+
+        def keep_going(carry):
+            _, state = carry
+            count = otu.tree_get(state, "count")
+            grad = otu.tree_get(state, "grad")
+            err = jnp.max(jnp.abs(grad))
+            return (count == 0) | ((count < MAXITER) & (err >= GTOL))
+
+        params, state = jax.lax.while_loop(keep_going, step, (x0, opt.init(x0)))
+        return params, otu.tree_get(state, "count")
+
+    def jsp_run(x0):
+        res = jax.scipy.optimize.minimize(fun, x0, method="BFGS",
+                                          options={"gtol": GTOL, "maxiter": MAXITER})
+        return res.x, res.nit
+
+    tol = 1e-9
+    return {
+        "optsolve.LBFGS": optsolve_run(optsolve.LBFGS()),
+        "optsolve.BFGS": optsolve_run(optsolve.BFGS()),
+        "jaxopt.LBFGS": jaxopt_run,
+        "optimistix.BFGS": optx_run(optx.BFGS(rtol=tol, atol=tol)),
+        "optimistix.LBFGS": optx_run(optx.LBFGS(rtol=tol, atol=tol)),
+        "optax.lbfgs": optax_run,
+        "jax.scipy BFGS": jsp_run,
+    }
+
+
+def scipy_runner(f, p):
+    value_and_grad = jax.jit(jax.value_and_grad(f))
+
+    def fun(x):
+        v, g = value_and_grad(x, p)
+        return float(v), np.asarray(g)
+
+    def run(x0):
+        res = so.minimize(fun, np.asarray(x0), jac=True, method="L-BFGS-B",
+                          options={"gtol": GTOL, "ftol": 0.0, "maxiter": MAXITER})
+        return res.x, res.nit
+
+    return run
+
+
+def counted(f):
+    """f with host-side counters: forward = one f evaluation, backward = one gradient."""
+    counts = {"f": 0, "g": 0}
+
+    def bump(key):
+        def cb():
+            counts[key] += 1
+        return cb
+
+    @jax.custom_vjp
+    def fc(x, p):
+        jax.debug.callback(bump("f"))
+        return f(x, p)
+
+    def fwd(x, p):
+        jax.debug.callback(bump("f"))
+        return jax.vjp(f, x, p)
+
+    def bwd(vjp, ct):
+        jax.debug.callback(bump("g"))
+        return vjp(ct)
+
+    fc.defvjp(fwd, bwd)
+    return fc, counts
+
+
+# ---------------------------------------------------------------------------- measuring
+
+def _time(fn, x0):
+    start = time.perf_counter()
+    jax.block_until_ready(fn(x0))
+    return time.perf_counter() - start
+
+
+def measure_problem(name, f, x0, p, budget_s=6.0):
+    runners = {k: jax.jit(v) for k, v in jax_runners(f, p).items()}
+    runners["scipy L-BFGS-B"] = scipy_runner(f, p)
+    if x0.size >= 1000:
+        runners.pop("jax.scipy BFGS")  # O(n^3) per iteration: ~5 s a solve at n = 1000
+    vg = jax.jit(jax.value_and_grad(f))
+    rows = {}
+    for rname, fn in runners.items():
+        first = _time(fn, x0)
+        x, nit = fn(x0)
+        value, grad = vg(jnp.asarray(x), p)
+        rows[rname] = {"first": first, "nit": int(nit), "f": float(value),
+                       "gnorm": float(jnp.max(jnp.abs(grad))), "times": []}
+    # Steady state: interleaved turns so machine drift hits every runner alike.
+    est = sum(_time(fn, x0) for fn in runners.values())
+    repeats = int(min(25, max(3, budget_s / max(est, 1e-9))))
+    for _ in range(repeats):
+        for rname, fn in runners.items():
+            rows[rname]["times"].append(_time(fn, x0))
+    # Evaluation counts in a separate, untimed run.
+    fc, counts = counted(f)
+    count_runners = {k: jax.jit(v) for k, v in jax_runners(fc, p).items()}
+    count_runners["scipy L-BFGS-B"] = scipy_runner(fc, p)
+    for rname in rows:
+        counts["f"] = counts["g"] = 0
+        jax.block_until_ready(count_runners[rname](x0))
+        rows[rname]["fev"], rows[rname]["gev"] = counts["f"], counts["g"]
+    for r in rows.values():
+        r["median"] = statistics.median(r["times"])
+    return rows, repeats
+
+
+def _fmt_t(s):
+    return f"{s * 1e3:.3g} ms" if s < 1 else f"{s:.3g} s"
+
+
+def main() -> str:
+    sections = [
+        "## Classical methods: optsolve.LBFGS / BFGS vs JAX and scipy peers",
+        "Command: `python benchmarks/bench_classical.py`. Float64; stop at gradient inf-norm "
+        "<= 1e-6 or 1000 iterations (jaxopt: 2-norm; optimistix: Cauchy test rtol=atol=1e-9); "
+        "f and |g|_inf recomputed at each returned point. *steady*: median of full solves "
+        "from x0 (interleaved repeats); *first*: compile + first solve. fev/gev: function / "
+        "gradient evaluations counted by host callbacks in a separate run. BLAS pinned to 1 "
+        "thread (threadpoolctl); JAX threads untouched. Machine: " + machine_line() + ".",
+    ]
+    summary = []
+    for pname, (f, x0, p) in problems().items():
+        rows, repeats = measure_problem(pname, f, x0, p)
+        # Peers that met the stopping rule (a peer stopped early by failure is not "fast").
+        peers = {k: v for k, v in rows.items() if k in JAX_PEERS and v["gnorm"] <= GTOL}
+        fastest = min(peers, key=lambda k: peers[k]["median"])
+        ref = rows[fastest]["median"]
+        table = []
+        for rname, r in sorted(rows.items(), key=lambda kv: kv[1]["median"]):
+            table.append([rname, _fmt_t(r["median"]), f"{r['median'] / ref:.2f}x",
+                          _fmt_t(r["first"]), r["nit"], r["fev"], r["gev"],
+                          f"{r['f']:.10g}", f"{r['gnorm']:.1e}" + (
+                              "" if r["gnorm"] <= GTOL else " (not converged)")])
+        sections.append(f"### {pname} ({repeats} repeats; ratio to the fastest converged "
+                        f"JAX peer, {fastest})")
+        sections.append(markdown_table(
+            ["runner", "steady", "ratio", "first", "iters", "fev", "gev", "f", "|g|_inf"],
+            table))
+        lb = rows["optsolve.LBFGS"]
+        median_gev = statistics.median(v["gev"] for v in peers.values())
+        fastest_first = min(v["first"] for v in peers.values())
+        summary.append([pname, f"{lb['median'] / ref:.2f}x", f"{lb['gev']} vs {median_gev:g}",
+                        f"{lb['first']:.2f} s vs {fastest_first:.2f} s"])
+        if pname.startswith("Rosenbrock extended"):
+            bfgs = {k: rows[k] for k in ("optsolve.BFGS", "optimistix.BFGS")}
+        print(sections[-2] + "\n" + sections[-1], flush=True)
+    sections.append("### Goals (optsolve.LBFGS)")
+    sections.append(markdown_table(
+        ["problem", "steady / fastest JAX peer", "gradient evals vs median JAX peer",
+         "first: optsolve vs fastest JAX peer"], summary))
+    per = lambda r, k: f"{r['median'] / max(r[k], 1) * 1e3:.3g} ms"
+    sections.append("### Dense BFGS at n = 1000 (extended Rosenbrock)")
+    sections.append(markdown_table(
+        ["runner", "per iteration", "per gradient evaluation (= per inverse-Hessian update)"],
+        [[k, per(r, "nit"), per(r, "gev")] for k, r in bfgs.items()]))
+    sections.append("optimistix counts rejected line-search trials as steps, so its time per "
+                    "gradient evaluation is the like-for-like figure.")
+    return "\n\n".join(sections)
+
+
+if __name__ == "__main__":
+    with threadpool_limits(limits=1):
+        text = main()
+    out = Path(__file__).parent.parent / "docs" / "benchmarks-classical.md"
+    out.write_text("# Benchmarks: classical methods\n\n" + text + "\n")
+    print(text)
+    print(f"wrote {out}")

@@ -1,0 +1,272 @@
+"""Line searches of the classical methods, as pluggable pytree options.
+
+``Backtracking`` (Armijo) and ``Zoom`` (strong Wolfe) are immutable pytrees whose constants
+(``c1``, ``c2``, ``shrink``) are leaves, so a new value reuses compiled code; the trial budget
+is static. Both work on flat vectors: ``fun(x) -> (f, g)`` evaluates value and gradient
+together (every trial's gradient is needed by Wolfe's test, and on acceptance by the method).
+
+# Own line searches rather than optax's transforms: those keep value/grad in a transform state
+# and cost ~2x per iteration (PEERS.md); a function returning (x, f, g, alpha) lets the driver
+# own the state and the stall/failure classification.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from optsolve.solve_api.pytree import pytree_dataclass, static_field
+
+Array = jax.Array
+Fun = Callable[[Array], tuple[Array, Array]]
+
+
+class LineSearchResult(NamedTuple):
+    """The accepted point of a line search and what it cost.
+
+    Attributes:
+      x, f, g: the accepted point, its value and gradient (the start point when
+        ``decreased`` is False).
+      alpha: the accepted step length (0 when nothing was accepted).
+      evals: value-and-gradient evaluations made.
+      decreased: a point satisfying the sufficient-decrease (Armijo) condition was found.
+      stalled: nothing was accepted and the trial values were indistinguishable from f at
+        rounding level: no further progress is possible along this direction.
+    """
+
+    x: Array
+    f: Array
+    g: Array
+    alpha: Array
+    evals: Array
+    decreased: Array
+    stalled: Array
+
+
+def _project(x: Array, bounds: tuple[Array, Array] | None) -> Array:
+    return x if bounds is None else jnp.clip(x, bounds[0], bounds[1])
+
+
+def _is_flat(f0: Array, dphi0: Array, a: Array, fa: Array) -> Array:
+    """True when no decrease above rounding is possible along the direction: the trial at
+    step ``a`` is within rounding of ``f0``, or the quadratic through ``(0, f0, dphi0)`` and
+    ``(a, fa)`` predicts a best decrease below rounding (a steep valley that the direction
+    crosses, where the gradient cannot be followed in floating point)."""
+    eps = jnp.finfo(f0.dtype).eps
+    noise = 64 * eps * jnp.maximum(jnp.abs(f0), jnp.finfo(f0.dtype).tiny)
+    curvature = (fa - f0 - dphi0 * a) / (a * a)
+    best_decrease = jnp.where(curvature > 0, dphi0 * dphi0 / (4 * curvature), jnp.inf)
+    return jnp.isfinite(fa) & ((fa - f0 <= noise) | (best_decrease <= noise))
+
+
+def backtracking_search(fun: Fun, x: Array, f0: Array, g0: Array, d: Array, alpha0: Array,
+                        c1: Any, shrink: Any, max_steps: int,
+                        bounds: tuple[Array, Array] | None = None) -> LineSearchResult:
+    """Backtracking along the (projected) arc ``P(x + a d)`` until Armijo's condition
+    ``f(x_a) <= f0 + c1 g0 . (x_a - x)`` holds (Nocedal & Wright, Algorithm 3.1; with bounds,
+    Bertsekas' projected Armijo rule, Bertsekas 1982). Non-finite trials count as too long.
+
+    Returns:
+      A :class:`LineSearchResult`.
+    """
+    dtype = x.dtype
+
+    def trial(a):
+        xa = _project(x + a * d, bounds)
+        fa, ga = fun(xa)
+        ok = jnp.isfinite(fa) & (fa <= f0 + c1 * jnp.vdot(g0, xa - x)) & jnp.all(jnp.isfinite(ga))
+        return xa, fa, ga, ok
+
+    a0 = jnp.asarray(alpha0, dtype)
+    xa, fa, ga, ok = trial(a0)
+
+    def cond(c):
+        return ~c[5] & (c[0] < max_steps)
+
+    def body(c):
+        i, a, *_ = c
+        a = a * shrink
+        xa, fa, ga, ok = trial(a)
+        return i + 1, a, xa, fa, ga, ok
+
+    i, a, xa, fa, ga, ok = lax.while_loop(cond, body, (jnp.ones((), jnp.int32), a0, xa, fa, ga, ok))
+    stalled = ~ok & _is_flat(f0, jnp.vdot(g0, xa - x) / a, a, fa)
+    return LineSearchResult(
+        jnp.where(ok, xa, x), jnp.where(ok, fa, f0), jnp.where(ok, ga, g0),
+        jnp.where(ok, a, 0.0).astype(dtype), i, ok, stalled,
+    )
+
+
+@pytree_dataclass
+class Backtracking:
+    """Backtracking line search: shrink the step until sufficient decrease (Armijo).
+
+    Nocedal & Wright, *Numerical Optimization* (2006), Algorithm 3.1. With bounds the trial
+    points are projected onto the box and the condition uses ``g . (x_a - x)`` (Bertsekas,
+    "Projected Newton methods", SIAM J. Control Optim. 1982).
+
+    Args:
+      c1: sufficient-decrease constant, 0 < c1 < 1 (default 1e-4).
+      shrink: factor applied to a rejected step, 0 < shrink < 1 (default 0.5).
+      max_steps: the most trials per iteration (static; default 40).
+    """
+
+    c1: Any = 1e-4
+    shrink: Any = 0.5
+    max_steps: int = static_field(default=40)
+
+    def __post_init__(self):
+        _check_open_unit("Backtracking", "c1", self.c1)
+        _check_open_unit("Backtracking", "shrink", self.shrink)
+        _check_steps("Backtracking", self.max_steps)
+
+    def search(self, fun: Fun, x: Array, f0: Array, g0: Array, d: Array, alpha0: Array,
+               bounds: tuple[Array, Array] | None = None) -> LineSearchResult:
+        """Search along ``d`` from ``x`` starting at step ``alpha0``; see the class doc."""
+        return backtracking_search(fun, x, f0, g0, d, alpha0, self.c1, self.shrink,
+                                   self.max_steps, bounds)
+
+
+class _ZoomCarry(NamedTuple):
+    i: Array
+    done: Array
+    a: Array          # next trial step
+    a_lo: Array       # best step so far satisfying sufficient decrease (0 = the start)
+    f_lo: Array
+    d_lo: Array       # directional derivative at a_lo
+    x_lo: Array
+    g_lo: Array
+    a_hi: Array       # the other end of the bracket (inf while still bracketing)
+    f_hi: Array
+    d_hi: Array
+    a_last: Array     # the last trial step and its value (for the stall test)
+    f_last: Array
+
+
+def _cubic_min(a_lo, f_lo, d_lo, a_hi, f_hi, d_hi):
+    """Minimiser of the cubic through two points with slopes (Nocedal & Wright, eq. 3.59)."""
+    d1 = d_lo + d_hi - 3 * (f_lo - f_hi) / (a_lo - a_hi)
+    disc = d1 * d1 - d_lo * d_hi
+    d2 = jnp.sign(a_hi - a_lo) * jnp.sqrt(jnp.maximum(disc, 0.0))
+    a = a_hi - (a_hi - a_lo) * (d_hi + d2 - d1) / (d_hi - d_lo + 2 * d2)
+    return jnp.where(disc >= 0, a, jnp.nan)
+
+
+@pytree_dataclass
+class Zoom:
+    """Line search for the strong Wolfe conditions: bracketing, then zoom by safeguarded
+    cubic interpolation.
+
+    Finds a step ``a`` with ``f(x + a d) <= f0 + c1 a g0.d`` and
+    ``|g(x + a d).d| <= c2 |g0.d|``. Nocedal & Wright, *Numerical Optimization* (2006),
+    Algorithms 3.5 (bracketing) and 3.6 (zoom). Non-finite trials count as too long. When the
+    trial budget runs out the best sufficient-decrease point found is accepted. With bounds
+    (projected methods) the search is projected backtracking with this ``c1``: the Wolfe
+    curvature condition has no meaning along a projected arc.
+
+    Args:
+      c1: sufficient-decrease constant (default 1e-4).
+      c2: curvature constant, c1 < c2 < 1 (default 0.9, for quasi-Newton methods; use 0.1
+        for nonlinear conjugate gradients).
+      max_steps: the most trials per iteration (static; default 30).
+    """
+
+    c1: Any = 1e-4
+    c2: Any = 0.9
+    max_steps: int = static_field(default=30)
+
+    def __post_init__(self):
+        _check_open_unit("Zoom", "c1", self.c1)
+        _check_open_unit("Zoom", "c2", self.c2)
+        if _concrete(self.c1) and _concrete(self.c2) and not float(self.c1) < float(self.c2):
+            raise ValueError(f"Zoom: `c1` must be < `c2`, got c1={self.c1!r}, c2={self.c2!r}.")
+        _check_steps("Zoom", self.max_steps)
+
+    def search(self, fun: Fun, x: Array, f0: Array, g0: Array, d: Array, alpha0: Array,
+               bounds: tuple[Array, Array] | None = None) -> LineSearchResult:
+        """Search along ``d`` from ``x`` starting at step ``alpha0``; see the class doc."""
+        if bounds is not None:
+            return backtracking_search(fun, x, f0, g0, d, alpha0, self.c1, 0.5,
+                                       self.max_steps, bounds)
+        dtype = x.dtype
+        c1, c2 = self.c1, self.c2
+        dphi0 = jnp.vdot(g0, d)
+        inf = jnp.asarray(jnp.inf, dtype)
+        zero = jnp.zeros((), dtype)
+        carry0 = _ZoomCarry(jnp.zeros((), jnp.int32), jnp.zeros((), bool),
+                            jnp.asarray(alpha0, dtype), zero, f0, dphi0, x, g0, inf, inf, zero,
+                            jnp.asarray(alpha0, dtype), inf)
+
+        def cond(c: _ZoomCarry):
+            return ~c.done & (c.i < self.max_steps)
+
+        def body(c: _ZoomCarry) -> _ZoomCarry:
+            a = c.a
+            xa = x + a * d
+            fa, ga = fun(xa)
+            da = jnp.vdot(ga, d)
+            finite = jnp.isfinite(fa) & jnp.isfinite(da)
+            # Too long: no sufficient decrease, or no better than the best so far.
+            bad = ~finite | (fa > f0 + c1 * a * dphi0) | (fa >= c.f_lo)
+            wolfe = ~bad & (jnp.abs(da) <= -c2 * dphi0)
+            # The minimiser lies between a and the old best when the slope points back.
+            flip = ~bad & ~wolfe & (da * jnp.sign(c.a_hi - c.a_lo) >= 0)
+            move_lo = ~bad
+            a_hi = jnp.where(bad, a, jnp.where(flip, c.a_lo, c.a_hi))
+            f_hi = jnp.where(bad, jnp.where(finite, fa, inf), jnp.where(flip, c.f_lo, c.f_hi))
+            d_hi = jnp.where(bad, jnp.where(finite, da, zero), jnp.where(flip, c.d_lo, c.d_hi))
+            a_lo = jnp.where(move_lo, a, c.a_lo)
+            f_lo = jnp.where(move_lo, fa, c.f_lo)
+            d_lo = jnp.where(move_lo, da, c.d_lo)
+            x_lo = jnp.where(move_lo, xa, c.x_lo)
+            g_lo = jnp.where(move_lo, ga, c.g_lo)
+            bracketing = jnp.isinf(a_hi)
+            # Next trial: extrapolate while bracketing, else safeguarded cubic interpolation.
+            width = a_hi - a_lo
+            cubic = _cubic_min(a_lo, f_lo, d_lo, a_hi, f_hi, d_hi)
+            # After a too-long trial keep to the half next to a_lo, so the bracket at least
+            # halves: a cubic hugging a_hi would shrink it only by 0.9 per trial.
+            lo_safe = a_lo + 0.1 * width
+            hi_safe = jnp.where(bad, a_lo + 0.5 * width, a_hi - 0.1 * width)
+            inside = jnp.isfinite(cubic) & ((cubic - lo_safe) * (cubic - hi_safe) <= 0)
+            # After a non-finite trial shrink hard toward the good end.
+            fallback = jnp.where(jnp.isfinite(f_hi), a_lo + 0.5 * width, a_lo + 0.2 * width)
+            a_next = jnp.where(bracketing, 2.0 * a, jnp.where(inside, cubic, fallback))
+            tiny = ~bracketing & (jnp.abs(width) <= 10 * jnp.finfo(dtype).eps * jnp.abs(a_lo))
+            return _ZoomCarry(c.i + 1, wolfe | tiny, a_next, a_lo, f_lo, d_lo, x_lo, g_lo,
+                              a_hi, f_hi, d_hi, a, jnp.where(finite, fa, inf))
+
+        c = lax.while_loop(cond, body, carry0)
+        decreased = c.a_lo > 0
+        stalled = ~decreased & _is_flat(f0, dphi0, c.a_last, c.f_last)
+        return LineSearchResult(c.x_lo, c.f_lo, c.g_lo, c.a_lo, c.i, decreased, stalled)
+
+
+LineSearch = Backtracking | Zoom
+
+
+def _concrete(value: Any) -> bool:
+    return not isinstance(value, jax.core.Tracer) and jnp.ndim(value) == 0
+
+
+def _check_open_unit(owner: str, name: str, value: Any) -> None:
+    if _concrete(value) and not 0.0 < float(value) < 1.0:
+        raise ValueError(f"{owner}: `{name}` must be in (0, 1), got {value!r}.")
+
+
+def _check_steps(owner: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{owner}: `max_steps` must be an integer >= 1, got {value!r}.")
+
+
+def check_linesearch(owner: str, value: Any) -> None:
+    """Raise a clear error unless ``value`` is a line-search option of this module."""
+    if not isinstance(value, (Backtracking, Zoom)):
+        raise TypeError(
+            f"{owner}: `linesearch` must be optsolve.Backtracking(...) or optsolve.Zoom(...), "
+            f"got {value!r}."
+        )

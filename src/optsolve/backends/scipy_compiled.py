@@ -1,0 +1,323 @@
+"""The problem as scipy sees it: callables of one float64 vector, backed by compiled JAX.
+
+``x0`` (any pytree) is flattened with ``jax.flatten_util.ravel_pytree``; scipy works on the
+flat float64 vector and every evaluation unravels it to x0's structure and dtypes. Each
+derivative scipy asks for is one ahead-of-time compiled executable
+(``jax.jit(fn).lower(...).compile()``), built once per (f, shapes, dtypes) and cached, and
+called with numpy inputs and ``p`` as an argument: no tracing, no dispatch through
+``jax.jit``'s cache and no recompilation when ``p`` changes. Objective and gradient come
+from one evaluation (``value_and_grad``), packed in one vector so one device-to-host copy
+serves both.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.flatten_util import ravel_pytree
+from scipy.sparse.linalg import LinearOperator
+
+from optsolve.solve_api.problem import OptimizationProblem
+
+PyTree = Any
+
+_CACHE: OrderedDict = OrderedDict()
+_CACHE_SIZE = 256
+
+
+def _spec(leaf: Any) -> tuple:
+    if isinstance(leaf, (bool, int, float, complex)):
+        return ("python", type(leaf).__name__)
+    return (tuple(np.shape(leaf)), str(jnp.result_type(leaf)), bool(getattr(leaf, "weak_type", False)))
+
+
+def _tree_spec(tree: PyTree) -> tuple:
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    return treedef, tuple(_spec(leaf) for leaf in leaves)
+
+
+def device_p(p: PyTree, weak: tuple[bool, ...] | None = None) -> PyTree:
+    """``p`` with array leaves on the device; Python scalars (weakly typed) kept as they are.
+
+    ``weak`` marks leaves that were weakly typed before a host round trip turned them
+    into numpy arrays; scalars among them become Python scalars again, so that the
+    user's ``f`` sees the same dtypes under JAX's strict promotion as when traced.
+    """
+    leaves, treedef = jax.tree_util.tree_flatten(p)
+    out = []
+    for i, leaf in enumerate(leaves):
+        if isinstance(leaf, (bool, int, float, complex)):
+            out.append(leaf)
+        elif weak is not None and weak[i] and np.ndim(leaf) == 0:
+            out.append(np.asarray(leaf).item())
+        else:
+            out.append(jnp.asarray(leaf))
+    return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def flatten_x(tree: PyTree) -> tuple[jax.Array, Callable[[jax.Array], PyTree]]:
+    """``ravel_pytree`` that also accepts leaves of mixed float dtypes under strict promotion."""
+    with jax.numpy_dtype_promotion("standard"):
+        return ravel_pytree(tree)
+
+
+def _constraint_values(constraints, x, p, dtype) -> jax.Array:
+    parts = [jnp.ravel(jnp.asarray(c.g(x, p))).astype(dtype) for c in constraints]
+    return jnp.concatenate(parts)
+
+
+def _build(kind: str, f, constraints, unravel, dtype) -> Callable:
+    """The function of kind ``kind`` of the flat vector and p (to be compiled)."""
+
+    def unr(xf):
+        with jax.numpy_dtype_promotion("standard"):
+            return unravel(xf)
+
+    def obj(xf, p):
+        return f(unr(xf), p).astype(dtype)
+
+    def cons(xf, p):
+        return _constraint_values(constraints, unr(xf), p, dtype)
+
+    if kind == "f":
+        return obj
+    if kind == "fg":
+        def fg(xf, p):
+            value, grad = jax.value_and_grad(obj)(xf, p)
+            return jnp.concatenate([value[None], grad])
+        return fg
+    if kind == "hessp":
+        return lambda xf, v, p: jax.jvp(lambda y: jax.grad(obj)(y, p), (xf,), (v,))[1]
+    if kind == "hess":
+        return lambda xf, p: jax.hessian(obj)(xf, p)
+    if kind == "c":
+        return cons
+    if kind == "cj":
+        def cj(xf, p):
+            return cons(xf, p), jax.jacrev(cons)(xf, p)
+        return cj
+    if kind == "chvp":
+        # Hessian of the Lagrangian's constraint part, sum_i v_i c_i(x), times u.
+        def chvp(xf, v, u, p):
+            grad = jax.grad(lambda y: jnp.dot(v, cons(y, p)))
+            return jax.jvp(grad, (xf,), (u,))[1]
+        return chvp
+    raise ValueError(kind)
+
+
+def compiled(kind: str, problem: OptimizationProblem, p: PyTree, flat0: jax.Array,
+             unravel, n_cons: int) -> Callable:
+    """The compiled executable of ``kind`` for this problem's shapes (cached)."""
+    g_fns = tuple(c.g for c in problem.constraints or ())
+    key = (kind, problem.f, g_fns, _tree_spec(problem.x0), _tree_spec(p))
+    try:
+        hit = _CACHE.get(key)
+    except TypeError:  # an unhashable f: compile without caching
+        key, hit = None, None
+    if hit is not None:
+        _CACHE.move_to_end(key)
+        return hit
+    dtype = flat0.dtype
+    n = flat0.shape[0]
+    vec = jax.ShapeDtypeStruct((n,), dtype)
+    fn = _build(kind, problem.f, problem.constraints or (), unravel, dtype)
+    args = {"hessp": (vec, vec), "chvp": (vec, jax.ShapeDtypeStruct((n_cons,), dtype), vec)}
+    exe = jax.jit(fn).lower(*args.get(kind, (vec,)), p).compile()
+    if key is not None:
+        _CACHE[key] = exe
+        if len(_CACHE) > _CACHE_SIZE:
+            _CACHE.popitem(last=False)
+    return exe
+
+
+class HostProblem:
+    """``problem`` as float64 numpy callables for scipy, with evaluation bookkeeping.
+
+    Args:
+      problem: the problem (concrete leaves).
+      p_weak: which leaves of ``p`` were weakly typed (after a host round trip), or None.
+
+    Attributes:
+      x0: the flat float64 starting point.
+      n_f, n_g: objective and gradient evaluations actually computed (one compiled call
+        of value-and-gradient counts one of each).
+      nonfinite: True once any evaluation returned NaN or inf.
+      last_finite: (x, f) of the last evaluation with a finite value, or None.
+    """
+
+    def __init__(self, problem: OptimizationProblem, p_weak: tuple[bool, ...] | None = None):
+        self.problem = problem
+        flat0, self._unravel = flatten_x(problem.x0)
+        self._flat0 = flat0
+        self.dtype = np.dtype(flat0.dtype)
+        self.x0 = np.asarray(flat0, dtype=np.float64)
+        self.n = self.x0.shape[0]
+        self.p = device_p(problem.p, p_weak)
+        self._exe: dict[str, Callable] = {}
+        self.constraints = problem.constraints or ()
+        self.n_cons = 0
+        if self.constraints:
+            x_spec = jax.tree_util.tree_map(
+                lambda l: jax.ShapeDtypeStruct(np.shape(l), jnp.result_type(l)), problem.x0)
+            sizes = [int(np.prod(jax.eval_shape(c.g, x_spec, self.p).shape))
+                     for c in self.constraints]
+            self.n_cons = sum(sizes)
+            self.c_lower = np.concatenate([np.broadcast_to(np.asarray(c.lower, np.float64), (m,))
+                                           for c, m in zip(self.constraints, sizes)])
+            self.c_upper = np.concatenate([np.broadcast_to(np.asarray(c.upper, np.float64), (m,))
+                                           for c, m in zip(self.constraints, sizes)])
+        self.n_f = 0
+        self.n_g = 0
+        self.nonfinite = False
+        self.last_finite: tuple[np.ndarray, float] | None = None
+        self._memo_x: np.ndarray | None = None
+        self._memo_fg: tuple[float, np.ndarray] | None = None
+        self._memo_cx: np.ndarray | None = None
+        self._memo_cj: tuple[np.ndarray, np.ndarray] | None = None
+
+    def prepare(self, kinds: tuple[str, ...]) -> None:
+        """Compile the executables of ``kinds`` now (before scipy starts its clock)."""
+        for kind in kinds:
+            if kind not in self._exe:
+                self._exe[kind] = compiled(kind, self.problem, self.p, self._flat0,
+                                           self._unravel, self.n_cons)
+
+    def _x(self, x: np.ndarray) -> np.ndarray:
+        return np.asarray(x, dtype=self.dtype)
+
+    def _seen(self, x: np.ndarray, f: float, finite: bool) -> None:
+        if finite:
+            self.last_finite = (np.array(x, dtype=np.float64), f)
+        else:
+            self.nonfinite = True
+
+    # ------------------------------------------------------------------ objective
+    def fun(self, x: np.ndarray) -> float:
+        """f(x), for the methods that use no derivatives."""
+        self.prepare(("f",))
+        f = float(self._exe["f"](self._x(x), self.p))
+        self.n_f += 1
+        self._seen(x, f, np.isfinite(f))
+        return f
+
+    def fun_and_grad(self, x: np.ndarray) -> tuple[float, np.ndarray]:
+        """(f(x), grad f(x)) from one compiled evaluation (scipy's ``jac=True`` protocol)."""
+        exe = self._exe.get("fg") or self.prepare(("fg",)) or self._exe["fg"]
+        # One copy of x serves the memo and the last-finite record (scipy may reuse x).
+        xc = np.array(x, dtype=np.float64)
+        out = np.asarray(exe(xc if self.dtype == np.float64 else xc.astype(self.dtype), self.p),
+                         dtype=np.float64)
+        f, g = float(out[0]), out[1:]
+        self.n_f += 1
+        self.n_g += 1
+        if np.isfinite(out).all():
+            self.last_finite = (xc, f)
+        else:
+            self.nonfinite = True
+        self._memo_x = xc
+        self._memo_fg = (f, g)
+        return f, g
+
+    def _memo(self, x: np.ndarray) -> tuple[float, np.ndarray]:
+        if self._memo_x is None or not np.array_equal(self._memo_x, x):
+            self.fun_and_grad(x)
+        return self._memo_fg
+
+    def value(self, x: np.ndarray) -> float:
+        """f(x) through the value-and-gradient memo (one evaluation serves fun and jac)."""
+        return self._memo(x)[0]
+
+    def grad(self, x: np.ndarray) -> np.ndarray:
+        """grad f(x) through the value-and-gradient memo."""
+        return self._memo(x)[1]
+
+    def value_at(self, x: np.ndarray, use_gradient: bool) -> float:
+        """f at an iterate a callback saw: the memo when it holds x, else one evaluation."""
+        if self._memo_x is not None and np.array_equal(self._memo_x, x):
+            return self._memo_fg[0]
+        if self.last_finite is not None and np.array_equal(self.last_finite[0], x):
+            return self.last_finite[1]
+        return self.fun_and_grad(x)[0] if use_gradient else self.fun(x)
+
+    def hessp(self, x: np.ndarray, v: np.ndarray) -> np.ndarray:
+        """Hessian-vector product (forward over reverse)."""
+        self.prepare(("hessp",))
+        return np.asarray(self._exe["hessp"](self._x(x), self._x(v), self.p), dtype=np.float64)
+
+    def hess(self, x: np.ndarray) -> np.ndarray:
+        """The dense Hessian."""
+        self.prepare(("hess",))
+        return np.asarray(self._exe["hess"](self._x(x), self.p), dtype=np.float64)
+
+    # ---------------------------------------------------------------- constraints
+    def cons(self, x: np.ndarray) -> np.ndarray:
+        """All constraint values, concatenated (derivative-free methods)."""
+        self.prepare(("c",))
+        return np.asarray(self._exe["c"](self._x(x), self.p), dtype=np.float64)
+
+    def _cons_memo(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if self._memo_cx is None or not np.array_equal(self._memo_cx, x):
+            self.prepare(("cj",))
+            c, jac = self._exe["cj"](self._x(x), self.p)
+            self._memo_cx = np.array(x, dtype=np.float64)
+            self._memo_cj = (np.asarray(c, np.float64), np.asarray(jac, np.float64))
+        return self._memo_cj
+
+    def cons_value(self, x: np.ndarray) -> np.ndarray:
+        """Constraint values through the value-and-Jacobian memo."""
+        return self._cons_memo(x)[0]
+
+    def cons_jac(self, x: np.ndarray) -> np.ndarray:
+        """The constraints' Jacobian (m, n), from the same evaluation as their values."""
+        return self._cons_memo(x)[1]
+
+    def cons_hess(self, x: np.ndarray, v: np.ndarray) -> LinearOperator:
+        """sum_i v_i Hess c_i(x) as a LinearOperator (trust-constr's Lagrangian Hessian)."""
+        self.prepare(("chvp",))
+        xx, vv = self._x(x), self._x(v)
+        exe = self._exe["chvp"]
+
+        def matvec(u):
+            return np.asarray(exe(xx, vv, self._x(np.ravel(u)), self.p), dtype=np.float64)
+
+        return LinearOperator((self.n, self.n), matvec=matvec, dtype=np.float64)
+
+    def violation(self, x: np.ndarray, bounds: tuple[np.ndarray, np.ndarray] | None) -> float:
+        """The largest violation of the bounds and constraints at x, relative to max(1, |bound|)."""
+        worst = 0.0
+        pairs = []
+        if bounds is not None:
+            pairs.append((x, bounds[0], bounds[1]))
+        if self.constraints:
+            values = self.cons_value(x) if "cj" in self._exe else self.cons(x)
+            pairs.append((values, self.c_lower, self.c_upper))
+        for value, lo, up in pairs:
+            with np.errstate(invalid="ignore"):
+                below = np.where(np.isfinite(lo), (lo - value) / np.maximum(1.0, np.abs(lo)), 0.0)
+                above = np.where(np.isfinite(up), (value - up) / np.maximum(1.0, np.abs(up)), 0.0)
+            worst = max(worst, float(np.max(below, initial=0.0)), float(np.max(above, initial=0.0)))
+            if not np.all(np.isfinite(value)):
+                worst = np.inf
+        return worst
+
+    # --------------------------------------------------------------------- output
+    def unravel(self, x: np.ndarray) -> PyTree:
+        """The flat float64 vector as a pytree like x0 (JAX arrays, x0's dtypes)."""
+        with jax.numpy_dtype_promotion("standard"):
+            return self._unravel(jnp.asarray(x, dtype=self.dtype))
+
+    def unravel_numpy(self, x: np.ndarray) -> PyTree:
+        """The flat vector as a pytree like x0 of numpy arrays (for the user's callback)."""
+        leaves, treedef = jax.tree_util.tree_flatten(self.problem.x0)
+        out, start = [], 0
+        for leaf in leaves:
+            size = int(np.prod(np.shape(leaf)))
+            out.append(np.asarray(x[start:start + size], dtype=jnp.result_type(leaf))
+                       .reshape(np.shape(leaf)))
+            start += size
+        return jax.tree_util.tree_unflatten(treedef, out)

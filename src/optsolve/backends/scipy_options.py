@@ -1,0 +1,203 @@
+"""What each scipy method is and takes: its capability traits and its own options.
+
+One :class:`MethodSpec` per method; the valid option names are read from scipy's own
+solver signatures, so they follow the installed scipy. Options that scipy would accept and
+then ignore (a finite-difference step when JAX supplies the gradient), options ``solve``
+owns (``maxiter``, mapped ``gtol``) and deprecated ones are errors that say what to do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import scipy.optimize as so
+from scipy.optimize import _minimize as _m
+from scipy.optimize._trustregion import _minimize_trust_region
+
+try:  # the marker scipy uses for deprecated keyword defaults
+    from scipy._lib.deprecation import _NoValue
+except ImportError:  # pragma: no cover
+    _NoValue = object()
+
+
+@dataclasses.dataclass(frozen=True)
+class MethodSpec:
+    """A scipy method's traits and how optsolve's common options map onto it.
+
+    Attributes:
+      key: the lower-case name optsolve looks it up by.
+      name: scipy's spelling.
+      function: the scipy function whose signature lists the method's options.
+      needs_gradient: optsolve passes a JAX gradient.
+      hessian: "hess" (dense), "hessp" (products) or None: what optsolve passes.
+      takes_bounds, takes_constraints: honours the problem's bounds / constraints.
+      native_gtol: scipy's own ``gtol`` option is solve's ``gtol``.
+      maxiter_name: scipy's option counting iterations, or None (optsolve counts them).
+      callback: "intermediate" (callback(intermediate_result), StopIteration stops it) or
+        "x" (callback(xk), which optsolve stops by an exception of its own).
+      extra: option names valid beyond the function's signature.
+    """
+
+    key: str
+    name: str
+    function: Callable[..., Any]
+    needs_gradient: bool
+    hessian: str | None = None
+    takes_bounds: bool = False
+    takes_constraints: bool = False
+    native_gtol: bool = False
+    maxiter_name: str | None = "maxiter"
+    callback: str = "intermediate"
+    extra: tuple[str, ...] = ()
+
+
+MINIMIZE_SPECS: dict[str, MethodSpec] = {s.key: s for s in (
+    MethodSpec("nelder-mead", "Nelder-Mead", _m._minimize_neldermead, False, takes_bounds=True),
+    MethodSpec("powell", "Powell", _m._minimize_powell, False, takes_bounds=True),
+    MethodSpec("cg", "CG", _m._minimize_cg, True, native_gtol=True),
+    MethodSpec("bfgs", "BFGS", _m._minimize_bfgs, True, native_gtol=True),
+    MethodSpec("newton-cg", "Newton-CG", _m._minimize_newtoncg, True, hessian="hessp"),
+    MethodSpec("l-bfgs-b", "L-BFGS-B", _m._minimize_lbfgsb, True, takes_bounds=True,
+               native_gtol=True),
+    # TNC's only budget is maxfun, and its callback(xk) cannot stop it.
+    MethodSpec("tnc", "TNC", _m._minimize_tnc, True, takes_bounds=True, native_gtol=True,
+               maxiter_name=None, callback="x"),
+    # COBYLA's maxiter counts function evaluations.
+    MethodSpec("cobyla", "COBYLA", _m._minimize_cobyla, False, takes_bounds=True,
+               takes_constraints=True, maxiter_name=None),
+    MethodSpec("cobyqa", "COBYQA", _m._minimize_cobyqa, False, takes_bounds=True,
+               takes_constraints=True),
+    MethodSpec("slsqp", "SLSQP", _m._minimize_slsqp, True, takes_bounds=True,
+               takes_constraints=True),
+    MethodSpec("trust-constr", "trust-constr", _m._minimize_trustregion_constr, True,
+               hessian="hessp", takes_bounds=True, takes_constraints=True, native_gtol=True),
+    MethodSpec("dogleg", "dogleg", _minimize_trust_region, True, hessian="hess",
+               native_gtol=True),
+    MethodSpec("trust-ncg", "trust-ncg", _minimize_trust_region, True, hessian="hessp",
+               native_gtol=True),
+    MethodSpec("trust-exact", "trust-exact", _minimize_trust_region, True, hessian="hess",
+               native_gtol=True, extra=("subproblem_maxiter",)),
+    MethodSpec("trust-krylov", "trust-krylov", _minimize_trust_region, True, hessian="hessp",
+               native_gtol=True, extra=("inexact",)),
+)}
+
+GLOBAL_SPECS: dict[str, MethodSpec] = {s.key: s for s in (
+    MethodSpec("differential_evolution", "differential_evolution", so.differential_evolution,
+               True, takes_bounds=True, takes_constraints=True),
+    MethodSpec("dual_annealing", "dual_annealing", so.dual_annealing, True, takes_bounds=True),
+    MethodSpec("shgo", "shgo", so.shgo, True, takes_bounds=True, takes_constraints=True,
+               maxiter_name="iters", callback="x"),
+    MethodSpec("direct", "direct", so.direct, False, takes_bounds=True, callback="x"),
+    MethodSpec("basinhopping", "basinhopping", so.basinhopping, True, takes_bounds=True,
+               takes_constraints=True, maxiter_name="niter", extra=("local",)),
+)}
+
+# Arguments optsolve supplies itself, never options; the reason says where they come from.
+_SUPPLIED = {
+    "fun": "the objective is the problem's f", "func": "the objective is the problem's f",
+    "x0": "the start is the problem's x0", "args": "p is the problem's p",
+    "jac": "derivatives come from JAX", "grad": "derivatives come from JAX",
+    "hess": "derivatives come from JAX", "hessp": "derivatives come from JAX",
+    "bounds": "bounds are set on the problem: OptimizationProblem(..., bounds=(lower, upper))",
+    "constraints": ("constraints are set on the problem: "
+                    "OptimizationProblem(..., constraints=[optsolve.Constraint(...)])"),
+    "callback": "pass it to solve: solve(..., callback=fn), called as fn(iteration, x, objective)",
+    "method": "the method is the first argument",
+    "minimizer_kwargs": ("local searches get JAX derivatives from optsolve; choose "
+                         "basinhopping's local method with local=ScipyMinimize(...)"),
+    "subproblem": "the subproblem is fixed by the method",
+    "vectorized": "optsolve evaluates one point per call",
+    "unknown_options": "", "trust_region_options": "",
+}
+_FINITE_DIFFERENCES = ("eps", "finite_diff_rel_step", "workers")
+_SOLVE_OWNED_ITER = ("maxiter", "niter", "iters")
+
+
+def canonical_method(kind: str, method: Any) -> str:
+    """The lookup key of ``method`` for ScipyMinimize ("minimize") or ScipyGlobal ("global")."""
+    specs = MINIMIZE_SPECS if kind == "minimize" else GLOBAL_SPECS
+    owner = "ScipyMinimize" if kind == "minimize" else "ScipyGlobal"
+    key = method.lower() if isinstance(method, str) else None
+    if key not in specs:
+        other = GLOBAL_SPECS if kind == "minimize" else MINIMIZE_SPECS
+        hint = ""
+        if key in other:
+            hint = (f" {method!r} is a method of "
+                    f"{'ScipyGlobal' if kind == 'minimize' else 'ScipyMinimize'}.")
+        raise ValueError(
+            f"{owner}: `method` must be one of {', '.join(s.name for s in specs.values())}; "
+            f"got {method!r}.{hint}"
+        )
+    return key
+
+
+def valid_options(spec: MethodSpec) -> tuple[str, ...]:
+    """The option names the method takes through optsolve."""
+    names = []
+    for name, param in inspect.signature(spec.function).parameters.items():
+        if name in _SUPPLIED or param.kind is param.VAR_KEYWORD or param.default is _NoValue:
+            continue
+        if name in _FINITE_DIFFERENCES and spec.needs_gradient:
+            continue
+        if name == "workers" or name == spec.maxiter_name:
+            continue
+        if name in _SOLVE_OWNED_ITER and spec.maxiter_name is not None:
+            continue  # (COBYLA's maxiter counts evaluations: it stays an option)
+        if name == "gtol" and spec.native_gtol:
+            continue
+        if name == "inexact" or name == "subproblem_maxiter":
+            continue  # only where listed in spec.extra
+        names.append(name)
+    return tuple(names) + spec.extra
+
+
+def _owner(spec: MethodSpec) -> str:
+    kind = "ScipyMinimize" if spec.key in MINIMIZE_SPECS else "ScipyGlobal"
+    return f"{kind}(method={spec.name!r})"
+
+
+def check_options(spec: MethodSpec, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` if the method takes them all; otherwise an error naming the first bad one."""
+    valid = valid_options(spec)
+    who = _owner(spec)
+    for name, value in options.items():
+        if name in valid:
+            continue
+        if name in _SUPPLIED and _SUPPLIED[name]:
+            raise TypeError(f"{who}: `{name}` is not an option here: {_SUPPLIED[name]}; "
+                            f"got {name}={value!r}.")
+        if name == "tol":
+            raise TypeError(f"{who}: `tol` is not an option here: use solve's tolerances, "
+                            f"solve(..., gtol=..., ftol=...); got tol={value!r}.")
+        if name in _SOLVE_OWNED_ITER or name == spec.maxiter_name:
+            raise TypeError(
+                f"{who}: `{name}` is set through solve's common option: "
+                f"solve(..., maxiters={value!r}); got {name}={value!r} here.")
+        if name == "gtol" and spec.native_gtol:
+            raise TypeError(f"{who}: `gtol` is set through solve's common option: "
+                            f"solve(..., gtol={value!r}).")
+        if name in _FINITE_DIFFERENCES and spec.needs_gradient:
+            raise TypeError(
+                f"{who}: `{name}` only tunes scipy's finite differences, which optsolve "
+                f"never uses (JAX supplies exact derivatives), so scipy would ignore it; "
+                f"got {name}={value!r}. Remove it.")
+        if name == "workers":
+            raise TypeError(f"{who}: `workers` is not supported (optsolve's compiled "
+                            f"objective is not picklable); got workers={value!r}.")
+        param = inspect.signature(spec.function).parameters.get(name)
+        if param is not None and param.default is _NoValue:
+            raise TypeError(f"{who}: `{name}` is deprecated by scipy and would only warn; "
+                            f"got {name}={value!r}. Remove it.")
+        raise TypeError(
+            f"{who} does not take the option `{name}` (got {name}={value!r}). Valid options: "
+            f"{', '.join(valid) or '(none)'}; common options go to solve: maxiters, maxtime, "
+            "gtol, ftol, callback.")
+    return dict(options)
+
+
+def methods_with(trait: str) -> list[str]:
+    """scipy.optimize.minimize methods whose ``trait`` is true (for error messages)."""
+    return [s.name for s in MINIMIZE_SPECS.values() if getattr(s, trait)]

@@ -1,0 +1,167 @@
+"""How each scipy.optimize method's own status maps onto :class:`ReturnCode`.
+
+One table per method, keyed on the ``status`` integer of scipy's ``OptimizeResult`` (the
+meanings are scipy 1.17's, quoted from its sources next to each entry). A status missing
+from its table maps to FAILURE. Two rules apply on top of the tables, in
+:func:`retcode_from_result`: a stop that optsolve itself requested (the callback, maxtime,
+ftol, maxiters counted by optsolve) wins over scipy's status, and a non-finite objective
+or iterate is FAILURE whatever scipy said. The backend then turns SUCCESS / MAXITERS /
+MAXTIME / STALLED into INFEASIBLE when the constraints are violated at the end.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from optsolve.solve_api.returncode import ReturnCode
+
+S, MI, MT, F, T, INF, ST = (
+    ReturnCode.SUCCESS, ReturnCode.MAXITERS, ReturnCode.MAXTIME, ReturnCode.FAILURE,
+    ReturnCode.TERMINATED, ReturnCode.INFEASIBLE, ReturnCode.STALLED,
+)
+
+# scipy.optimize._optimize: warnflag of the line-search methods (_status_message).
+_LINE_SEARCH = {
+    0: S,   # "Optimization terminated successfully."
+    1: MI,  # "Maximum number of iterations has been exceeded."
+    2: F,   # "Desired error not necessarily achieved due to precision loss." (line search)
+    3: F,   # "NaN result encountered."
+    99: T,  # "`callback` raised `StopIteration`."
+}
+
+# scipy.optimize._trustregion._minimize_trust_region (dogleg, trust-ncg, -exact, -krylov).
+_TRUST_REGION = {
+    0: S,   # "Optimization terminated successfully."
+    1: MI,  # "Maximum number of iterations has been exceeded."
+    2: ST,  # "A bad approximation caused failure to predict improvement."
+    3: F,   # "A linalg error occurred, such as a non-psd Hessian."
+    99: T,
+}
+
+METHOD_TABLES: dict[str, dict[int, ReturnCode]] = {
+    "nelder-mead": {0: S, 1: MI, 2: MI, 99: T},  # 1: maxfev exceeded, 2: maxiter exceeded
+    "powell": {0: S, 1: MI, 2: MI, 3: F, 4: INF, 99: T},  # 3: NaN, 4: "outside the bounds"
+    "cg": _LINE_SEARCH,
+    "bfgs": _LINE_SEARCH,
+    # 3: "CG iterations didn't converge. The Hessian is not positive definite." or NaN.
+    "newton-cg": {0: S, 1: MI, 2: F, 3: F, 5: T, 99: T},
+    # _lbfgsb_py: 0 CONVERGENCE, 1 maxfun or maxiter reached, 2 ABNORMAL / WARNING / ERROR.
+    "l-bfgs-b": {0: S, 1: MI, 2: F, 99: T},
+    # _tnc.RCSTRINGS.
+    "tnc": {
+        -1: INF,  # "Infeasible (lower bound > upper bound)"
+        0: S,     # "Local minimum reached (|pg| ~= 0)"
+        1: S,     # "Converged (|f_n-f_(n-1)| ~= 0)"
+        2: S,     # "Converged (|x_n-x_(n-1)| ~= 0)"
+        3: MI,    # "Max. number of function evaluations reached"
+        4: F,     # "Linear search failed"
+        5: S,     # "All lower bounds are equal to the upper bounds"
+        6: ST,    # "Unable to progress"
+        7: T,     # "User requested end of minimization"
+    },
+    # scipy._lib.pyprima.common.infos (PRIMA's COBYLA).
+    "cobyla": {
+        0: S,    # SMALL_TR_RADIUS
+        1: S,    # FTARGET_ACHIEVED
+        2: F,    # TRSUBP_FAILED
+        3: MI,   # MAXFUN_REACHED
+        20: MI,  # MAXTR_REACHED
+        -1: F,   # NAN_INF_X
+        -2: F,   # NAN_INF_F
+        -3: F,   # NAN_INF_MODEL
+        6: INF,  # NO_SPACE_BETWEEN_BOUNDS
+        7: ST,   # DAMAGING_ROUNDING
+        8: F,    # ZERO_LINEAR_CONSTRAINT
+        30: T,   # CALLBACK_TERMINATE
+    },
+    # scipy._lib.cobyqa.settings.ExitStatus.
+    "cobyqa": {
+        0: S,    # RADIUS_SUCCESS
+        1: S,    # TARGET_SUCCESS
+        2: S,    # FIXED_SUCCESS (all variables fixed by the bounds)
+        3: T,    # CALLBACK_SUCCESS
+        4: S,    # FEASIBLE_SUCCESS (feasibility problem solved)
+        5: MI,   # MAX_EVAL_WARNING
+        6: MI,   # MAX_ITER_WARNING
+        -1: INF,  # INFEASIBLE_ERROR
+        -2: F,   # LINALG_ERROR
+    },
+    # _slsqp_py.exit_modes.
+    "slsqp": {
+        0: S,    # "Optimization terminated successfully"
+        2: INF,  # "More equality constraints than independent variables"
+        3: F,    # "More than 3*n iterations in LSQ subproblem"
+        4: INF,  # "Inequality constraints incompatible"
+        5: F,    # "Singular matrix E in LSQ subproblem"
+        6: F,    # "Singular matrix C in LSQ subproblem"
+        7: F,    # "Rank-deficient equality constraint subproblem HFTI"
+        8: F,    # "Positive directional derivative for linesearch"
+        9: MI,   # "Iteration limit reached"
+        99: T,
+    },
+    # _trustregion_constr.minimize_trustregion_constr.TERMINATION_MESSAGES.
+    "trust-constr": {
+        0: MI,   # "The maximum number of function evaluations is exceeded." (maxiter)
+        1: S,    # "`gtol` termination condition is satisfied."
+        2: S,    # "`xtol` termination condition is satisfied."
+        3: T,    # "`callback` raised `StopIteration`."
+        4: INF,  # "Constraint violation exceeds 'gtol'"
+    },
+    "dogleg": _TRUST_REGION,
+    "trust-ncg": _TRUST_REGION,
+    "trust-exact": _TRUST_REGION,
+    "trust-krylov": _TRUST_REGION,
+    # _direct_py: 1 maxfun, 2 maxiter, 3-5 success (f_min, vol_tol, len_tol), < 0 errors.
+    "direct": {1: MI, 2: MI, 3: S, 4: S, 5: S},
+}
+
+
+def global_retcode(method: str, result: Any) -> ReturnCode:
+    """ReturnCode of a global method whose result carries ``success`` and a message.
+
+    differential_evolution, dual_annealing, shgo and basinhopping report no status
+    integer; their ``success`` flag and message say why they stopped.
+    """
+    if method == "direct":
+        return METHOD_TABLES["direct"].get(int(result.status), F)
+    message = result.message
+    if isinstance(message, (list, tuple)):
+        message = " ".join(str(m) for m in message)
+    message = str(message).lower()
+    if method == "dual_annealing":
+        # maxiter is dual annealing's normal end (success=True); maxfun is a budget.
+        if "maximum number of function call" in message:
+            return MI
+        return S if result.success else F
+    if method == "differential_evolution":
+        if result.success:
+            return S
+        if "maximum number" in message:
+            return MI
+        if "constraints" in message:
+            return INF
+        return F
+    if method == "shgo":
+        if result.success:
+            return S
+        if "max" in message:
+            return MI
+        return F
+    if method == "basinhopping":
+        # success is that of the local minimisation at the best point found.
+        return S if result.success else F
+    raise ValueError(f"global_retcode: unknown method {method!r}.")
+
+
+def minimize_retcode(method: str, status: Any, success: bool = True) -> ReturnCode:
+    """ReturnCode for scipy.optimize.minimize's ``status`` under ``method`` (lower case).
+
+    ``success`` is the result's flag: COBYLA reports a converged status (a small trust
+    region) with ``success=False`` when the constraint violation exceeds its ``catol``.
+    """
+    code = METHOD_TABLES[method].get(int(status), F)
+    if method == "cobyla" and code is S and not success:
+        return INF
+    return code

@@ -1,0 +1,336 @@
+"""The JAX-native classical methods beyond the MGH set: bounds against scipy's L-BFGS-B,
+float32, jit/vmap and no recompilation, user gradients and Hessian products, AdaHessian,
+the line searches' conditions checked directly, numerical failure, and bad input."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.optimize
+
+import optsolve
+from optsolve import OptimizationProblem, ReturnCode, solve
+from optsolve.backends.classical import default_gtol
+from optsolve.backends.linesearch import Backtracking, Zoom
+
+from compile_count import count_compilations
+
+FAST_COMPILE = {"xla_llvm_disable_expensive_passes": True}
+
+ALL = {
+    "GradientDescent": optsolve.GradientDescent(),
+    "LBFGS": optsolve.LBFGS(),
+    "BFGS": optsolve.BFGS(),
+    "NonlinearCG": optsolve.NonlinearCG(),
+    "Newton": optsolve.Newton(),
+    "TrustRegion": optsolve.TrustRegion(),
+}
+
+
+def rosenbrock(x, p=None):
+    return jnp.sum(100 * (x[1:] - x[:-1] ** 2) ** 2 + (1 - x[:-1]) ** 2)
+
+
+def check_success(sol, f, gtol, bounds=None):
+    """SUCCESS only where the (projected) gradient inf-norm is within gtol."""
+    x = jnp.asarray(sol.x)
+    g = jax.grad(f)(x, None)
+    if bounds is not None:
+        g = x - jnp.clip(x - g, bounds[0], bounds[1])
+    if np.all(np.asarray(sol.retcode) == ReturnCode.SUCCESS):
+        assert float(jnp.max(jnp.abs(g))) <= gtol * (1 + 1e-6)
+
+
+# ------------------------------------------------------------------------------ bounds
+
+_n = 6
+_A = np.diag(np.full(_n, 3.0)) + np.diag(np.full(_n - 1, -1.0), 1) + np.diag(np.full(_n - 1, -1.0), -1)
+_b = np.array([4.0, -3.0, 2.5, -1.0, 6.0, 0.5])
+LOWER, UPPER = np.zeros(_n), np.full(_n, 1.0)
+
+
+def bounded_objective(x, p=None):
+    """Strictly convex, non-quadratic; its unconstrained minimiser leaves the box [0, 1]^6."""
+    A, b = jnp.asarray(_A, x.dtype), jnp.asarray(_b, x.dtype)
+    return 0.5 * x @ A @ x - b @ x + 0.1 * jnp.sum(x ** 4)
+
+
+def test_bounds_match_scipy_lbfgsb():
+    ref = scipy.optimize.minimize(
+        lambda x: float(bounded_objective(jnp.asarray(x))), np.full(_n, 0.5),
+        jac=lambda x: np.asarray(jax.grad(bounded_objective)(jnp.asarray(x))),
+        method="L-BFGS-B", bounds=list(zip(LOWER, UPPER)),
+        options={"ftol": 1e-16, "gtol": 1e-13, "maxiter": 10000})
+    active = (ref.x <= 1e-12) | (ref.x >= 1 - 1e-12)
+    assert active.any() and not active.all(), "the solution must lie on the boundary"
+    prob = OptimizationProblem(bounded_objective, jnp.full(_n, 0.5),
+                               bounds=(jnp.asarray(LOWER), jnp.asarray(UPPER)))
+    for alg in (optsolve.GradientDescent(), optsolve.LBFGS(),
+                optsolve.LBFGS(linesearch=Backtracking())):
+        sol = solve(prob, alg)
+        assert sol.retcode == ReturnCode.SUCCESS, (alg, sol)
+        np.testing.assert_allclose(np.asarray(sol.x), ref.x, atol=1e-8)
+        assert np.all(np.asarray(sol.x) >= LOWER) and np.all(np.asarray(sol.x) <= UPPER)
+        check_success(sol, bounded_objective, default_gtol(jnp.float64), (LOWER, UPPER))
+
+
+def test_bounded_rosenbrock_lbfgs_matches_scipy():
+    bounds = (jnp.array([-2.0, -2.0]), jnp.array([0.5, 2.0]))
+    prob = OptimizationProblem(rosenbrock, jnp.array([-1.2, 1.0]), bounds=bounds)
+    sol = solve(prob, optsolve.LBFGS())
+    ref = scipy.optimize.minimize(lambda x: float(rosenbrock(jnp.asarray(x))), [-1.2, 1.0],
+                                  jac=lambda x: np.asarray(jax.grad(rosenbrock)(jnp.asarray(x))),
+                                  method="L-BFGS-B", bounds=[(-2, 0.5), (-2, 2)],
+                                  options={"ftol": 1e-16, "gtol": 1e-13})
+    assert sol.retcode == ReturnCode.SUCCESS
+    np.testing.assert_allclose(np.asarray(sol.x), ref.x, atol=1e-8)
+    np.testing.assert_allclose(np.asarray(sol.x), [0.5, 0.25], atol=1e-8)
+
+
+def test_bounds_refused_by_unbounded_algorithms():
+    prob = OptimizationProblem(rosenbrock, jnp.zeros(2), bounds=(0.0, 1.0))
+    for alg in (optsolve.BFGS(), optsolve.Newton(), optsolve.NonlinearCG(),
+                optsolve.TrustRegion()):
+        with pytest.raises(ValueError, match=r"does not support bounds.*GradientDescent.*LBFGS"):
+            solve(prob, alg)
+
+
+# ------------------------------------------------------- float32, jit, vmap, recompiles
+
+def test_float32_all_algorithms():
+    """Every method solves Rosenbrock in float32 to float32 accuracy, in float32 throughout."""
+    prob = OptimizationProblem(rosenbrock, jnp.array([-1.2, 1.0], jnp.float32))
+    sols = jax.jit(lambda pr: {k: solve(pr, a) for k, a in ALL.items()},
+                   compiler_options=FAST_COMPILE)(prob)
+    for name, sol in sols.items():
+        assert sol.x.dtype == jnp.float32 and sol.objective.dtype == jnp.float32, name
+        check_success(sol, rosenbrock, default_gtol(jnp.float32))
+        # Steepest descent crawls along the valley: 10000 iterations end it short of gtol.
+        done = (ReturnCode.SUCCESS, ReturnCode.STALLED) + (
+            (ReturnCode.MAXITERS,) if name == "GradientDescent" else ())
+        assert int(sol.retcode) in done, (name, sol)
+        np.testing.assert_allclose(np.asarray(sol.x), [1.0, 1.0], atol=2e-3, err_msg=name)
+
+
+def quadratic(x, p):
+    """Minimiser p (a vector), Hessian diag(1..n) + coupling: a vmappable family."""
+    n = x.shape[0]
+    d = jnp.arange(1, n + 1, dtype=x.dtype)
+    r = x - p
+    return 0.5 * jnp.sum(d * r * r) + 0.25 * jnp.sum(r[1:] * r[:-1]) + 0.1 * jnp.sum(r ** 4)
+
+
+def test_vmap_and_jit_all_algorithms():
+    ps = jnp.stack([jnp.linspace(-1.0, 1.0, 4) * s for s in (0.5, 1.0, 2.0)])
+    prob = OptimizationProblem(quadratic, jnp.zeros(4), ps[0])
+    algs = dict(ALL, AdaHessian=optsolve.AdaHessian(learning_rate=0.5))
+
+    def run(ps):
+        out = {}
+        for name, alg in algs.items():
+            kw = {"maxiters": 300} if name == "AdaHessian" else {}
+            out[name] = jax.vmap(lambda p: solve(prob.replace(p=p), alg, **kw))(ps)
+        return out
+
+    sols = jax.jit(run, compiler_options=FAST_COMPILE)(ps)
+    for name, sol in sols.items():
+        atol = 1e-3 if name == "AdaHessian" else 1e-7
+        np.testing.assert_allclose(np.asarray(sol.x), np.asarray(ps), atol=atol, err_msg=name)
+        if name != "AdaHessian":
+            assert np.all(np.asarray(sol.retcode) == ReturnCode.SUCCESS), name
+        for i in range(ps.shape[0]):
+            one = jax.tree_util.tree_map(lambda a: a[i], sol)
+            check_success(one, lambda x, _: quadratic(x, ps[i]), default_gtol(jnp.float64))
+
+
+def test_new_hyperparameters_do_not_recompile():
+    prob = OptimizationProblem(rosenbrock, jnp.array([-1.2, 1.0]))
+    run = jax.jit(lambda alg, x0: solve(prob.replace(x0=x0), alg).x)
+    x0 = jnp.array([-1.2, 1.0])
+    run(optsolve.LBFGS(linesearch=Zoom(c1=1e-4, c2=0.9)), x0)
+    run(optsolve.TrustRegion(initial_radius=1.0), x0)
+    x1 = jnp.array([-1.0, 1.2])
+    with count_compilations() as c:
+        a = run(optsolve.LBFGS(linesearch=Zoom(c1=1e-3, c2=0.5)), x0)
+        b = run(optsolve.TrustRegion(initial_radius=0.3, eta=0.1), x1)
+    assert c.count == 0
+    np.testing.assert_allclose(np.asarray(a), [1, 1], atol=1e-6)
+    np.testing.assert_allclose(np.asarray(b), [1, 1], atol=1e-6)
+    # And through solve itself (not jitted by the caller): a second call reuses the compile.
+    solve(prob, optsolve.GradientDescent(learning_rate=0.5), maxiters=5)
+    with count_compilations() as c:
+        solve(prob, optsolve.GradientDescent(learning_rate=0.25), maxiters=5)
+    assert c.count == 0
+
+
+# --------------------------------------------------- user gradient and Hessian products
+
+def test_user_grad_and_hvp_replace_autodiff():
+    """f, grad and hvp computed on the host (pure_callback, so JAX cannot differentiate f):
+    the methods run on the user's functions alone."""
+    A = np.array([[3.0, 1.0, 0.0], [1.0, 4.0, 0.5], [0.0, 0.5, 2.0]])
+    b = np.array([1.0, -2.0, 0.5])
+    spec = jax.ShapeDtypeStruct((), jnp.float64)
+    vec = jax.ShapeDtypeStruct((3,), jnp.float64)
+
+    def f(x, p):
+        return jax.pure_callback(lambda x: np.asarray(0.5 * x @ A @ x - b @ x), spec, x)
+
+    def grad(x, p):
+        return jax.pure_callback(lambda x: A @ x - b, vec, x)
+
+    def hvp(x, v, p):
+        return jax.pure_callback(lambda v: A @ v, vec, v)
+
+    expected = np.linalg.solve(A, b)
+    prob = OptimizationProblem(f, jnp.zeros(3), grad=grad, hvp=hvp)
+    for alg in (optsolve.LBFGS(), optsolve.Newton(), optsolve.TrustRegion(),
+                optsolve.AdaHessian(learning_rate=0.5)):
+        kw = {"maxiters": 300} if isinstance(alg, optsolve.AdaHessian) else {}
+        sol = solve(prob, alg, **kw)
+        np.testing.assert_allclose(np.asarray(sol.x), expected, atol=1e-6, err_msg=repr(alg))
+    # The optax family uses the user's gradient too.
+    sol = solve(prob, optsolve.SGD(0.2), maxiters=500)
+    np.testing.assert_allclose(np.asarray(sol.x), expected, atol=1e-6)
+    with pytest.raises(TypeError, match="`grad` must be None or a callable"):
+        OptimizationProblem(rosenbrock, jnp.zeros(2), grad=1.0)
+    with pytest.raises(TypeError, match="`hvp` must be None or a callable"):
+        OptimizationProblem(rosenbrock, jnp.zeros(2), hvp="no")
+
+
+def test_adahessian_hutchinson_diagonal():
+    """For a diagonal Hessian the Hutchinson estimate is exact, so AdaHessian's first step
+    (bias-corrected) is lr * g / |diag H|: a Newton step scaled by lr."""
+    d = jnp.array([1.0, 10.0, 100.0])
+    f = lambda x, p: 0.5 * jnp.sum(d * (x - 1.0) ** 2)
+    prob = OptimizationProblem(f, jnp.zeros(3))
+    sol = solve(prob, optsolve.AdaHessian(learning_rate=0.5, eps=0.0), maxiters=1)
+    np.testing.assert_allclose(np.asarray(sol.x), [0.5, 0.5, 0.5], rtol=1e-12)
+    with pytest.raises(ValueError, match="maxiters"):
+        solve(prob, optsolve.AdaHessian())
+
+
+# -------------------------------------------------------------------------- line search
+
+def _line_problem():
+    x = jnp.array([-1.2, 1.0])
+    fun = jax.value_and_grad(rosenbrock)
+    f0, g0 = fun(x)
+    return fun, x, f0, g0, -g0
+
+
+@pytest.mark.parametrize("c1,c2,alpha0", [(1e-4, 0.9, 1.0), (1e-4, 0.1, 1e-3), (0.3, 0.5, 10.0)])
+def test_zoom_strong_wolfe(c1, c2, alpha0):
+    fun, x, f0, g0, d = _line_problem()
+    res = jax.jit(lambda a: Zoom(c1=c1, c2=c2).search(fun, x, f0, g0, d, a))(alpha0)
+    a = float(res.alpha)
+    assert a > 0 and bool(res.decreased)
+    fa, ga = fun(x + a * d)
+    assert float(fa) <= float(f0 + c1 * a * jnp.vdot(g0, d))           # Armijo
+    assert abs(float(jnp.vdot(ga, d))) <= c2 * abs(float(jnp.vdot(g0, d)))  # curvature
+    np.testing.assert_allclose(float(res.f), float(fa), rtol=1e-12)
+    assert int(res.evals) >= 1
+
+
+@pytest.mark.parametrize("alpha0", [1.0, 1e-4])
+def test_backtracking_armijo(alpha0):
+    fun, x, f0, g0, d = _line_problem()
+    ls = Backtracking(c1=1e-4, shrink=0.5)
+    res = ls.search(fun, x, f0, g0, d, alpha0)
+    a = float(res.alpha)
+    assert 0 < a <= alpha0
+    assert float(fun(x + a * d)[0]) <= float(f0 + 1e-4 * a * jnp.vdot(g0, d))
+    if a < alpha0:  # the previous, longer trial failed Armijo
+        assert float(fun(x + 2 * a * d)[0]) > float(f0 + 1e-4 * 2 * a * jnp.vdot(g0, d))
+
+
+def test_failure_linesearch_ascent_direction():
+    fun, x, f0, g0, d = _line_problem()
+    for ls in (Zoom(), Backtracking()):
+        res = ls.search(fun, x, f0, g0, -d, 1.0)
+        assert not bool(res.decreased) and float(res.alpha) == 0.0
+        np.testing.assert_array_equal(np.asarray(res.x), np.asarray(x))
+
+
+# -------------------------------------------------------------------- numerical failure
+
+def test_failure_nan_at_start():
+    prob = OptimizationProblem(lambda x, p: jnp.sum(x ** 2) * jnp.nan, jnp.ones(2))
+    for name, alg in ALL.items():
+        sol = solve(prob, alg)
+        assert sol.retcode == ReturnCode.FAILURE, name
+        assert int(sol.stats.iterations) == 0
+        np.testing.assert_array_equal(np.asarray(sol.x), [1.0, 1.0])
+
+
+def test_failure_nan_everywhere_but_the_last_good_iterate():
+    """Finite only near the start: methods end in FAILURE (or STALLED where no decrease
+    is possible) holding a finite iterate, never NaN."""
+    x_start = jnp.array([1.0, 2.0])
+
+    def f(x, p):
+        inside = jnp.all(jnp.abs(x - x_start) <= 1e-3)
+        return jnp.where(inside, jnp.sum(x ** 2), jnp.nan)
+
+    prob = OptimizationProblem(f, x_start)
+    for name, alg in ALL.items():
+        sol = solve(prob, alg)
+        assert sol.retcode in (ReturnCode.FAILURE, ReturnCode.STALLED), (name, sol)
+        assert np.all(np.isfinite(np.asarray(sol.x))) and np.isfinite(float(sol.objective))
+        assert float(jnp.max(jnp.abs(sol.x - x_start))) <= 1e-3, name
+        assert "last finite iterate" in ReturnCode.FAILURE.message
+
+
+def test_maxiters_and_stopping_options():
+    prob = OptimizationProblem(rosenbrock, jnp.array([-1.2, 1.0]))
+    sol = solve(prob, optsolve.GradientDescent(), maxiters=3)
+    assert sol.retcode == ReturnCode.MAXITERS and int(sol.stats.iterations) == 3
+    loose = solve(prob, optsolve.LBFGS(), gtol=1e-2)
+    tight = solve(prob, optsolve.LBFGS())
+    assert loose.retcode == tight.retcode == ReturnCode.SUCCESS
+    assert int(loose.stats.iterations) < int(tight.stats.iterations)
+    check_success(loose, rosenbrock, 1e-2)
+    sol = solve(prob, optsolve.BFGS(), xtol=1e-3)
+    assert sol.retcode == ReturnCode.SUCCESS
+    sol = solve(prob, optsolve.NonlinearCG(), ftol=1e-3)
+    assert sol.retcode == ReturnCode.SUCCESS
+
+
+# ---------------------------------------------------------------------------- bad input
+
+def test_bad_input_errors():
+    with pytest.raises(ValueError, match="LBFGS: `memory_size` must be an integer >= 1, got 0"):
+        optsolve.LBFGS(memory_size=0)
+    with pytest.raises(ValueError, match="NonlinearCG: `method` must be one of .*'dai-yuan'.*got 'fr'"):
+        optsolve.NonlinearCG(method="fr")
+    with pytest.raises(ValueError, match=r"Zoom: `c2` must be in \(0, 1\), got 1.5"):
+        Zoom(c2=1.5)
+    with pytest.raises(ValueError, match="Zoom: `c1` must be < `c2`"):
+        Zoom(c1=0.5, c2=0.4)
+    with pytest.raises(ValueError, match=r"Backtracking: `shrink` must be in \(0, 1\)"):
+        Backtracking(shrink=1.0)
+    with pytest.raises(TypeError, match="LBFGS: `linesearch` must be optsolve.Backtracking"):
+        optsolve.LBFGS(linesearch="wolfe")
+    with pytest.raises(ValueError, match=r"TrustRegion: `eta` must be in \[0, 0.25\)"):
+        optsolve.TrustRegion(eta=0.5)
+    with pytest.raises(ValueError, match="GradientDescent: `learning_rate` must be > 0"):
+        optsolve.GradientDescent(learning_rate=-1.0)
+    with pytest.raises(ValueError, match="Newton: `cg_maxiter` must be None or an integer"):
+        optsolve.Newton(cg_maxiter=0)
+    prob = OptimizationProblem(rosenbrock, jnp.zeros(2))
+    with pytest.raises(TypeError, match=r"does not take the option\(s\) 'memory'.*xtol"):
+        solve(prob, optsolve.LBFGS(), memory=3)
+
+
+def test_traits_and_registration():
+    for name, alg in ALL.items():
+        traits = type(alg).traits()
+        assert traits["family"] == "classical" and traits["stops_by_itself"], name
+        assert getattr(optsolve, name) is type(alg)
+    assert optsolve.LBFGS.takes_bounds and optsolve.GradientDescent.takes_bounds
+    assert not optsolve.BFGS.takes_bounds
+    assert optsolve.Newton.needs_hessian and optsolve.TrustRegion.needs_hessian
+    assert optsolve.OptaxLBFGS is not optsolve.LBFGS
+    leaves = jax.tree_util.tree_leaves(optsolve.LBFGS(linesearch=Zoom(c1=1e-3)))
+    assert [float(v) for v in leaves] == [1e-3, 0.9]  # numbers are leaves; memory is static
+    assert default_gtol(jnp.float64) == 1e-8 and default_gtol(jnp.float32) == 1e-5

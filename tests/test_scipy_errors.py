@@ -1,0 +1,154 @@
+"""Bad input to the scipy backend: each case gets an error that names the argument, what
+was expected and what was given, and (where it applies) which methods can do it."""
+
+from __future__ import annotations
+
+import re
+
+import jax.numpy as jnp
+import pytest
+
+from optsolve import Constraint, OptimizationProblem, ScipyGlobal, ScipyMinimize, solve
+
+
+def quadratic(x, p):
+    return jnp.sum((x - 1.0) ** 2)
+
+
+PLAIN = OptimizationProblem(quadratic, jnp.zeros(2))
+BOXED = OptimizationProblem(quadratic, jnp.zeros(2), bounds=(-5.0, 5.0))
+CONSTRAINED = OptimizationProblem(quadratic, jnp.zeros(2),
+                                  constraints=[Constraint(lambda x, p: x[0] + x[1], lower=1.0)])
+
+
+@pytest.mark.parametrize("make, error, pattern", [
+    (lambda: ScipyMinimize("Newton"), ValueError,
+     r"ScipyMinimize: `method` must be one of Nelder-Mead, Powell, CG, BFGS, .*trust-krylov; "
+     r"got 'Newton'\."),
+    (lambda: ScipyMinimize("shgo"), ValueError, r"'shgo' is a method of ScipyGlobal"),
+    (lambda: ScipyGlobal("BFGS"), ValueError,
+     r"ScipyGlobal: `method` must be one of differential_evolution, .*; got 'BFGS'\. 'BFGS' is "
+     r"a method of ScipyMinimize"),
+    (lambda: ScipyMinimize(), TypeError, r"ScipyMinimize: `method` is required; one of 'Nelder-Mead'"),
+    (lambda: ScipyMinimize("L-BFGS-B", maxcorr=5), TypeError,
+     r"ScipyMinimize\(method='L-BFGS-B'\) does not take the option `maxcorr` \(got maxcorr=5\)\. "
+     r"Valid options: maxcor, ftol, maxfun, maxls; common options go to solve"),
+    (lambda: ScipyMinimize("BFGS", maxiter=10), TypeError,
+     r"`maxiter` is set through solve's common option: solve\(\.\.\., maxiters=10\)"),
+    (lambda: ScipyMinimize("BFGS", gtol=1e-3), TypeError,
+     r"`gtol` is set through solve's common option: solve\(\.\.\., gtol=0\.001\)"),
+    (lambda: ScipyMinimize("BFGS", eps=1e-8), TypeError,
+     r"`eps` only tunes scipy's finite differences, which optsolve never uses \(JAX supplies "
+     r"exact derivatives\), so scipy would ignore it; got eps=1e-08"),
+    (lambda: ScipyMinimize("trust-constr", finite_diff_rel_step=1e-6), TypeError,
+     r"`finite_diff_rel_step` only tunes scipy's finite differences"),
+    (lambda: ScipyMinimize("BFGS", jac="3-point"), TypeError,
+     r"`jac` is not an option here: derivatives come from JAX; got jac='3-point'"),
+    (lambda: ScipyMinimize("Nelder-Mead", bounds=[(0, 1)]), TypeError,
+     r"`bounds` is not an option here: bounds are set on the problem: "
+     r"OptimizationProblem\(\.\.\., bounds=\(lower, upper\)\)"),
+    (lambda: ScipyMinimize("SLSQP", constraints=[]), TypeError,
+     r"`constraints` is not an option here: constraints are set on the problem"),
+    (lambda: ScipyMinimize("TNC", tol=1e-6), TypeError,
+     r"`tol` is not an option here: use solve's tolerances, solve\(\.\.\., gtol=\.\.\., "
+     r"ftol=\.\.\.\); got tol=1e-06"),
+    (lambda: ScipyMinimize("L-BFGS-B", iprint=1), TypeError,
+     r"`iprint` is deprecated by scipy and would only warn; got iprint=1"),
+    (lambda: ScipyMinimize("Nelder-Mead", workers=2), TypeError,
+     r"`workers` is not supported .*; got workers=2"),
+    (lambda: ScipyMinimize("trust-ncg", subproblem_maxiter=3), TypeError,
+     r"ScipyMinimize\(method='trust-ncg'\) does not take the option `subproblem_maxiter`"),
+    (lambda: ScipyMinimize("BFGS", callback=print), TypeError,
+     r"`callback` is not an option here: pass it to solve: solve\(\.\.\., callback=fn\)"),
+    (lambda: ScipyGlobal("direct", maxiter=3), TypeError,
+     r"ScipyGlobal\(method='direct'\): `maxiter` is set through solve's common option: "
+     r"solve\(\.\.\., maxiters=3\)"),
+    (lambda: ScipyGlobal("basinhopping", niter=3), TypeError, r"solve\(\.\.\., maxiters=3\)"),
+    (lambda: ScipyGlobal("dual_annealing", minimizer_kwargs={}), TypeError,
+     r"`minimizer_kwargs` is not an option here: local searches get JAX derivatives"),
+    (lambda: ScipyGlobal("differential_evolution", vectorized=True), TypeError,
+     r"`vectorized` is not an option here: optsolve evaluates one point per call"),
+    (lambda: ScipyGlobal("basinhopping", local=3), TypeError,
+     r"`local` must be a ScipyMinimize or a scipy.optimize.minimize method name, got 3"),
+    (lambda: ScipyGlobal("basinhopping", local="Newton"), ValueError,
+     r"ScipyMinimize: `method` must be one of"),
+])
+def test_construction_errors(make, error, pattern):
+    with pytest.raises(error, match=pattern):
+        make()
+
+
+def test_bounds_to_a_method_without_them_names_those_with_them():
+    with pytest.raises(ValueError) as info:
+        solve(BOXED, ScipyMinimize("BFGS"))
+    message = str(info.value)
+    assert message.startswith("solve: ScipyMinimize(method='BFGS') does not support bounds.")
+    for method in ("Nelder-Mead", "Powell", "L-BFGS-B", "TNC", "COBYLA", "COBYQA", "SLSQP",
+                   "trust-constr"):
+        assert f"ScipyMinimize(method='{method}')" in message
+    assert "ScipyMinimize(method='CG')" not in message
+
+
+def test_constraints_to_a_method_without_them_names_those_with_them():
+    with pytest.raises(ValueError) as info:
+        solve(CONSTRAINED, ScipyMinimize("L-BFGS-B"))
+    message = str(info.value)
+    assert "ScipyMinimize(method='L-BFGS-B') does not support constraints" in message
+    found = re.findall(r"ScipyMinimize\(method='([^']+)'\)", message.split("takes them:")[1])
+    assert found == ["COBYLA", "COBYQA", "SLSQP", "trust-constr"]
+
+
+def test_gtol_to_a_derivative_free_method():
+    with pytest.raises(ValueError, match=(
+            r"solve: ScipyMinimize\(method='Nelder-Mead'\) does not take `gtol` \(got "
+            r"gtol=0\.001\): it uses no gradient\. Remove it \(use ftol or maxiters\), or use a "
+            r"method that tests the gradient: CG, BFGS, L-BFGS-B, TNC, trust-constr, ")):
+        solve(PLAIN, ScipyMinimize("Nelder-Mead"), gtol=1e-3)
+
+
+def test_gtol_to_slsqp():
+    with pytest.raises(ValueError, match=r"ScipyMinimize\(method='SLSQP'\) does not take `gtol`"
+                                         r" \(got gtol=0\.1\): it has no gradient test"):
+        solve(PLAIN, ScipyMinimize("SLSQP"), gtol=0.1)
+
+
+def test_method_option_given_to_solve_points_to_the_valid_ones():
+    with pytest.raises(TypeError, match=r"solve: ScipyMinimize\(method='L-BFGS-B'\) does not take "
+                                        r"the option\(s\) 'maxcor'\. Valid options: maxiters"):
+        solve(PLAIN, ScipyMinimize("L-BFGS-B"), maxcor=3)
+
+
+@pytest.mark.parametrize("method", ["differential_evolution", "dual_annealing", "shgo", "direct"])
+def test_global_methods_that_need_bounds_say_so(method):
+    with pytest.raises(ValueError, match=(
+            rf"solve: ScipyGlobal\(method='{method}'\) searches a box, so it needs finite "
+            r"`bounds` on every variable; got bounds=None\. Give them, e\.g\. "
+            r"OptimizationProblem\(f, x0, bounds=\(-5\.0, 5\.0\)\), or use "
+            r"ScipyGlobal\(method='basinhopping'\), which needs none\.")):
+        solve(PLAIN, ScipyGlobal(method))
+
+
+def test_global_methods_need_finite_bounds():
+    half_open = OptimizationProblem(quadratic, jnp.zeros(2), bounds=(-5.0, None))
+    with pytest.raises(ValueError, match=r"needs finite `bounds` on every variable; got bounds "
+                                         r"with infinite entries"):
+        solve(half_open, ScipyGlobal("direct"))
+
+
+def test_basinhopping_local_method_must_take_the_bounds():
+    with pytest.raises(ValueError, match=(
+            r"ScipyGlobal\(method='basinhopping'\) passes the bounds to its local method, but "
+            r"local=ScipyMinimize\(method='BFGS'\) does not take bounds\. Use a local method "
+            r"that does: Nelder-Mead, Powell, L-BFGS-B, TNC, COBYLA, COBYQA, SLSQP, trust-constr")):
+        solve(BOXED, ScipyGlobal("basinhopping", local="BFGS"))
+
+
+def test_basinhopping_local_method_must_take_the_constraints():
+    with pytest.raises(ValueError, match=r"does not take constraints\. Use a local method that "
+                                         r"does: COBYLA, COBYQA, SLSQP, trust-constr"):
+        solve(CONSTRAINED, ScipyGlobal("basinhopping", local="L-BFGS-B"))
+
+
+def test_algorithm_class_instead_of_instance():
+    with pytest.raises(TypeError, match=r"must be an instance, got the class ScipyMinimize"):
+        solve(PLAIN, ScipyMinimize)

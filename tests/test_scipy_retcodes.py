@@ -1,0 +1,157 @@
+"""Return codes of the scipy backend: the per-method tables, and runs that produce each code.
+
+The expected meanings below are written out from scipy 1.17's sources (status constants
+and messages of each solver), independently of the table in scipy_retcodes.py.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.optimize as so
+
+from optsolve import Constraint, OptimizationProblem, ReturnCode, ScipyGlobal, ScipyMinimize, solve
+from optsolve.backends.scipy_options import MINIMIZE_SPECS
+from optsolve.backends.scipy_retcodes import METHOD_TABLES, global_retcode, minimize_retcode
+
+try:
+    from threadpoolctl import threadpool_limits
+except ImportError:  # pragma: no cover
+    threadpool_limits = None
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_blas_thread():
+    if threadpool_limits is None:
+        yield
+        return
+    with threadpool_limits(1):
+        yield
+
+
+S, MI, F, T, INF, ST = (ReturnCode.SUCCESS, ReturnCode.MAXITERS, ReturnCode.FAILURE,
+                        ReturnCode.TERMINATED, ReturnCode.INFEASIBLE, ReturnCode.STALLED)
+LINE_SEARCH = {0: S, 1: MI, 2: F, 3: F}  # success, maxiter, precision loss, NaN
+TRUST_REGION = {0: S, 1: MI, 2: ST, 3: F}  # success, maxiter, bad approximation, linalg
+EXPECTED = {
+    "nelder-mead": {0: S, 1: MI, 2: MI},  # success, maxfev, maxiter
+    "powell": {0: S, 1: MI, 2: MI, 3: F, 4: INF},  # ..., NaN, out of bounds
+    "cg": LINE_SEARCH,
+    "bfgs": LINE_SEARCH,
+    "newton-cg": {0: S, 1: MI, 2: F, 3: F},  # ..., line search, CG did not converge / NaN
+    "l-bfgs-b": {0: S, 1: MI, 2: F},  # CONVERGENCE, maxfun/maxiter, ABNORMAL
+    "tnc": {-1: INF, 0: S, 1: S, 2: S, 3: MI, 4: F, 5: S, 6: ST, 7: T},
+    "cobyla": {0: S, 1: S, 2: F, 3: MI, 20: MI, -1: F, -2: F, -3: F, 6: INF, 7: ST, 8: F, 30: T},
+    "cobyqa": {0: S, 1: S, 2: S, 3: T, 4: S, 5: MI, 6: MI, -1: INF, -2: F},
+    "slsqp": {0: S, 2: INF, 3: F, 4: INF, 5: F, 6: F, 7: F, 8: F, 9: MI},
+    "trust-constr": {0: MI, 1: S, 2: S, 3: T, 4: INF},
+    "dogleg": TRUST_REGION, "trust-ncg": TRUST_REGION, "trust-exact": TRUST_REGION,
+    "trust-krylov": TRUST_REGION,
+}
+
+
+def test_every_minimize_method_has_a_table():
+    assert set(METHOD_TABLES) - {"direct"} == set(MINIMIZE_SPECS)
+
+
+@pytest.mark.parametrize("method, status, code", [
+    (m, s, c) for m, table in EXPECTED.items() for s, c in table.items()
+])
+def test_table_entry(method, status, code):
+    assert minimize_retcode(method, status) is code
+
+
+@pytest.mark.parametrize("method", sorted(EXPECTED))
+def test_unknown_status_is_failure(method):
+    assert minimize_retcode(method, 12345) is F
+
+
+def test_cobyla_success_status_with_violated_constraints_is_infeasible():
+    assert minimize_retcode("cobyla", 0, success=False) is INF
+    assert minimize_retcode("cobyla", 0, success=True) is S
+
+
+@pytest.mark.parametrize("status, code", [(1, MI), (2, MI), (3, S), (4, S), (5, S), (-2, F)])
+def test_direct_table(status, code):
+    assert global_retcode("direct", so.OptimizeResult(status=status)) is code
+
+
+@pytest.mark.parametrize("method, result, code", [
+    ("differential_evolution", dict(success=True, message="Optimization terminated successfully."), S),
+    ("differential_evolution", dict(success=False, message="Maximum number of iterations has been exceeded."), MI),
+    ("differential_evolution", dict(success=False, message="The solution does not satisfy the constraints, MAXCV = 0.1"), INF),
+    ("dual_annealing", dict(success=True, message=["Maximum number of iteration reached"]), S),
+    ("dual_annealing", dict(success=False, message=["Maximum number of function call reached during annealing"]), MI),
+    ("shgo", dict(success=True, message="Optimization terminated successfully."), S),
+    ("shgo", dict(success=False, message="Failed to find a feasible minimizer point."), F),
+    ("basinhopping", dict(success=True, message=["requested number of basinhopping iterations completed successfully"]), S),
+    ("basinhopping", dict(success=False, message=["..."]), F),
+])
+def test_global_table(method, result, code):
+    assert global_retcode(method, so.OptimizeResult(**result)) is code
+
+
+# ------------------------------------------------------------------ runs producing each code
+
+def rosen(x, p):
+    return jnp.sum(100.0 * (x[1:] - x[:-1] ** 2) ** 2 + (1 - x[:-1]) ** 2)
+
+
+ROSEN = OptimizationProblem(rosen, jnp.array([-1.2, 1.0, -1.2, 1.0]))
+ALL = [s.name for s in MINIMIZE_SPECS.values()]
+
+
+@pytest.mark.parametrize("method", ALL)
+def test_maxiters(method):
+    sol = solve(ROSEN, ScipyMinimize(method), maxiters=2)
+    assert sol.retcode == ReturnCode.MAXITERS, sol.original.message
+    assert np.isfinite(float(sol.objective))
+
+
+def _nan_away_from_start(x, p):
+    # Finite only at the start: every trial point is NaN.
+    return jnp.where(jnp.all(x == 0.0), jnp.sum((x - 1.0) ** 2), jnp.nan)
+
+
+@pytest.mark.parametrize("method", ["Nelder-Mead", "Powell", "CG", "BFGS", "L-BFGS-B", "TNC",
+                                    "SLSQP", "trust-constr", "trust-exact", "trust-ncg",
+                                    "Newton-CG"])
+def test_nan_objective_is_failure_with_the_last_finite_iterate(method):
+    sol = solve(OptimizationProblem(_nan_away_from_start, jnp.zeros(2)), ScipyMinimize(method))
+    assert sol.retcode == ReturnCode.FAILURE, sol.original.message
+    np.testing.assert_array_equal(np.asarray(sol.x), [0.0, 0.0])
+    assert float(sol.objective) == 2.0
+
+
+def test_nan_midway_keeps_the_last_finite_iterate():
+    # NaN beyond x = 0.5: BFGS's first step lands there and the line search cannot recover.
+    f = lambda x, p: jnp.where(x[0] > 0.5, jnp.nan, (x[0] - 3.0) ** 2 + x[1] ** 2)
+    sol = solve(OptimizationProblem(f, jnp.zeros(2)), ScipyMinimize("Nelder-Mead"))
+    assert np.all(np.isfinite(np.asarray(sol.x))) and np.isfinite(float(sol.objective))
+    assert float(sol.x[0]) <= 0.5
+
+
+@pytest.mark.parametrize("method", ["SLSQP", "trust-constr", "COBYLA", "COBYQA"])
+def test_incompatible_constraints_are_infeasible(method):
+    # x >= 1 and x <= -1 at once.
+    prob = OptimizationProblem(lambda x, p: jnp.sum(x ** 2), jnp.zeros(2), constraints=[
+        Constraint(lambda x, p: x[0], lower=1.0), Constraint(lambda x, p: x[0], upper=-1.0)])
+    sol = solve(prob, ScipyMinimize(method), maxiters=200)
+    assert sol.retcode == ReturnCode.INFEASIBLE, sol.original.message
+
+
+def test_maxtime_and_callback_codes():
+    assert solve(ROSEN, ScipyMinimize("BFGS"), maxtime=1e-9).retcode == ReturnCode.MAXTIME
+    assert solve(ROSEN, ScipyMinimize("BFGS"), callback=lambda k, x, f: True).retcode \
+        == ReturnCode.TERMINATED
+
+
+def test_every_result_has_every_field():
+    # scipy's own rule (test_optimize.py): every method returns x, fun, nfev, status, message.
+    for method in ALL:
+        sol = solve(ROSEN, ScipyMinimize(method), maxiters=3)
+        for field in ("x", "fun", "nfev", "status", "message"):
+            assert field in sol.original, (method, field)
+        assert sol.stats.iterations is not None and sol.stats.f_evals is not None
+        assert (sol.stats.grad_evals is None) == (not MINIMIZE_SPECS[method.lower()].needs_gradient)

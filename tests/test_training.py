@@ -1,0 +1,170 @@
+"""Training on data: minibatches from iterables and in-memory arrays, equal to hand-written
+optax loops over the same batches; interrupts, failures, callbacks, history, resume."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import optsolve
+from optsolve import OptimizationProblem, ReturnCode, solve
+
+_rng = np.random.default_rng(0)
+FEATURES = _rng.normal(size=(96, 4))
+LABELS = (FEATURES @ np.array([1.0, -2.0, 0.5, 0.0]) + 0.3 * _rng.normal(size=96) > 0).astype(float)
+
+
+def batch_loss(params, p, batch):
+    x, y = batch
+    z = x @ params["w"] + params["b"]
+    return jnp.mean(jnp.logaddexp(0.0, z) - y * z) + p * jnp.sum(params["w"] ** 2)
+
+
+def make_problem(dtype=jnp.float64):
+    x0 = {"w": jnp.zeros(4, dtype), "b": jnp.zeros((), dtype)}
+    return OptimizationProblem(batch_loss, x0, jnp.asarray(1e-3, dtype))
+
+
+def batches(n_batches=6, size=16, dtype=np.float64):
+    return [(FEATURES[i * size:(i + 1) * size].astype(dtype), LABELS[i * size:(i + 1) * size].astype(dtype))
+            for i in range(n_batches)]
+
+
+def hand_loop(tx, prob, batch_list):
+    @jax.jit
+    def step(x, state, batch):
+        grads = jax.grad(batch_loss)(x, prob.p, batch)
+        updates, state = tx.update(grads, state, x)
+        return optax.apply_updates(x, updates), state
+
+    x, state = prob.x0, tx.init(prob.x0)
+    for batch in batch_list:
+        x, state = step(x, state, batch)
+    return x
+
+
+def assert_close(a, b, rtol):
+    for la, lb in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b), strict=True):
+        np.testing.assert_allclose(la, lb, rtol=rtol, atol=rtol * 1e-2)
+
+
+@pytest.mark.parametrize("algorithm, tx", [
+    (optsolve.Adam(0.05), optax.adam(0.05)),
+    (optsolve.SGD(0.2, momentum=0.9), optax.sgd(0.2, momentum=0.9)),
+    (optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(0.05)), None),
+], ids=["Adam", "SGD", "chain"])
+def test_iterable_of_batches_equals_hand_loop(algorithm, tx):
+    tx = tx or algorithm
+    prob = make_problem()
+    data = batches()
+    sol = solve(prob, algorithm, data=data, epochs=3)
+    assert sol.retcode == ReturnCode.MAXITERS  # the epochs ran out
+    assert int(sol.stats.iterations) == 18
+    assert_close(sol.x, hand_loop(tx, prob, data * 3), rtol=1e-12)
+
+
+def test_generator_is_consumed_and_maxiters_stops_early():
+    prob = make_problem()
+    sol = solve(prob, optsolve.Adam(0.05), data=(b for b in batches()), maxiters=4)
+    assert int(sol.stats.iterations) == 4
+    assert_close(sol.x, hand_loop(optax.adam(0.05), prob, batches()[:4]), rtol=1e-12)
+    with pytest.raises(ValueError, match="one-shot iterator"):
+        solve(prob, optsolve.Adam(0.05), data=(b for b in batches()), epochs=2)
+
+
+def test_in_memory_epochs_equal_hand_written_scan():
+    prob = make_problem()
+    key = jax.random.key(42)
+    data = (jnp.asarray(FEATURES), jnp.asarray(LABELS))
+    sol = solve(prob, optsolve.Adam(0.05), data=data, batch_size=20, key=key, epochs=3)
+    # the same batches by hand: a permutation per epoch, the remainder (96 % 20) dropped
+    order = []
+    for epoch in range(3):
+        perm = np.asarray(jax.random.permutation(jax.random.fold_in(key, epoch), 96))[:80]
+        order += [(FEATURES[idx], LABELS[idx]) for idx in perm.reshape(4, 20)]
+    assert int(sol.stats.iterations) == 12
+    assert_close(sol.x, hand_loop(optax.adam(0.05), prob, order), rtol=1e-12)
+    # without a key, batches are taken in order
+    plain = solve(prob, optsolve.SGD(0.1), data=data, batch_size=32)
+    assert_close(plain.x, hand_loop(optax.sgd(0.1), prob, batches(3, 32)), rtol=1e-12)
+
+
+def test_float32_training_matches_to_float32_precision():
+    prob = make_problem(jnp.float32)
+    data = batches(dtype=np.float32)
+    sol = solve(prob, optsolve.Adam(0.05), data=data, epochs=2)
+    assert sol.x["w"].dtype == jnp.float32
+    # float32 parameters with a float64 p promoted to weak float: ~1e-6 relative agreement
+    assert_close(sol.x, hand_loop(optax.adam(0.05), prob, data * 2), rtol=2e-6)
+
+
+def test_keyboard_interrupt_keeps_the_last_completed_step():
+    prob = make_problem()
+
+    def interrupted_after(k):
+        for i, batch in enumerate(batches()):
+            if i == k:
+                raise KeyboardInterrupt
+            yield batch
+
+    sol = solve(prob, optsolve.Adam(0.05), data=interrupted_after(4))
+    assert sol.retcode == ReturnCode.INTERRUPTED
+    assert int(sol.stats.iterations) == 4
+    assert_close(sol.x, hand_loop(optax.adam(0.05), prob, batches()[:4]), rtol=1e-12)
+
+
+def test_nan_batch_gives_failure_with_last_good_iterate():
+    prob = make_problem()
+    data = batches()
+    data[3] = (np.full_like(data[3][0], np.nan), data[3][1])
+    sol = solve(prob, optsolve.Adam(0.05), data=data)
+    assert sol.retcode == ReturnCode.FAILURE and int(sol.stats.iterations) == 3
+    assert_close(sol.x, hand_loop(optax.adam(0.05), prob, data[:3]), rtol=1e-12)
+
+
+def test_callback_sees_steps_with_grad_norm_and_stops():
+    prob = make_problem()
+    seen = []
+
+    def callback(step, x, loss, grad_norm):
+        seen.append((step, float(loss), float(grad_norm)))
+        return step >= 4
+
+    sol = solve(prob, optsolve.Adam(0.05), data=batches() * 3, callback=callback, callback_every=2)
+    assert sol.retcode == ReturnCode.TERMINATED and int(sol.stats.iterations) == 4
+    assert [s for s, _, _ in seen] == [2, 4]
+    x3 = hand_loop(optax.adam(0.05), prob, batches()[:3])
+    g = jax.grad(batch_loss)(x3, prob.p, batches()[3])
+    expected_norm = max(float(jnp.max(jnp.abs(l))) for l in jax.tree_util.tree_leaves(g))
+    np.testing.assert_allclose(seen[-1][1], batch_loss(x3, prob.p, batches()[3]), rtol=1e-12)
+    np.testing.assert_allclose(seen[-1][2], expected_norm, rtol=1e-12)
+
+
+def test_history_is_the_batch_losses_and_resume_continues():
+    prob = make_problem()
+    data = batches()
+    sol = solve(prob, optsolve.Adam(0.05), data=data, history=True, maxiters=6)
+    for k in range(6):
+        x_k = hand_loop(optax.adam(0.05), prob, data[:k])
+        np.testing.assert_allclose(sol.history.objective[k], batch_loss(x_k, prob.p, data[k]),
+                                   rtol=1e-12)
+    first = solve(prob, optsolve.Adam(0.05), data=data[:2])
+    second = solve(prob, optsolve.Adam(0.05), data=data[2:], resume=first)
+    for a, b in zip(jax.tree_util.tree_leaves(second.x), jax.tree_util.tree_leaves(sol.x)):
+        np.testing.assert_array_equal(a, b)
+    assert int(second.stats.iterations) == 6
+
+
+def test_data_errors():
+    prob = make_problem()
+    with pytest.raises(ValueError, match="`gtol` is not meaningful when training on `data`"):
+        solve(prob, optsolve.Adam(0.05), data=batches(), gtol=1e-3)
+    with pytest.raises(ValueError, match="`batch_size` is only meaningful together with `data`"):
+        solve(prob, optsolve.Adam(0.05), maxiters=3, batch_size=4)
+    with pytest.raises(ValueError, match="sharing a leading dimension"):
+        solve(prob, optsolve.Adam(0.05), data=(FEATURES, LABELS[:10]), batch_size=4)
+    with pytest.raises(ValueError, match="ends in a line search"):
+        solve(prob, optax.lbfgs(), data=batches())
+    with pytest.raises(TypeError, match=r"`data` must be an iterable of batches"):
+        solve(prob, optsolve.Adam(0.05), data=3.0)
