@@ -19,7 +19,6 @@ import dataclasses
 from collections.abc import Callable
 
 import jax.numpy as jnp
-import numpy as np
 
 CITATION = (
     "J. J. Moré, B. S. Garbow, K. E. Hillstrom, Testing Unconstrained Optimization "

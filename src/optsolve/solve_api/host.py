@@ -33,13 +33,16 @@ def clock(token: jax.Array) -> jax.Array:
 
 
 def wants_grad_norm(callback: Callable[..., Any]) -> bool:
-    """Whether ``callback`` takes a fourth argument, the gradient norm."""
+    """Whether ``callback`` takes a fourth argument, the gradient norm: four positional
+    parameters without defaults, or ``*args`` (a defaulted fourth one, as in
+    ``lambda i, x, f, store=store: ...``, is the caller's own)."""
     try:
         params = inspect.signature(callback).parameters.values()
     except (TypeError, ValueError):
         return False
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    return len(positional) >= 4 or any(p.kind == p.VAR_POSITIONAL for p in params)
+    required = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                and p.default is p.empty]
+    return len(required) >= 4 or any(p.kind == p.VAR_POSITIONAL for p in params)
 
 
 def call_user_callback(callback: Callable[..., Any], due: jax.Array, iteration: jax.Array,
