@@ -12,13 +12,13 @@ Run: ``python examples/constrained_design.py [--small] [--out DIR]``.
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 
 import optsolve
+from _common import pyplot, run_cli, save_figure
 from optsolve import Constraint, OptimizationProblem, solve
 
 jax.config.update("jax_enable_x64", True)
@@ -61,9 +61,7 @@ def main(small: bool = False, out: Path = Path(".")) -> dict:
               f"(best known {BEST_KNOWN}) x={[round(float(v), 6) for v in sol.x]} "
               f"max violation {results[method]['max_violation']:.1e}")
 
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for method, result in results.items():
@@ -73,17 +71,9 @@ def main(small: bool = False, out: Path = Path(".")) -> dict:
     ax.set(xlabel="iteration", ylabel="spring weight",
            title="Tension/compression spring design, 4 constraints + bounds")
     ax.legend()
-    fig.tight_layout()
-    path = Path(out) / "constrained_design.png"
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    print(f"plot: {path}")
-    return {"results": results, "plot": str(path)}
+    path = save_figure(fig, out, "constrained_design.png")
+    return {"results": results, "plot": path}
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--small", action="store_true")
-    parser.add_argument("--out", type=Path, default=Path("."))
-    args = parser.parse_args()
-    main(args.small, args.out)
+    run_cli(main, __doc__)

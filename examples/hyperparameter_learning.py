@@ -14,7 +14,6 @@ Run: ``python examples/hyperparameter_learning.py [--small] [--out DIR]``.
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import jax
@@ -22,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import optsolve
+from _common import pyplot, run_cli, save_figure
 from optsolve import OptimizationProblem, solve
 
 jax.config.update("jax_enable_x64", True)
@@ -77,9 +77,7 @@ def main(small: bool = False, out: Path = Path(".")) -> dict:
     best = grid[int(np.argmin(grid_val))]
     grid_test = float(log_loss(fit(jnp.full_like(log_lam, np.log(best))), test))
 
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     axes[0].plot(range(1, len(history) + 1), history, label="per-feature strengths (hypergradient)")
@@ -90,23 +88,15 @@ def main(small: bool = False, out: Path = Path(".")) -> dict:
     axes[1].axhline(learned_val, color="C1", label="learned per-feature strengths")
     axes[1].set(xlabel="shared regularisation strength", ylabel="validation log-loss")
     axes[1].legend()
-    fig.tight_layout()
-    path = Path(out) / "hyperparameter_learning.png"
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    path = save_figure(fig, out, "hyperparameter_learning.png")
 
     summary = {"learned_validation": learned_val, "grid_validation": min(grid_val),
               "learned_test": learned_test, "grid_test": grid_test,
-              "history": history, "plot": str(path)}
+              "history": history, "plot": path}
     print(f"validation log-loss: learned {learned_val:.4f} vs best grid {min(grid_val):.4f}")
     print(f"held-out test log-loss: learned {learned_test:.4f} vs best grid {grid_test:.4f}")
-    print(f"plot: {path}")
     return summary
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--small", action="store_true")
-    parser.add_argument("--out", type=Path, default=Path("."))
-    args = parser.parse_args()
-    main(args.small, args.out)
+    run_cli(main, __doc__)

@@ -11,7 +11,6 @@ Run: ``python examples/line_search.py [--small] [--out DIR]``.
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import jax
@@ -19,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from _common import pyplot, run_cli, save_figure
 from optsolve import OptimizationProblem, solve
 
 jax.config.update("jax_enable_x64", True)
@@ -74,9 +74,7 @@ def main(small: bool = False, out: Path = Path(".")) -> dict:
               f"iterations={int(sol.stats.iterations)} f_evals={int(sol.stats.f_evals)} "
               f"grad_evals={int(sol.stats.grad_evals)}")
 
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for name, result in results.items():
@@ -85,17 +83,9 @@ def main(small: bool = False, out: Path = Path(".")) -> dict:
     ax.set(xlabel="iteration", ylabel="objective",
            title=f"Extended Rosenbrock, n = {n}: line searches through solve, no wrapper")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = Path(out) / "line_search.png"
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    print(f"plot: {path}")
-    return {"max_difference_to_documented_loop": same, "results": results, "plot": str(path)}
+    path = save_figure(fig, out, "line_search.png")
+    return {"max_difference_to_documented_loop": same, "results": results, "plot": path}
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--small", action="store_true")
-    parser.add_argument("--out", type=Path, default=Path("."))
-    args = parser.parse_args()
-    main(args.small, args.out)
+    run_cli(main, __doc__)

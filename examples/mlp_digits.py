@@ -9,7 +9,6 @@ Run: ``python examples/mlp_digits.py [--small] [--out DIR]``.
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import flax.linen as nn
@@ -20,6 +19,7 @@ import optax
 from sklearn.datasets import load_digits
 
 import optsolve
+from _common import pyplot, run_cli, save_figure
 from optsolve import OptimizationProblem, solve
 
 
@@ -55,9 +55,7 @@ def main(small: bool = False, out: Path = Path(".")) -> dict:
     lbfgs_iters = 50 if small else 400
     lbfgs = solve(full_batch, optax.lbfgs(), maxiters=lbfgs_iters, gtol=1e-5, history=True)
 
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     steps_per_epoch = n_train // 100
@@ -69,28 +67,20 @@ def main(small: bool = False, out: Path = Path(".")) -> dict:
     axes[1].semilogy(np.arange(len(lbfgs_curve)), lbfgs_curve)
     axes[1].set(xlabel="iteration", ylabel="full-batch loss",
                 title=f"optax.lbfgs, full batch: test accuracy {accuracy(lbfgs.x, test):.3f}")
-    fig.tight_layout()
-    path = Path(out) / "mlp_digits.png"
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    path = save_figure(fig, out, "mlp_digits.png")
     summary = {
         "adam_test_accuracy": accuracy(adam.x, test), "lbfgs_test_accuracy": accuracy(lbfgs.x, test),
         "adam_train_loss": float(loss(adam.x, None, train)),
         "lbfgs_train_loss": float(lbfgs.objective), "initial_loss": float(loss(params, None, train)),
-        "plot": str(path),
+        "plot": path,
     }
     print(f"Adam:   train loss {summary['adam_train_loss']:.4f}, "
           f"test accuracy {summary['adam_test_accuracy']:.3f} ({adam.stats.time:.1f} s)")
     print(f"L-BFGS: train loss {summary['lbfgs_train_loss']:.4f}, "
           f"test accuracy {summary['lbfgs_test_accuracy']:.3f} ({lbfgs.stats.time:.1f} s, "
           f"{int(lbfgs.stats.iterations)} iterations, {lbfgs.retcode})")
-    print(f"plot: {path}")
     return summary
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--small", action="store_true")
-    parser.add_argument("--out", type=Path, default=Path("."))
-    args = parser.parse_args()
-    main(args.small, args.out)
+    run_cli(main, __doc__)

@@ -11,7 +11,6 @@ Run: ``python examples/quickstart.py [--small] [--out DIR]``.
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import jax
@@ -19,6 +18,7 @@ import jax.numpy as jnp
 import optax
 
 import optsolve
+from _common import pyplot, run_cli, save_figure
 from optsolve import OptimizationProblem, solve
 
 jax.config.update("jax_enable_x64", True)
@@ -66,9 +66,7 @@ def main(small: bool = False, out: Path = Path(".")) -> dict:
     print(f"{'scipy global: differential_evolution':30s} {str(sol.retcode):22s} "
           f"{float(sol.objective):10.2e}")
 
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(9, 5))
     for name, result in results.items():
@@ -78,17 +76,9 @@ def main(small: bool = False, out: Path = Path(".")) -> dict:
             ax.loglog(range(1, len(trace) + 1), trace, style, label=name, lw=1.6)
     ax.set(xlabel="iteration", ylabel="objective", title="Rosenbrock from (-1.2, 1), one solve call each")
     ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    path = Path(out) / "quickstart.png"
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    print(f"plot: {path}")
-    return {"results": results, "plot": str(path)}
+    path = save_figure(fig, out, "quickstart.png")
+    return {"results": results, "plot": path}
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--small", action="store_true")
-    parser.add_argument("--out", type=Path, default=Path("."))
-    args = parser.parse_args()
-    main(args.small, args.out)
+    run_cli(main, __doc__)

@@ -10,6 +10,9 @@ import pytest
 EXAMPLES = Path(__file__).parent.parent / "examples"
 
 
+sys.path.insert(0, str(EXAMPLES))  # the examples import their shared helpers
+
+
 def load(name):
     spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
     module = importlib.util.module_from_spec(spec)

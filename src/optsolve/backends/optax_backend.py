@@ -28,34 +28,13 @@ from optsolve.backends.stochastic import run_training
 from optsolve.solve_api.algorithm import Algorithm
 from optsolve.solve_api.options import SolveOptions
 from optsolve.solve_api.problem import OptimizationProblem
+from optsolve.solve_api.pytree import freeze, thaw
 from optsolve.solve_api.registry import (
     register_adapter, register_algorithm, register_backend,
 )
 from optsolve.solve_api.solution import Solution
 
 PyTree = Any
-
-
-class _Static:
-    """Holds an unhashable static value (a mask pytree, say); equal only to itself."""
-
-    def __init__(self, value: Any):
-        self.value = value
-
-    def __repr__(self) -> str:
-        return repr(self.value)
-
-
-def _freeze(value: Any) -> Any:
-    try:
-        hash(value)
-    except TypeError:
-        return _Static(value)
-    return value
-
-
-def _thaw(value: Any) -> Any:
-    return value.value if isinstance(value, _Static) else value
 
 
 def _is_leaf_value(value: Any) -> bool:
@@ -135,7 +114,7 @@ class OptaxAlgorithm(Algorithm):
     # pytree protocol (registered per generated class)
     def _tree_flatten_with_keys(self):
         leaf_names = tuple(n for n, v in self._hyperparams.items() if _is_leaf_value(v))
-        statics = tuple((n, _freeze(v)) for n, v in self._hyperparams.items()
+        statics = tuple((n, freeze(v)) for n, v in self._hyperparams.items()
                         if n not in leaf_names)
         children = [(jax.tree_util.GetAttrKey(n), self._hyperparams[n]) for n in leaf_names]
         return children, (leaf_names, statics)
@@ -145,7 +124,7 @@ class OptaxAlgorithm(Algorithm):
         leaf_names, statics = aux
         obj = object.__new__(cls)
         values = dict(zip(leaf_names, children))
-        values.update({n: _thaw(v) for n, v in statics})
+        values.update({n: thaw(v) for n, v in statics})
         order = list(inspect.signature(cls.factory).parameters)
         object.__setattr__(obj, "_hyperparams", {n: values[n] for n in order if n in values})
         return obj

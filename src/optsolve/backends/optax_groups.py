@@ -12,7 +12,8 @@ from typing import Any, ClassVar
 import jax
 import optax
 
-from optsolve.backends.optax_backend import OptaxAlgorithm, _freeze, _thaw, solve_optax
+from optsolve.backends.optax_backend import OptaxAlgorithm, solve_optax
+from optsolve.solve_api.pytree import freeze, thaw
 from optsolve.solve_api.algorithm import Algorithm
 from optsolve.solve_api.registry import register_algorithm, register_backend
 
@@ -94,15 +95,15 @@ def _flatten(groups: ParameterGroups):
     names = tuple(groups.groups)
     children = tuple(alg if isinstance(alg, OptaxAlgorithm) else None for alg in groups.groups.values())
     statics = tuple(None if isinstance(alg, OptaxAlgorithm) else alg for alg in groups.groups.values())
-    return children, (names, tuple(_freeze(s) for s in statics), _freeze(groups.labels))
+    return children, (names, tuple(freeze(s) for s in statics), freeze(groups.labels))
 
 
 def _unflatten(aux, children) -> ParameterGroups:
     names, statics, labels = aux
     obj = object.__new__(ParameterGroups)
-    merged = {n: c if c is not None else _thaw(s) for n, c, s in zip(names, children, statics)}
+    merged = {n: c if c is not None else thaw(s) for n, c, s in zip(names, children, statics)}
     object.__setattr__(obj, "groups", merged)
-    object.__setattr__(obj, "labels", _thaw(labels))
+    object.__setattr__(obj, "labels", thaw(labels))
     return obj
 
 

@@ -62,70 +62,76 @@ class _TrainCarry(NamedTuple):
 
 
 def _guarded_step(solver, problem: OptimizationProblem, options: SolveOptions, maxiters,
-                  carry: _TrainCarry, batch) -> tuple[_TrainCarry, tuple[jax.Array, jax.Array]]:
+                  carry: _TrainCarry, batch) -> tuple[_TrainCarry, tuple]:
+    """One training step; after a stop (or a non-finite value) it changes nothing.
+
+    Selects, not a ``lax.cond``, keep finished runs unchanged: the step is always computed
+    (the host stops within a few steps) and the common case pays no conditional.
+    Returns the new carry and, with ``history``, the batch loss and gradient norm.
+    """
     objective = Objective(lambda x, p: problem.f(x, p, batch), problem.p)
     f_dtype = carry.objective.dtype
-
-    def step(carry: _TrainCarry):
-        f, g = objective.value_and_grad(carry.x)
-        x_new, state_new, _, _ = solver.update(objective, carry.x, f, g, carry.state)
-        leaves = jax.tree_util.tree_leaves((f, g, x_new))
-        ok = jnp.all(jnp.stack([jnp.all(jnp.isfinite(leaf)) for leaf in leaves]))
-        gnorm = inf_norm(g).astype(f_dtype)
-        iteration = carry.iteration + ok.astype(_INT)
-        steps = carry.steps + 1
-        stop = jnp.zeros((), bool)
-        if options.callback is not None:
-            due = ok & (steps % options.callback_every == 0)
-            extra = (gnorm,) if wants_grad_norm(options.callback) else ()
-            stop = lax.cond(due, lambda: call_user_callback(options.callback, due, iteration,
-                                                            x_new, f, *extra),
-                            lambda: jnp.zeros((), bool))
-        if options.progress:
-            stop |= report_progress(ok, iteration, f, gnorm)
-        status = jnp.select([~ok, stop, steps >= maxiters],
-                            [int(ReturnCode.FAILURE), int(ReturnCode.TERMINATED),
-                             int(ReturnCode.MAXITERS)], RUNNING).astype(_INT)
-        x, state = jax.tree_util.tree_map(lambda a, b: jnp.where(ok, a, b),
-                                          (x_new, state_new), (carry.x, carry.state))
-        objective_value = jnp.where(ok, f, carry.objective)
-        return _TrainCarry(x, state, iteration, steps, status, objective_value), (f, gnorm)
-
-    def skip(carry: _TrainCarry):
-        nan = jnp.full((), jnp.nan, f_dtype)
-        return carry, (nan, nan)
-
-    return lax.cond(carry.status == RUNNING, step, skip, carry)
+    active = carry.status == RUNNING
+    f, g = objective.value_and_grad(carry.x)
+    x_new, state_new, _, _ = solver.update(objective, carry.x, f, g, carry.state)
+    leaves = jax.tree_util.tree_leaves((f, g, x_new))
+    ok = jnp.all(jnp.stack([jnp.all(jnp.isfinite(leaf)) for leaf in leaves]))
+    accept = active & ok
+    iteration = carry.iteration + accept.astype(_INT)
+    steps = carry.steps + active.astype(_INT)
+    wants_norm = options.history or options.progress or (
+        options.callback is not None and wants_grad_norm(options.callback))
+    gnorm = inf_norm(g).astype(f_dtype) if wants_norm else None
+    stop = jnp.zeros((), bool)
+    if options.callback is not None:
+        due = accept & (steps % options.callback_every == 0)
+        extra = (gnorm,) if wants_grad_norm(options.callback) else ()
+        stop = lax.cond(due, lambda: call_user_callback(options.callback, due, iteration,
+                                                        x_new, f, *extra),
+                        lambda: jnp.zeros((), bool))
+    if options.progress:
+        stop |= report_progress(accept, iteration, f, gnorm)
+    status = jnp.select([~active, ~ok, stop, steps >= maxiters],
+                        [carry.status, int(ReturnCode.FAILURE), int(ReturnCode.TERMINATED),
+                         int(ReturnCode.MAXITERS)], RUNNING).astype(_INT)
+    x, state = jax.tree_util.tree_map(lambda a, b: jnp.where(accept, a, b),
+                                      (x_new, state_new), (carry.x, carry.state))
+    new_carry = _TrainCarry(x, state, iteration, steps, status,
+                            jnp.where(accept, f, carry.objective))
+    if not options.history:
+        return new_carry, ()
+    nan = jnp.full((), jnp.nan, f_dtype)
+    return new_carry, (jnp.where(active, f, nan), jnp.where(active, gnorm, nan))
 
 
 _PREPARED: dict = {}
 
 
-def _prepared_step(make_solver, problem, algorithm, options, maxiters):
-    """The compiled step with the run's fixed arguments bound as flat arrays.
+def _prepared(body, make_solver, problem, algorithm, options, maxiters, *static):
+    """``body`` compiled with the run's fixed arguments bound as a flat list of arrays.
 
-    Flattening the problem, the algorithm and the options once per run, not once per batch,
-    keeps the per-step dispatch as cheap as a hand-written jitted step's.
+    Flattening the problem, the algorithm and the options once per run, not once per step
+    or epoch, keeps each dispatch as cheap as a hand-written jitted step's. ``body(solver,
+    problem, options, maxiters, *static, *args)``; compiled functions are cached by the
+    fixed arguments' structure.
     """
     leaves, treedef = jax.tree_util.tree_flatten((problem, algorithm, options, maxiters))
-    key = (make_solver, treedef)
-    step = _PREPARED.get(key)
-    if step is None:
-        def run(leaves, carry, batch):
+    key = (body, make_solver, treedef, static)
+    compiled = _PREPARED.get(key)
+    if compiled is None:
+        def run(leaves, *args):
             problem, algorithm, options, maxiters = jax.tree_util.tree_unflatten(treedef, leaves)
             solver = make_solver(algorithm, problem)
-            return _guarded_step(solver, problem, options, maxiters, carry, batch)
+            return body(solver, problem, options, maxiters, *static, *args)
 
         if len(_PREPARED) >= 64:  # bound the cache: each entry holds compiled code
             _PREPARED.pop(next(iter(_PREPARED)))
-        step = _PREPARED[key] = jax.jit(run)
-    return functools.partial(step, leaves)
+        compiled = _PREPARED[key] = jax.jit(run)
+    return functools.partial(compiled, leaves)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 5))
-def _compiled_epoch(make_solver, problem, algorithm, options, maxiters, batch_size, carry,
-                    data, key, epoch):
-    solver = make_solver(algorithm, problem)
+def _epoch(solver, problem, options, maxiters, batch_size, carry, data, key, epoch):
+    """One epoch: a permutation of the data (in order without a key), scanned in batches."""
     n = jax.tree_util.tree_leaves(data)[0].shape[0]
     n_batches = n // batch_size
     order = jnp.arange(n) if key is None else jax.random.permutation(
@@ -137,30 +143,31 @@ def _compiled_epoch(make_solver, problem, algorithm, options, maxiters, batch_si
                     carry, batches)
 
 
-def _init_carry(make_solver, problem, algorithm, options, first_batch) -> _TrainCarry:
-    solver = make_solver(algorithm, problem)
+def _init(solver, problem, options, maxiters, batch):
+    """The optimizer state at x0 and a zero of the objective's dtype (compiled once)."""
     if not hasattr(solver, "update"):
         raise ValueError(
-            f"solve: {type(algorithm).__name__} ends in a line search, which needs one "
-            "deterministic objective; training on `data` takes update-only transformations "
+            "solve: this transformation ends in a line search, which needs one deterministic "
+            "objective; training on `data` takes update-only transformations "
             "(optsolve.Adam, optax.chain of plain transforms, ...)."
         )
-    check_objective(problem, first_batch)
-    f_dtype = jax.eval_shape(lambda x, p: problem.f(x, p, first_batch), problem.x0, problem.p).dtype
-    zero = jnp.zeros((), _INT)
-    if options.resume is not None:
-        resume = options.resume
-        return _TrainCarry(resume.x, resume.state, jnp.asarray(resume.stats.iterations, _INT),
-                           zero, jnp.asarray(RUNNING, _INT), jnp.asarray(resume.objective, f_dtype))
-    state = _compiled_init(make_solver, problem, algorithm, first_batch)
-    return _TrainCarry(problem.x0, state, zero, zero, jnp.asarray(RUNNING, _INT),
-                       jnp.full((), jnp.nan, f_dtype))
-
-
-@functools.partial(jax.jit, static_argnums=(0,))
-def _compiled_init(make_solver, problem, algorithm, batch):
     objective = Objective(lambda x, p: problem.f(x, p, batch), problem.p)
-    return make_solver(algorithm, problem).init(objective, problem.x0)
+    f_dtype = jax.eval_shape(objective.value, problem.x0).dtype
+    return solver.init(objective, problem.x0), jnp.zeros((), f_dtype)
+
+
+def _init_carry(make_solver, problem, algorithm, options, maxiters, first_batch,
+                resume) -> _TrainCarry:
+    check_objective(problem, first_batch)
+    init = _prepared(_init, make_solver, problem, algorithm, options, maxiters)
+    state, f_zero = init(first_batch)
+    zero = jnp.zeros((), _INT)
+    if resume is not None:
+        return _TrainCarry(resume.x, resume.state, jnp.asarray(resume.stats.iterations, _INT),
+                           zero, jnp.asarray(RUNNING, _INT),
+                           jnp.asarray(resume.objective, f_zero.dtype))
+    return _TrainCarry(problem.x0, state, zero, zero, jnp.asarray(RUNNING, _INT),
+                       jnp.full((), jnp.nan, f_zero.dtype))
 
 
 def _batches(spec: DataSpec) -> Iterable:
@@ -191,43 +198,40 @@ def run_training(make_solver, problem: OptimizationProblem, algorithm: Any,
 
     if spec.in_memory:
         first = jax.tree_util.tree_map(lambda a: a[: spec.batch_size], spec.source)
-        carry = _init_carry(make_solver, problem, algorithm, options, first)
+        carry = _init_carry(make_solver, problem, algorithm, loop_options, maxiters, first,
+                            options.resume)
+        run_epoch = _prepared(_epoch, make_solver, problem, algorithm, loop_options, maxiters,
+                              spec.batch_size)
         epochs = spec.epochs if spec.epochs is not None else 1
-        try:
-            for epoch in range(epochs):
-                carry, record = _compiled_epoch(make_solver, problem, algorithm, loop_options,
-                                                maxiters, spec.batch_size, carry, spec.source,
-                                                spec.key, epoch)
-                if options.history:
-                    records.append(record)
-                if int(carry.status) != RUNNING:
-                    break
-                if time_up():
-                    out_of_time = True
-                    break
-        except KeyboardInterrupt:
-            interrupted = True
+        # each unit of work is one compiled epoch; the status is read after every one
+        units = ((lambda carry, epoch=epoch: run_epoch(carry, spec.source, spec.key, epoch))
+                 for epoch in range(epochs))
+        check_every = 1
     else:
         batches = iter(_batches(spec))
         try:
             first = next(batches)
         except StopIteration:
             raise ValueError("solve: `data` holds no batch.") from None
-        carry = _init_carry(make_solver, problem, algorithm, options, first)
-        step = _prepared_step(make_solver, problem, algorithm, loop_options, maxiters)
-        try:
-            for count, batch in enumerate(_chain([first], batches), start=1):
-                carry, record = step(carry, batch)
-                if options.history:
-                    records.append(record)
-                if count % _CHECK_EVERY == 0:
-                    if int(carry.status) != RUNNING:
-                        break
-                    if time_up():
-                        out_of_time = True
-                        break
-        except KeyboardInterrupt:
-            interrupted = True
+        carry = _init_carry(make_solver, problem, algorithm, loop_options, maxiters, first,
+                            options.resume)
+        step = _prepared(_guarded_step, make_solver, problem, algorithm, loop_options, maxiters)
+        units = ((lambda carry, batch=batch: step(carry, batch))
+                 for batch in _chain([first], batches))
+        check_every = _CHECK_EVERY
+    try:
+        for count, unit in enumerate(units, start=1):
+            carry, record = unit(carry)
+            if options.history:
+                records.append(record)
+            if count % check_every == 0:
+                if int(carry.status) != RUNNING:
+                    break
+                if time_up():
+                    out_of_time = True
+                    break
+    except KeyboardInterrupt:
+        interrupted = True
     carry = jax.block_until_ready(carry)
     status = int(carry.status)
     if interrupted:

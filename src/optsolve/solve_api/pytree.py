@@ -51,3 +51,28 @@ def pytree_dataclass(cls: type[T]) -> type[T]:
 def replace(obj: T, **changes: Any) -> T:
     """A copy of a pytree dataclass with ``changes``, validated like a fresh construction."""
     return dataclasses.replace(obj, **changes)
+
+
+class Frozen:
+    """Holds an unhashable static value (a mask pytree, an array option) as pytree aux data;
+    equal only to itself, so a new value means a new compilation, never a wrong cache hit."""
+
+    def __init__(self, value: Any):
+        self.value = value
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
+def freeze(value: Any) -> Any:
+    """``value`` if hashable, else wrapped in :class:`Frozen` (usable as aux data)."""
+    try:
+        hash(value)
+    except TypeError:
+        return Frozen(value)
+    return value
+
+
+def thaw(value: Any) -> Any:
+    """The value :func:`freeze` wrapped."""
+    return value.value if isinstance(value, Frozen) else value
