@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import importlib
+import re
 import sys
 from pathlib import Path
 
@@ -23,6 +24,51 @@ BENCHMARKS = {"optax": "bench_optax", "classical": "bench_classical", "scipy": "
               "hypergradient": "bench_hypergradient", "training": "bench_training"}
 
 
+def ratios_from_tables(markdown: str) -> list[tuple[str, float]]:
+    """(label, ratio) for every cell like '1.04x' in a column whose header says ratio or '/'."""
+    found, header = [], None
+    for line in markdown.splitlines():
+        if not line.startswith("|"):
+            header = None
+            continue
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if header is None:
+            header = cells
+            continue
+        if set("".join(cells)) <= set("-: "):
+            continue
+        for i, (name, cell) in enumerate(zip(header, cells)):
+            match = re.fullmatch(r"\*{0,2}([0-9.]+)x\*{0,2}", cell)
+            if match and ("ratio" in name.lower() or "/" in name) and float(match.group(1)) != 1.0:
+                # a bare "ratio" column qualifies the column before it
+                what = header[i - 1] if name.lower() == "ratio" and i > 0 else name
+                found.append((f"{cells[0]}: {what}", float(match.group(1))))
+    return found
+
+
+def plot_ratios(ratios: list[tuple[str, float]], path: Path) -> None:
+    """A bar per measured ratio (optsolve or a peer against its reference), log scale."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if not ratios:
+        return
+    labels = [label if len(label) < 90 else label[:87] + "..." for label, _ in ratios]
+    values = [value for _, value in ratios]
+    fig, ax = plt.subplots(figsize=(11, 0.28 * len(ratios) + 1.5))
+    colors = ["C0" if "optsolve" in label.lower() else "C7" for label in labels]
+    ax.barh(range(len(values)), values, color=colors)
+    ax.axvline(1.0, color="k", lw=1)
+    ax.set_xscale("log")
+    ax.set_yticks(range(len(values)), labels, fontsize=6)
+    ax.invert_yaxis()
+    ax.set_xlabel("ratio as reported in each table (time ratio; < 1 is faster than the reference)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def main(names: list[str]) -> None:
     sections = []
     with threadpool_limits(limits=1):
@@ -30,6 +76,8 @@ def main(names: list[str]) -> None:
             module = importlib.import_module(BENCHMARKS[name])
             print(f"running {name} ...", flush=True)
             section = module.main()
+            if isinstance(section, tuple):
+                section = section[0]
             print(section, flush=True)
             sections.append(section)
     today = datetime.date.today().isoformat()
@@ -41,6 +89,9 @@ def main(names: list[str]) -> None:
         "runs). BLAS pinned to one thread with threadpoolctl.",
         *sections,
     ])
+    plot = HERE.parent / "docs" / "images" / "benchmarks.png"
+    plot_ratios([r for section in sections for r in ratios_from_tables(section)], plot)
+    text += "\n\n![measured ratios](images/benchmarks.png)\n"
     out = HERE.parent / "docs" / "benchmarks.md"
     out.write_text(text + "\n")
     print(f"wrote {out}")
