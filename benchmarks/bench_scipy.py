@@ -137,15 +137,15 @@ def final_value(result) -> float:
 # trust-constr takes thousands of iterations there: those runs are capped, identically for
 # every runner, so the comparison is of the same iterations.
 CASES = [
-    ("Rosenbrock n=100", "L-BFGS-B", None, 7),
-    ("Rosenbrock n=100", "BFGS", None, 7),
-    ("Rosenbrock n=100", "trust-constr", None, 3),
+    ("Rosenbrock n=100", "L-BFGS-B", None, 11),
+    ("Rosenbrock n=100", "BFGS", None, 11),
+    ("Rosenbrock n=100", "trust-constr", None, 5),
     ("Rosenbrock n=1000", "L-BFGS-B", None, 5),
     ("Rosenbrock n=1000", "BFGS", 50, 3),
-    ("Rosenbrock n=1000", "trust-constr", 300, 3),
-    ("logistic regression (breast_cancer, d=31)", "L-BFGS-B", None, 7),
-    ("logistic regression (breast_cancer, d=31)", "BFGS", None, 7),
-    ("logistic regression (breast_cancer, d=31)", "trust-constr", None, 7),
+    ("Rosenbrock n=1000", "trust-constr", 300, 5),
+    ("logistic regression (breast_cancer, d=31)", "L-BFGS-B", None, 21),
+    ("logistic regression (breast_cancer, d=31)", "BFGS", None, 21),
+    ("logistic regression (breast_cancer, d=31)", "trust-constr", None, 21),
 ]
 
 
@@ -197,6 +197,32 @@ def main(repeats_scale: float = 1.0) -> str:
     return "\n".join(report)
 
 
+NOTES = """\
+Notes.
+
+* Evaluation counts: optsolve and the hand-written glue make the same scipy call (`jac=True`,
+  one value-and-gradient evaluation per point, `hessp` for trust-constr), so their counts
+  are identical in every row; jaxopt's match too except for trust-constr, where it passes no
+  Hessian.
+* Per evaluation optsolve costs at most what the hand glue does: it calls an ahead-of-time
+  compiled executable (`jax.jit(...).lower(...).compile()`, p bound as an argument) and
+  copies value and gradient to the host in one transfer; the glue pays jit dispatch and two
+  conversions (equal cost when the evaluation itself dominates, ~90 us in both for the
+  logistic loss). This shows on the long runs (Rosenbrock), at or below 1.0x.
+* Per solve optsolve pays a fixed cost of about 0.7 ms here (more under load: 1.4 ms in the
+  logistic L-BFGS-B row). Measured on a 3-variable quadratic (L-BFGS-B, 3 evaluations):
+  full `solve` 1.02 ms, the scipy backend alone 0.62 ms, its scipy run alone 0.43 ms,
+  hand-written glue 0.33 ms; i.e. 0.1 ms building the host problem and the per-iteration
+  monitor, 0.2 ms checks and returning x as JAX arrays, 0.4 ms in `solve` itself
+  (validation and the implicit-differentiation wrapper, a `jax.custom_jvp` applied whenever
+  p has float leaves). It is invisible on the Rosenbrock runs and decides the ratio of the
+  3-40 ms logistic-regression solves, where the 1.0x goal is not met for L-BFGS-B and
+  BFGS (1.14-1.43x in this run; trust-constr 0.96x).
+* The machine is shared (2 cores, other jobs running): single timings move by 20-40%, so
+  the figures are medians of interleaved runs; rerun for a second sample before reading
+  anything into a ratio within 0.8-1.2x."""
+
+
 if __name__ == "__main__":
     with threadpool_limits(limits=1):
         section = main()
@@ -206,5 +232,5 @@ if __name__ == "__main__":
     out.write_text(
         "# Benchmarks: scipy backend\n\n"
         f"Measured with `{command}` on: {machine_line()}. Shared machine: compare the "
-        "ratios, not the absolute times.\n\n" + section + "\n")
+        "ratios, not the absolute times.\n\n" + section + "\n\n" + NOTES + "\n")
     print(f"wrote {out}")

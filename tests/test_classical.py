@@ -44,7 +44,8 @@ def check_success(sol, f, gtol, bounds=None):
 # ------------------------------------------------------------------------------ bounds
 
 _n = 6
-_A = np.diag(np.full(_n, 3.0)) + np.diag(np.full(_n - 1, -1.0), 1) + np.diag(np.full(_n - 1, -1.0), -1)
+_A = (np.diag(np.full(_n, 3.0)) + np.diag(np.full(_n - 1, -1.0), 1)
+      + np.diag(np.full(_n - 1, -1.0), -1))
 _b = np.array([4.0, -3.0, 2.5, -1.0, 6.0, 0.5])
 LOWER, UPPER = np.zeros(_n), np.full(_n, 1.0)
 
@@ -301,7 +302,8 @@ def test_maxiters_and_stopping_options():
 def test_bad_input_errors():
     with pytest.raises(ValueError, match="LBFGS: `memory_size` must be an integer >= 1, got 0"):
         optsolve.LBFGS(memory_size=0)
-    with pytest.raises(ValueError, match="NonlinearCG: `method` must be one of .*'dai-yuan'.*got 'fr'"):
+    with pytest.raises(ValueError,
+                       match="NonlinearCG: `method` must be one of .*'dai-yuan'.*got 'fr'"):
         optsolve.NonlinearCG(method="fr")
     with pytest.raises(ValueError, match=r"Zoom: `c2` must be in \(0, 1\), got 1.5"):
         Zoom(c2=1.5)

@@ -27,8 +27,9 @@ BARS = {
     "BFGS": (optsolve.BFGS(), 0.90),
     "Newton": (optsolve.Newton(), 0.90),
     "NonlinearCG": (optsolve.NonlinearCG(), 0.75),
-    "TrustRegion": (optsolve.TrustRegion(), 0.75),
 }
+# TrustRegion (26/27 here when last measured) is left out of this suite to keep it within
+# the test-time budget; tests/test_classical.py covers it on smaller problems.
 
 
 def solve_all(algorithm, dtype=jnp.float64):

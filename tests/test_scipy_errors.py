@@ -32,7 +32,7 @@ CONSTRAINED = OptimizationProblem(quadratic, jnp.zeros(2),
     (lambda: ScipyMinimize(), TypeError, r"ScipyMinimize: `method` is required; one of 'Nelder-Mead'"),
     (lambda: ScipyMinimize("L-BFGS-B", maxcorr=5), TypeError,
      r"ScipyMinimize\(method='L-BFGS-B'\) does not take the option `maxcorr` \(got maxcorr=5\)\. "
-     r"Valid options: maxcor, ftol, maxfun, maxls; common options go to solve"),
+     r"Valid options: maxcor, maxfun, maxls; common options go to solve"),
     (lambda: ScipyMinimize("BFGS", maxiter=10), TypeError,
      r"`maxiter` is set through solve's common option: solve\(\.\.\., maxiters=10\)"),
     (lambda: ScipyMinimize("BFGS", gtol=1e-3), TypeError,

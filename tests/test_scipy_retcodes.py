@@ -155,3 +155,16 @@ def test_every_result_has_every_field():
             assert field in sol.original, (method, field)
         assert sol.stats.iterations is not None and sol.stats.f_evals is not None
         assert (sol.stats.grad_evals is None) == (not MINIMIZE_SPECS[method.lower()].needs_gradient)
+
+
+def test_keyboard_interrupt_returns_the_last_iterate():
+    seen = []
+
+    def callback(k, x, f):
+        seen.append(np.array(x))
+        if k == 4:
+            raise KeyboardInterrupt
+
+    sol = solve(ROSEN, ScipyMinimize("L-BFGS-B"), callback=callback)
+    assert sol.retcode == ReturnCode.INTERRUPTED
+    np.testing.assert_array_equal(np.asarray(sol.x), seen[-1])

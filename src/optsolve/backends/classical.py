@@ -184,7 +184,7 @@ def tiny_step(s: Array, x: Array) -> Array:
 def solve_classical(problem: OptimizationProblem, algorithm: Algorithm,
                     options: SolveOptions) -> Solution:
     """Run a classical algorithm: one compiled loop (see :mod:`.iterative`)."""
-    return run_iterative(_make_solver, problem, algorithm, options, lean_compile=True)
+    return run_iterative(_make_solver, problem, algorithm, options)
 
 
 def _make_solver(algorithm: Algorithm, problem: OptimizationProblem):

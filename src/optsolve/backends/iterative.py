@@ -181,8 +181,12 @@ class _Rules:
         if self.gtol is not None:
             converged |= inf_norm(projected_gradient(x, g, self.bounds)) <= self.gtol
         if self.options.ftol is not None:
+            # Only a step that moved x tests ftol: a rejected trust-region step, or a zero
+            # update (a warm-up schedule at 0), leaves f unchanged without converging.
+            moved = jnp.any(jnp.stack([jnp.any(a != b) for a, b in zip(
+                jax.tree_util.tree_leaves(x), jax.tree_util.tree_leaves(x_prev))]))
             scale = jnp.maximum(jnp.maximum(jnp.abs(f_prev), jnp.abs(f)), 1.0)
-            converged |= has_prev & (jnp.abs(f_prev - f) <= self.options.ftol * scale)
+            converged |= has_prev & moved & (jnp.abs(f_prev - f) <= self.options.ftol * scale)
         if self.xtol is not None:
             # Only a step that moved x counts: a rejected trust-region step is not convergence.
             dx = inf_norm(jax.tree_util.tree_map(jnp.subtract, x, x_prev))
@@ -446,32 +450,16 @@ def _run(make_solver: Callable[[Any, OptimizationProblem], Any],
 
 
 _run_compiled = jax.jit(_run, static_argnums=0)
-# Without LLVM's expensive passes: same run time on these loops of small fused kernels and
-# library dots, ~30% less compile time (measured in benchmarks/bench_classical.py).
-_run_compiled_lean = jax.jit(_run, static_argnums=0,
-                             compiler_options={"xla_llvm_disable_expensive_passes": True})
 
 
 def run_iterative(make_solver: Callable[[Any, OptimizationProblem], Any],
                   problem: OptimizationProblem, algorithm: Any,
-                  options: SolveOptions, *, lean_compile: bool = False) -> Solution:
+                  options: SolveOptions) -> Solution:
     """Run ``make_solver(algorithm, problem)`` to a stop in one compiled loop.
 
     ``make_solver`` must be a module-level function (it keys the compilation cache); the
     algorithm's and the problem's numbers are traced, so new values reuse compiled code.
     The solver is an :class:`IterativeSolver` or, if it has ``update``, a
-    :class:`GradientStepSolver`. ``lean_compile``: compile without LLVM's expensive
-    passes (a faster first call; the classical family uses it). Inside a caller's
-    ``jax.jit`` the caller's compilation settings apply.
+    :class:`GradientStepSolver`.
     """
-    # compiler_options are refused on a jit nested in another transformation's trace.
-    lean = lean_compile and _trace_state_clean()
-    run = _run_compiled_lean if lean else _run_compiled
-    return run(make_solver, problem, algorithm, options)
-
-
-def _trace_state_clean() -> bool:
-    """True outside any JAX transformation (False where that cannot be told)."""
-    from jax._src import core as _core  # no public equivalent
-    check = getattr(_core, "trace_state_clean", None)
-    return bool(check()) if check is not None else False
+    return _run_compiled(make_solver, problem, algorithm, options)

@@ -51,6 +51,19 @@ def _project(x: Array, bounds: tuple[Array, Array] | None) -> Array:
     return x if bounds is None else jnp.clip(x, bounds[0], bounds[1])
 
 
+def _flat_tolerance(f0: Array) -> Array:
+    """How far above f0 a trial may be and still count as "not higher" where f is flat at
+    rounding level (the epsilon of Hager & Zhang's approximate Wolfe conditions)."""
+    return jnp.maximum(1e-10, 64 * jnp.finfo(f0.dtype).eps) * jnp.abs(f0)
+
+
+def _approx_armijo(fa: Array, f0: Array, slope_a: Array, slope_0: Array, c1: Any) -> Array:
+    """Hager & Zhang's approximate sufficient decrease (SIAM J. Optim. 16, 2005, eq. 4.1):
+    ``f(a) <= f0 + eps`` and ``phi'(a) <= (2 c1 - 1) phi'(0)``. Near a minimiser f changes by
+    O(|g|^2), below rounding long before g does; the derivative test still sees progress."""
+    return (fa <= f0 + _flat_tolerance(f0)) & (slope_a <= (2 * c1 - 1) * slope_0)
+
+
 def _is_flat(f0: Array, dphi0: Array, a: Array, fa: Array) -> Array:
     """True when no decrease above rounding is possible along the direction: the trial at
     step ``a`` is within rounding of ``f0``, or the quadratic through ``(0, f0, dphi0)`` and
@@ -68,7 +81,8 @@ def backtracking_search(fun: Fun, x: Array, f0: Array, g0: Array, d: Array, alph
                         bounds: tuple[Array, Array] | None = None) -> LineSearchResult:
     """Backtracking along the (projected) arc ``P(x + a d)`` until Armijo's condition
     ``f(x_a) <= f0 + c1 g0 . (x_a - x)`` holds (Nocedal & Wright, Algorithm 3.1; with bounds,
-    Bertsekas' projected Armijo rule, Bertsekas 1982). Non-finite trials count as too long.
+    Bertsekas' projected Armijo rule, Bertsekas 1982), or its approximate form where f is flat
+    at rounding level (Hager & Zhang 2005). Non-finite trials count as too long.
 
     Returns:
       A :class:`LineSearchResult`.
@@ -78,7 +92,10 @@ def backtracking_search(fun: Fun, x: Array, f0: Array, g0: Array, d: Array, alph
     def trial(a):
         xa = _project(x + a * d, bounds)
         fa, ga = fun(xa)
-        ok = jnp.isfinite(fa) & (fa <= f0 + c1 * jnp.vdot(g0, xa - x)) & jnp.all(jnp.isfinite(ga))
+        step = xa - x
+        slope0 = jnp.vdot(g0, step)
+        armijo = (fa <= f0 + c1 * slope0) | _approx_armijo(fa, f0, jnp.vdot(ga, step), slope0, c1)
+        ok = jnp.isfinite(fa) & armijo & jnp.all(jnp.isfinite(ga)) & (slope0 < 0)
         return xa, fa, ga, ok
 
     a0 = jnp.asarray(alpha0, dtype)
@@ -164,7 +181,10 @@ class Zoom:
     Finds a step ``a`` with ``f(x + a d) <= f0 + c1 a g0.d`` and
     ``|g(x + a d).d| <= c2 |g0.d|``. Nocedal & Wright, *Numerical Optimization* (2006),
     Algorithms 3.5 (bracketing) and 3.6 (zoom). Non-finite trials count as too long. When the
-    trial budget runs out the best sufficient-decrease point found is accepted. With bounds
+    trial budget runs out the best sufficient-decrease point found is accepted. Where f is
+    flat at rounding level, sufficient decrease may be met in Hager & Zhang's approximate
+    form, ``f(a) <= f0 + max(1e-10, 64 eps) |f0|`` and ``phi'(a) <= (2 c1 - 1) phi'(0)``
+    (SIAM J. Optim. 16, 2005), so gradients keep shrinking below ``sqrt(eps)``. With bounds
     (projected methods) the search is projected backtracking with this ``c1``: the Wolfe
     curvature condition has no meaning along a projected arc.
 
@@ -210,8 +230,12 @@ class Zoom:
             fa, ga = fun(xa)
             da = jnp.vdot(ga, d)
             finite = jnp.isfinite(fa) & jnp.isfinite(da)
-            # Too long: no sufficient decrease, or no better than the best so far.
-            bad = ~finite | (fa > f0 + c1 * a * dphi0) | (fa >= c.f_lo)
+            # Too long: no sufficient decrease, or no better than the best so far (where f is
+            # flat at rounding level, the approximate Wolfe test decides by the derivative).
+            flat_ok = _approx_armijo(fa, f0, da, dphi0, c1)
+            sufficient = (fa <= f0 + c1 * a * dphi0) | flat_ok
+            better = (fa < c.f_lo) | (flat_ok & (fa <= c.f_lo + _flat_tolerance(f0)))
+            bad = ~finite | ~sufficient | ~better
             wolfe = ~bad & (jnp.abs(da) <= -c2 * dphi0)
             # The minimiser lies between a and the old best when the slope points back.
             flip = ~bad & ~wolfe & (da * jnp.sign(c.a_hi - c.a_lo) >= 0)

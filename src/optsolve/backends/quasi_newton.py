@@ -63,8 +63,8 @@ class _LBFGSSolver(DescentSolver):
         of 4m sequential ones, which dominate small problems.
         """
         gamma = model.gamma
-        # Products written as multiply-and-sum: XLA fuses them into a few loops, where
-        # dot calls on these tiny operands cost more in dispatch than in arithmetic.
+        # Products as multiply-and-sum, which XLA fuses into loops: dot calls on these
+        # small operands cost more in dispatch (and intra-op threading) than in arithmetic.
         ab = jnp.sum(model.W * q, axis=-1)
         u = jnp.sum(model.Rinv * ab[0], axis=1)
         w = model.D * u + gamma * jnp.sum(model.YY * u, axis=1) - gamma * ab[1]
@@ -114,7 +114,8 @@ class LBFGS(ClassicalAlgorithm):
     The inverse Hessian is the BFGS update of ``gamma_k I`` by the last ``memory_size``
     pairs ``(s, y)`` (Nocedal & Wright, *Numerical Optimization*, 2006, Algorithm 7.5; Liu &
     Nocedal 1989), ``gamma_k = s.y / y.y`` (eq. 7.20), applied in the compact form of Byrd,
-    Nocedal & Schnabel (Math. Prog. 63, 1994) rather than the two-loop recursion. Pairs with ``s.y <= eps y.y`` are skipped. Under bounds: quasi-Newton
+    Nocedal & Schnabel (Math. Prog. 63, 1994) rather than the two-loop recursion. Pairs
+    with ``s.y <= eps y.y`` are skipped. Under bounds: quasi-Newton
     directions on the free variables, steepest descent on the epsilon-active ones, and a
     projected Armijo arc search (Bertsekas' two-metric projection, SIAM J. Control Optim.
     20, 1982); convergence is measured on the projected gradient, as L-BFGS-B's ``pgtol``.

@@ -17,9 +17,11 @@ nothing a method ignores is computed or passed.
 The common options: ``maxiters`` is scipy's ``maxiter`` where that counts iterations
 (counted by optsolve for TNC and COBYLA, whose budgets count evaluations, and
 ``niter`` / ``iters`` for basinhopping / shgo); ``gtol`` is scipy's own ``gtol`` where the
-method has one (for Newton-CG optsolve tests ||grad||_inf after each iteration);
-``ftol`` (relative change of the objective between iterations), ``maxtime`` and the
-callback are run by optsolve after each iteration, stopping scipy through
+method has one (for Newton-CG, which has none, and the trust-region methods, whose
+``gtol`` tests the 2-norm, optsolve tests ||grad||_inf after each iteration);
+``ftol`` (relative change of the objective between iterations) is L-BFGS-B's own ``ftol``
+(the same test) and elsewhere, like ``maxtime`` and the callback, is tested by optsolve
+after each iteration, stopping scipy through
 ``StopIteration`` in ``callback(intermediate_result)`` (scipy >= 1.11) or, for TNC, shgo
 and direct, whose callbacks cannot stop them, by an exception optsolve catches.
 Numerical trouble (NaN/inf) gives FAILURE with the last finite iterate, never an exception;
@@ -150,8 +152,8 @@ class ScipyMinimize(_ScipyAlgorithm):
         COBYQA, SLSQP, trust-constr, dogleg, trust-ncg, trust-exact, trust-krylov
         (case-insensitive).
       **options: the method's own scipy options (``maxcor=20`` for L-BFGS-B, ...).
-        Those ``solve`` owns are errors here: ``maxiter`` (use ``solve(maxiters=...)``)
-        and ``gtol`` where it maps to ``solve(gtol=...)``; so are options scipy would
+        Those ``solve`` owns are errors here: ``maxiter`` (use ``solve(maxiters=...)``),
+        ``gtol`` where it maps to ``solve(gtol=...)`` and L-BFGS-B's ``ftol``; so are options scipy would
         ignore because JAX supplies exact derivatives (``eps``,
         ``finite_diff_rel_step``, ``workers``) and deprecated ones.
 
@@ -274,8 +276,10 @@ def solve_scipy(problem: OptimizationProblem, algorithm: _ScipyAlgorithm,
     if not _is_traced(problem, options):
         x, fun, code, nit, nfev, njev, result, host = run_host(
             problem, algorithm, _plain_options(options))
+        # One transfer for x's leaves and the objective.
+        x_tree, objective = jax.device_put((host.unravel_numpy(x), np.asarray(fun, f_dtype)))
         return Solution(
-            x=host.unravel(x), objective=jnp.asarray(fun, f_dtype), retcode=code,
+            x=x_tree, objective=objective, retcode=code,
             stats=Stats(iterations=nit, f_evals=nfev, grad_evals=njev, time=None),
             original=result,
         )
@@ -298,10 +302,10 @@ def _check_early(problem: OptimizationProblem, algorithm: _ScipyAlgorithm,
                     f"local method, but local={local!r} does not take {what}. Use a local "
                     f"method that does: {', '.join(methods_with(trait))}.")
     if options.gtol is not None and not (gtol_spec.native_gtol or gtol_spec.key == "newton-cg"):
+        why = "it uses no gradient" if not gtol_spec.needs_gradient else "it has no gradient test"
         raise ValueError(
             f"solve: {type(algorithm).__name__} does not take `gtol` (got gtol={options.gtol!r}): "
-            f"{'it uses no gradient' if not gtol_spec.needs_gradient else 'it has no gradient test'}"
-            ". Remove it (use ftol or maxiters), or use a method that tests the gradient: "
+            f"{why}. Remove it (use ftol or maxiters), or use a method that tests the gradient: "
             f"{', '.join(s for s in methods_with('native_gtol'))}, Newton-CG.")
     if isinstance(algorithm, ScipyGlobal) and spec.key != "basinhopping" and problem.bounds is None:
         raise ValueError(

@@ -33,12 +33,33 @@ _CACHE_SIZE = 256
 def _spec(leaf: Any) -> tuple:
     if isinstance(leaf, (bool, int, float, complex)):
         return ("python", type(leaf).__name__)
-    return (tuple(np.shape(leaf)), str(jnp.result_type(leaf)), bool(getattr(leaf, "weak_type", False)))
+    weak = bool(getattr(leaf, "weak_type", False))
+    return (tuple(np.shape(leaf)), str(jnp.result_type(leaf)), weak)
 
 
 def _tree_spec(tree: PyTree) -> tuple:
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     return treedef, tuple(_spec(leaf) for leaf in leaves)
+
+
+def eval_dtype(x0: PyTree) -> np.dtype:
+    """The dtype f is evaluated in: float64 when JAX's x64 mode is on (scipy works in
+    float64: its line searches and trust-region ratios need the resolution), else x0's."""
+    if jax.config.jax_enable_x64:
+        return np.dtype(np.float64)
+    with jax.numpy_dtype_promotion("standard"):
+        return np.dtype(jnp.result_type(*jax.tree_util.tree_leaves(x0)))
+
+
+def _promote(tree: PyTree, dtype: np.dtype) -> PyTree:
+    """Floating leaves of ``tree`` (other than Python scalars) as ``dtype``."""
+    def cast(leaf):
+        if isinstance(leaf, (bool, int, float, complex)):
+            return leaf
+        if jnp.issubdtype(jnp.result_type(leaf), jnp.floating):
+            return jnp.asarray(leaf, dtype)
+        return leaf
+    return jax.tree_util.tree_map(cast, tree)
 
 
 def device_p(p: PyTree, weak: tuple[bool, ...] | None = None) -> PyTree:
@@ -110,11 +131,11 @@ def _build(kind: str, f, constraints, unravel, dtype) -> Callable:
     raise ValueError(kind)
 
 
-def compiled(kind: str, problem: OptimizationProblem, p: PyTree, flat0: jax.Array,
-             unravel, n_cons: int) -> Callable:
+def compiled(kind: str, problem: OptimizationProblem, p: PyTree, n_cons: int) -> Callable:
     """The compiled executable of ``kind`` for this problem's shapes (cached)."""
     g_fns = tuple(c.g for c in problem.constraints or ())
-    key = (kind, problem.f, g_fns, _tree_spec(problem.x0), _tree_spec(p))
+    dtype = eval_dtype(problem.x0)
+    key = (kind, problem.f, g_fns, _tree_spec(problem.x0), _tree_spec(p), str(dtype))
     try:
         hit = _CACHE.get(key)
     except TypeError:  # an unhashable f: compile without caching
@@ -122,6 +143,8 @@ def compiled(kind: str, problem: OptimizationProblem, p: PyTree, flat0: jax.Arra
     if hit is not None:
         _CACHE.move_to_end(key)
         return hit
+    # Only on a cache miss: it dispatches JAX operations.
+    flat0, unravel = flatten_x(_promote(problem.x0, dtype))
     dtype = flat0.dtype
     n = flat0.shape[0]
     vec = jax.ShapeDtypeStruct((n,), dtype)
@@ -152,18 +175,19 @@ class HostProblem:
 
     def __init__(self, problem: OptimizationProblem, p_weak: tuple[bool, ...] | None = None):
         self.problem = problem
-        flat0, self._unravel = flatten_x(problem.x0)
-        self._flat0 = flat0
-        self.dtype = np.dtype(flat0.dtype)
-        self.x0 = np.asarray(flat0, dtype=np.float64)
+        # Flattened in numpy, as ravel_pytree does (leaf order, promoted dtype), without
+        # dispatching JAX operations on every solve.
+        leaves = jax.tree_util.tree_leaves(problem.x0)
+        self.dtype = eval_dtype(problem.x0)
+        self.x0 = np.concatenate([np.ravel(np.asarray(leaf, dtype=np.float64)) for leaf in leaves])
         self.n = self.x0.shape[0]
-        self.p = device_p(problem.p, p_weak)
+        self.p = _promote(device_p(problem.p, p_weak), self.dtype)
         self._exe: dict[str, Callable] = {}
         self.constraints = problem.constraints or ()
         self.n_cons = 0
         if self.constraints:
             x_spec = jax.tree_util.tree_map(
-                lambda l: jax.ShapeDtypeStruct(np.shape(l), jnp.result_type(l)), problem.x0)
+                lambda l: jax.ShapeDtypeStruct(np.shape(l), self.dtype), problem.x0)
             sizes = [int(np.prod(jax.eval_shape(c.g, x_spec, self.p).shape))
                      for c in self.constraints]
             self.n_cons = sum(sizes)
@@ -184,8 +208,7 @@ class HostProblem:
         """Compile the executables of ``kinds`` now (before scipy starts its clock)."""
         for kind in kinds:
             if kind not in self._exe:
-                self._exe[kind] = compiled(kind, self.problem, self.p, self._flat0,
-                                           self._unravel, self.n_cons)
+                self._exe[kind] = compiled(kind, self.problem, self.p, self.n_cons)
 
     def _x(self, x: np.ndarray) -> np.ndarray:
         return np.asarray(x, dtype=self.dtype)
@@ -308,8 +331,7 @@ class HostProblem:
     # --------------------------------------------------------------------- output
     def unravel(self, x: np.ndarray) -> PyTree:
         """The flat float64 vector as a pytree like x0 (JAX arrays, x0's dtypes)."""
-        with jax.numpy_dtype_promotion("standard"):
-            return self._unravel(jnp.asarray(x, dtype=self.dtype))
+        return jax.device_put(self.unravel_numpy(x))
 
     def unravel_numpy(self, x: np.ndarray) -> PyTree:
         """The flat vector as a pytree like x0 of numpy arrays (for the user's callback)."""

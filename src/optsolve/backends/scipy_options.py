@@ -35,6 +35,10 @@ class MethodSpec:
       hessian: "hess" (dense), "hessp" (products) or None: what optsolve passes.
       takes_bounds, takes_constraints: honours the problem's bounds / constraints.
       native_gtol: scipy's own ``gtol`` option is solve's ``gtol``.
+      gtol_2norm: scipy's ``gtol`` tests the gradient's 2-norm (the trust-region methods);
+        optsolve then also tests solve's infinity norm after each iteration.
+      native_ftol: scipy's own ``ftol`` option is solve's ``ftol`` (same definition:
+        |f_k - f_{k+1}| / max(|f_k|, |f_{k+1}|, 1)); elsewhere optsolve tests it.
       maxiter_name: scipy's option counting iterations, or None (optsolve counts them).
       callback: "intermediate" (callback(intermediate_result), StopIteration stops it) or
         "x" (callback(xk), which optsolve stops by an exception of its own).
@@ -49,6 +53,8 @@ class MethodSpec:
     takes_bounds: bool = False
     takes_constraints: bool = False
     native_gtol: bool = False
+    native_ftol: bool = False
+    gtol_2norm: bool = False
     maxiter_name: str | None = "maxiter"
     callback: str = "intermediate"
     extra: tuple[str, ...] = ()
@@ -61,7 +67,7 @@ MINIMIZE_SPECS: dict[str, MethodSpec] = {s.key: s for s in (
     MethodSpec("bfgs", "BFGS", _m._minimize_bfgs, True, native_gtol=True),
     MethodSpec("newton-cg", "Newton-CG", _m._minimize_newtoncg, True, hessian="hessp"),
     MethodSpec("l-bfgs-b", "L-BFGS-B", _m._minimize_lbfgsb, True, takes_bounds=True,
-               native_gtol=True),
+               native_gtol=True, native_ftol=True),
     # TNC's only budget is maxfun, and its callback(xk) cannot stop it.
     MethodSpec("tnc", "TNC", _m._minimize_tnc, True, takes_bounds=True, native_gtol=True,
                maxiter_name=None, callback="x"),
@@ -75,13 +81,13 @@ MINIMIZE_SPECS: dict[str, MethodSpec] = {s.key: s for s in (
     MethodSpec("trust-constr", "trust-constr", _m._minimize_trustregion_constr, True,
                hessian="hessp", takes_bounds=True, takes_constraints=True, native_gtol=True),
     MethodSpec("dogleg", "dogleg", _minimize_trust_region, True, hessian="hess",
-               native_gtol=True),
+               native_gtol=True, gtol_2norm=True),
     MethodSpec("trust-ncg", "trust-ncg", _minimize_trust_region, True, hessian="hessp",
-               native_gtol=True),
+               native_gtol=True, gtol_2norm=True),
     MethodSpec("trust-exact", "trust-exact", _minimize_trust_region, True, hessian="hess",
-               native_gtol=True, extra=("subproblem_maxiter",)),
+               native_gtol=True, gtol_2norm=True, extra=("subproblem_maxiter",)),
     MethodSpec("trust-krylov", "trust-krylov", _minimize_trust_region, True, hessian="hessp",
-               native_gtol=True, extra=("inexact",)),
+               native_gtol=True, gtol_2norm=True, extra=("inexact",)),
 )}
 
 GLOBAL_SPECS: dict[str, MethodSpec] = {s.key: s for s in (
@@ -146,7 +152,7 @@ def valid_options(spec: MethodSpec) -> tuple[str, ...]:
             continue
         if name in _SOLVE_OWNED_ITER and spec.maxiter_name is not None:
             continue  # (COBYLA's maxiter counts evaluations: it stays an option)
-        if name == "gtol" and spec.native_gtol:
+        if (name == "gtol" and spec.native_gtol) or (name == "ftol" and spec.native_ftol):
             continue
         if name == "inexact" or name == "subproblem_maxiter":
             continue  # only where listed in spec.extra
@@ -176,9 +182,9 @@ def check_options(spec: MethodSpec, options: dict[str, Any]) -> dict[str, Any]:
             raise TypeError(
                 f"{who}: `{name}` is set through solve's common option: "
                 f"solve(..., maxiters={value!r}); got {name}={value!r} here.")
-        if name == "gtol" and spec.native_gtol:
-            raise TypeError(f"{who}: `gtol` is set through solve's common option: "
-                            f"solve(..., gtol={value!r}).")
+        if (name == "gtol" and spec.native_gtol) or (name == "ftol" and spec.native_ftol):
+            raise TypeError(f"{who}: `{name}` is set through solve's common option: "
+                            f"solve(..., {name}={value!r}).")
         if name in _FINITE_DIFFERENCES and spec.needs_gradient:
             raise TypeError(
                 f"{who}: `{name}` only tunes scipy's finite differences, which optsolve "

@@ -17,6 +17,7 @@ from scipy.optimize import Bounds, NonlinearConstraint, OptimizeResult
 from optsolve.backends.scipy_compiled import HostProblem
 from optsolve.backends.scipy_options import MINIMIZE_SPECS, MethodSpec
 from optsolve.backends.scipy_retcodes import global_retcode, minimize_retcode
+from optsolve.solve_api.host import wants_grad_norm
 from optsolve.solve_api.problem import OptimizationProblem
 from optsolve.solve_api.returncode import ReturnCode
 
@@ -37,17 +38,19 @@ class _Monitor:
     """
 
     def __init__(self, host: HostProblem, options: dict, spec: MethodSpec,
-                 own_maxiters: int | None, own_gtol: float | None):
-        self.host, self.spec = host, spec
+                 own_maxiters: int | None, own_gtol: float | None, bounds=None):
+        self.host, self.spec, self.bounds = host, spec, bounds
         self.callback = options["callback"]
         self.every = options["callback_every"]
-        self.ftol = options["ftol"]
+        self.pass_grad_norm = self.callback is not None and wants_grad_norm(self.callback)
+        self.ftol = None if spec.native_ftol else options["ftol"]
         self.gtol = own_gtol
         self.maxiters = own_maxiters
         self.deadline = (None if options["maxtime"] is None
                          else time.perf_counter() + options["maxtime"])
         self.k = 0
         self.prev_f: float | None = None
+        self.prev_x: np.ndarray | None = None
         self.last: tuple[np.ndarray, float] | None = None
         self.reason: ReturnCode | None = None
 
@@ -62,14 +65,19 @@ class _Monitor:
         # the callback's request, maxiters, maxtime.
         stop = False
         if self.callback is not None and self.k % self.every == 0:
-            stop = bool(self.callback(self.k, self.host.unravel_numpy(x), np.float64(f)))
+            extra = (self._grad_norm(x),) if self.pass_grad_norm else ()
+            stop = bool(self.callback(self.k, self.host.unravel_numpy(x), np.float64(f), *extra))
         converged = False
-        if self.ftol is not None and self.prev_f is not None:
+        # Only an iteration that moved x tests ftol: Nelder-Mead's best vertex or a rejected
+        # trust-region step leave f unchanged without any convergence.
+        moved = self.prev_x is not None and bool(np.any(x != self.prev_x))
+        if self.ftol is not None and self.prev_f is not None and moved:
             scale = max(abs(self.prev_f), abs(f), 1.0)
             converged = abs(self.prev_f - f) <= self.ftol * scale
         if not converged and self.gtol is not None:
             converged = bool(np.max(np.abs(self.host.grad(x))) <= self.gtol)
         self.prev_f = float(f)
+        self.prev_x = x
         if converged:
             self.reason = ReturnCode.SUCCESS
         elif stop:
@@ -79,6 +87,17 @@ class _Monitor:
         elif self.deadline is not None and time.perf_counter() >= self.deadline:
             self.reason = ReturnCode.MAXTIME
         return self.reason is not None
+
+    def _grad_norm(self, x: np.ndarray) -> np.float64:
+        """||grad f(x)||_inf for a four-argument callback (projected onto the bounds); NaN
+        for derivative-free methods, which never compute a gradient."""
+        if not self.spec.needs_gradient:
+            return np.float64(np.nan)
+        g = self.host.grad(x)  # the memo: the iterate is usually the last point evaluated
+        if self.bounds is not None:
+            lo, up = self.bounds
+            g = np.where(((x <= lo) & (g > 0)) | ((x >= up) & (g < 0)), 0.0, g)
+        return np.float64(np.max(np.abs(g), initial=0.0))
 
     # The callback shapes scipy's methods call.
     def intermediate(self):
@@ -100,13 +119,17 @@ class _Monitor:
         return callback
 
 
-def _bounds(problem: OptimizationProblem, host: HostProblem):
+def _flat(tree) -> np.ndarray:
+    return np.concatenate([np.ravel(np.asarray(leaf, np.float64))
+                           for leaf in jax.tree_util.tree_leaves(tree)])
+
+
+def _bounds(problem: OptimizationProblem) -> tuple[np.ndarray, np.ndarray] | None:
+    """The problem's bounds as two flat float64 vectors (x0's ravel order), or None."""
     if not problem.has_bounds:
         return None
     lower, upper = problem.bounds
-    lb = np.concatenate([np.ravel(np.asarray(l, np.float64)) for l in jax.tree_util.tree_leaves(lower)])
-    ub = np.concatenate([np.ravel(np.asarray(u, np.float64)) for u in jax.tree_util.tree_leaves(upper)])
-    return lb, ub
+    return _flat(lower), _flat(upper)
 
 
 def _nonlinear_constraint(host: HostProblem, spec: MethodSpec) -> list:
@@ -152,6 +175,9 @@ def _minimize(problem, algorithm, options, host, monitor, bounds) -> OptimizeRes
         scipy_options[spec.maxiter_name] = options["maxiters"]
     if options["gtol"] is not None and spec.native_gtol:
         scipy_options["gtol"] = options["gtol"]
+    if options["ftol"] is not None and spec.native_ftol:
+        # Same definition: it replaces scipy's default (2.2e-9) instead of adding a test.
+        scipy_options["ftol"] = options["ftol"]
     if bounds is not None:
         kwargs["bounds"] = Bounds(*bounds)
     constraints = _nonlinear_constraint(host, spec)
@@ -266,11 +292,12 @@ def run_host(problem: OptimizationProblem, algorithm: Any, options: dict,
     """
     spec = algorithm.spec
     host = HostProblem(problem, p_weak)
-    bounds = _bounds(problem, host)
+    bounds = _bounds(problem)
     own_maxiters = options["maxiters"] if spec.maxiter_name is None else None
-    own_gtol = options["gtol"] if (options["gtol"] is not None and not spec.native_gtol
-                                   and spec.key == "newton-cg") else None
-    monitor = _Monitor(host, options, spec, own_maxiters, own_gtol)
+    # Newton-CG has no gradient test; the trust-region methods test the 2-norm (>= the
+    # infinity norm solve's gtol means), so optsolve tests the infinity norm itself.
+    own_gtol = options["gtol"] if (spec.key == "newton-cg" or spec.gtol_2norm) else None
+    monitor = _Monitor(host, options, spec, own_maxiters, own_gtol, bounds)
     runner = _minimize if algorithm._kind == "minimize" else _global
     caught: list[warnings.WarningMessage] = []
     try:
@@ -289,6 +316,10 @@ def run_host(problem: OptimizationProblem, algorithm: Any, options: dict,
     except (ArithmeticError, np.linalg.LinAlgError) as err:
         result = _own_result(monitor, host, f"scipy raised {type(err).__name__}: {err}")
         monitor.reason = ReturnCode.FAILURE
+    except KeyboardInterrupt:
+        # Ctrl-C ends the run, not the program: the last completed iterate comes back.
+        result = _own_result(monitor, host, "interrupted (KeyboardInterrupt)")
+        monitor.reason = ReturnCode.INTERRUPTED
     result["warnings"] = [str(w.message) for w in caught]
 
     x = np.asarray(result.x, dtype=np.float64)

@@ -140,7 +140,8 @@ class _SteihaugCarry(NamedTuple):
     boundary: Array
 
 
-def steihaug_cg(hvp, g: Array, radius: Array, tol: Array, maxiter: int) -> tuple[Array, Array, Array]:
+def steihaug_cg(hvp, g: Array, radius: Array, tol: Array,
+                maxiter: int) -> tuple[Array, Array, Array]:
     """Approximately minimise ``g.p + p.Hp/2`` subject to ``|p| <= radius`` by CG, stopping
     at the boundary or at negative curvature (Steihaug 1983; Nocedal & Wright Algorithm 7.2).
 
@@ -200,7 +201,8 @@ class _TrustRegionSolver:
         flat = Flat(objective, self.problem)
         xf, gf = Flat.ravel(x), Flat.ravel(g)
         radius = state.radius
-        p, predicted, boundary = steihaug_cg(flat.hvp_at(xf), gf, radius, _forcing(gf, self.alg.cg_rtol),
+        p, predicted, boundary = steihaug_cg(flat.hvp_at(xf), gf, radius,
+                                             _forcing(gf, self.alg.cg_rtol),
                                              _cg_maxiter(self.alg, self.n))
         x_new = xf + p
         f_new, g_new = flat.value_and_grad(x_new)

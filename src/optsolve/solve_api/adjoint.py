@@ -47,6 +47,10 @@ def _zero_tangent(leaf: Any) -> Any:
     return np.zeros(jnp.shape(leaf), jax.dtypes.float0)
 
 
+def _is_traced(tree: PyTree) -> bool:
+    return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(tree))
+
+
 def _has_float_leaves(tree: PyTree) -> bool:
     return any(jnp.issubdtype(jnp.result_type(leaf), jnp.inexact)
                for leaf in jax.tree_util.tree_leaves(tree))
@@ -154,7 +158,8 @@ class ImplicitAdjoint:
     def apply(self, run: Run, problem: OptimizationProblem, algorithm: Any,
               options: Any) -> Solution:
         """Run the backend with x*(p) differentiable by the implicit function theorem."""
-        if not _has_float_leaves(problem.p):
+        if not _has_float_leaves(problem.p) or not _is_traced((problem, algorithm)):
+            # Only traced inputs can be differentiated: concrete ones skip the rule's cost.
             return run(problem, algorithm, options)
         side: dict[str, Any] = {}
 
