@@ -133,10 +133,13 @@ class ImplicitAdjoint:
         mask = _free_mask(problem, x, g)
         user_hvp = getattr(problem, "hvp", None)
 
-        def hvp(v):
-            if user_hvp is not None:
+        if user_hvp is not None:
+            def hvp(v):
                 return user_hvp(x, v, problem.p)
-            return jax.jvp(lambda y: grad_fn(y, problem.p), (x,), (v,))[1]
+        else:
+            # Linearise the gradient once: each product then costs a tangent pass only,
+            # not a recomputation of the gradient's primal pass.
+            _, hvp = jax.linearize(lambda y: grad_fn(y, problem.p), x)
 
         ridge = self.ridge
 
