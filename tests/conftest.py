@@ -9,6 +9,17 @@ import sys
 from pathlib import Path
 
 import jax
+import pytest
 
 jax.config.update("jax_enable_x64", True)
 sys.path.insert(0, str(Path(__file__).parent))
+
+
+@pytest.fixture(scope="module")
+def one_blas_thread():
+    """BLAS pinned to one thread: OpenBLAS threads cost scipy's small dense kernels 5-10x on
+    a busy 2-core machine (see shared/PEERS.md)."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1):
+        yield

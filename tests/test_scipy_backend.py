@@ -21,19 +21,7 @@ from optsolve import Constraint, OptimizationProblem, ReturnCode, ScipyGlobal, S
 from optsolve.backends import scipy_compiled
 from problems import PROBLEMS
 
-try:  # OpenBLAS threads cost scipy's small dense kernels 5-10x on a busy 2-core machine.
-    from threadpoolctl import threadpool_limits
-except ImportError:  # pragma: no cover
-    threadpool_limits = None
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_blas_thread():
-    if threadpool_limits is None:
-        yield
-        return
-    with threadpool_limits(1):
-        yield
+pytestmark = pytest.mark.usefixtures("one_blas_thread")
 
 
 MGH = {p.name.split()[0]: p for p in PROBLEMS}

@@ -15,19 +15,7 @@ from optsolve import Constraint, OptimizationProblem, ReturnCode, ScipyGlobal, S
 from optsolve.backends.scipy_options import MINIMIZE_SPECS
 from optsolve.backends.scipy_retcodes import METHOD_TABLES, global_retcode, minimize_retcode
 
-try:
-    from threadpoolctl import threadpool_limits
-except ImportError:  # pragma: no cover
-    threadpool_limits = None
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_blas_thread():
-    if threadpool_limits is None:
-        yield
-        return
-    with threadpool_limits(1):
-        yield
+pytestmark = pytest.mark.usefixtures("one_blas_thread")
 
 
 S, MI, F, T, INF, ST = (ReturnCode.SUCCESS, ReturnCode.MAXITERS, ReturnCode.FAILURE,

@@ -49,32 +49,11 @@ from optsolve.backends.scipy_run import run_host
 from optsolve.solve_api.algorithm import Algorithm
 from optsolve.solve_api.options import SolveOptions
 from optsolve.solve_api.problem import OptimizationProblem
+from optsolve.solve_api.pytree import freeze, thaw
 from optsolve.solve_api.registry import register_algorithm, register_backend
 from optsolve.solve_api.solution import Solution, Stats
 
 PyTree = Any
-
-
-class _Frozen:
-    """An unhashable option value (an array) held as static aux data; equal only to itself."""
-
-    def __init__(self, value: Any):
-        self.value = value
-
-    def __repr__(self) -> str:
-        return repr(self.value)
-
-
-def _freeze(value: Any) -> Any:
-    try:
-        hash(value)
-    except TypeError:
-        return _Frozen(value)
-    return value
-
-
-def _thaw(value: Any) -> Any:
-    return value.value if isinstance(value, _Frozen) else value
 
 
 class _ScipyAlgorithm(Algorithm):
@@ -113,7 +92,7 @@ class _ScipyAlgorithm(Algorithm):
         if local is not None:
             options["local"] = local
         object.__setattr__(self, "_options", tuple(sorted(
-            (k, _freeze(v)) for k, v in options.items())))
+            (k, freeze(v)) for k, v in options.items())))
 
     @classmethod
     def _specs(cls) -> dict[str, MethodSpec]:
@@ -127,7 +106,7 @@ class _ScipyAlgorithm(Algorithm):
     @property
     def options(self) -> dict[str, Any]:
         """The scipy options given at construction (a copy)."""
-        return {k: _thaw(v) for k, v in self._options}
+        return {k: thaw(v) for k, v in self._options}
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"{type(self).__name__} is immutable; build a new one instead.")
