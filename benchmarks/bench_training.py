@@ -18,7 +18,6 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from sklearn.datasets import load_digits
 from threadpoolctl import threadpool_limits

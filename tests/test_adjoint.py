@@ -1,7 +1,6 @@
 """Differentiating solutions with respect to p: implicit differentiation on every backend,
 against closed forms and finite differences."""
 
-import warnings
 
 import jax
 import jax.numpy as jnp

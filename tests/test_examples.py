@@ -5,7 +5,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import scipy.optimize as so
 
-from optsolve import Constraint, OptimizationProblem, ReturnCode, ScipyGlobal, ScipyMinimize, solve
+from optsolve import Constraint, OptimizationProblem, ReturnCode, ScipyMinimize, solve
 from optsolve.backends.scipy_options import MINIMIZE_SPECS
 from optsolve.backends.scipy_retcodes import METHOD_TABLES, global_retcode, minimize_retcode
 

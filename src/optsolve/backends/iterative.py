@@ -59,8 +59,7 @@ class Objective:
     @classmethod
     def from_problem(cls, problem: OptimizationProblem) -> "Objective":
         """The objective of ``problem``, honouring its optional ``grad`` and ``hvp``."""
-        return cls(problem.f, problem.p, getattr(problem, "grad", None),
-                   getattr(problem, "hvp", None))
+        return cls(problem.f, problem.p, problem.grad, problem.hvp)
 
     def value(self, x: PyTree) -> jax.Array:
         return self.f(x, self.p)

@@ -13,7 +13,6 @@ Transformations that need more than a gradient (line searches, ``optax.lbfgs``,
 
 from __future__ import annotations
 
-import functools
 import inspect
 from collections.abc import Callable
 from typing import Any, ClassVar

@@ -49,7 +49,7 @@ from optsolve.backends.scipy_run import run_host
 from optsolve.solve_api.algorithm import Algorithm
 from optsolve.solve_api.options import SolveOptions
 from optsolve.solve_api.problem import OptimizationProblem
-from optsolve.solve_api.pytree import freeze, thaw
+from optsolve.solve_api.pytree import freeze, is_traced, thaw
 from optsolve.solve_api.registry import register_algorithm, register_backend
 from optsolve.solve_api.solution import Solution, Stats
 
@@ -217,10 +217,6 @@ def _plain_options(options: SolveOptions) -> dict:
             "callback": options.callback, "callback_every": options.callback_every}
 
 
-def _is_traced(*trees: Any) -> bool:
-    return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(trees))
-
-
 _F_DTYPES: dict = {}
 
 
@@ -252,7 +248,7 @@ def solve_scipy(problem: OptimizationProblem, algorithm: _ScipyAlgorithm,
     """Run a scipy-family algorithm; through ``jax.pure_callback`` when inputs are traced."""
     _check_early(problem, algorithm, options)
     f_dtype = _objective_dtype(problem)
-    if not _is_traced(problem, options):
+    if not is_traced(problem, options):
         x, fun, code, nit, nfev, njev, result, host = run_host(
             problem, algorithm, _plain_options(options))
         # One transfer for x's leaves and the objective.

@@ -26,7 +26,7 @@ from jax import lax
 from jax.flatten_util import ravel_pytree
 
 from optsolve.solve_api.problem import OptimizationProblem
-from optsolve.solve_api.pytree import pytree_dataclass, static_field
+from optsolve.solve_api.pytree import is_traced, pytree_dataclass, static_field
 from optsolve.solve_api.returncode import ReturnCode
 from optsolve.solve_api.solution import Solution
 
@@ -45,10 +45,6 @@ def _zero_tangent(leaf: Any) -> Any:
     if jnp.issubdtype(dtype, jnp.inexact):
         return jnp.zeros(jnp.shape(leaf), dtype)
     return np.zeros(jnp.shape(leaf), jax.dtypes.float0)
-
-
-def _is_traced(tree: PyTree) -> bool:
-    return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(tree))
 
 
 def _has_float_leaves(tree: PyTree) -> bool:
@@ -128,10 +124,10 @@ class ImplicitAdjoint:
 
     def solution_tangent(self, problem: OptimizationProblem, x: PyTree, p_dot: PyTree) -> PyTree:
         """dx = -H^{-1} (d/dp grad_x f) p_dot at the solution ``x``, on the free coordinates."""
-        grad_fn = problem.grad if getattr(problem, "grad", None) is not None else jax.grad(problem.f)
+        grad_fn = problem.grad if problem.grad is not None else jax.grad(problem.f)
         g, rhs = jax.jvp(lambda p: grad_fn(x, p), (problem.p,), (p_dot,))
         mask = _free_mask(problem, x, g)
-        user_hvp = getattr(problem, "hvp", None)
+        user_hvp = problem.hvp
 
         if user_hvp is not None:
             def hvp(v):
@@ -161,7 +157,7 @@ class ImplicitAdjoint:
     def apply(self, run: Run, problem: OptimizationProblem, algorithm: Any,
               options: Any) -> Solution:
         """Run the backend with x*(p) differentiable by the implicit function theorem."""
-        if not _has_float_leaves(problem.p) or not _is_traced((problem, algorithm)):
+        if not _has_float_leaves(problem.p) or not is_traced(problem, algorithm):
             # Only traced inputs can be differentiated: concrete ones skip the rule's cost.
             return run(problem, algorithm, options)
         side: dict[str, Any] = {}

@@ -23,8 +23,11 @@ def _names_with(trait: str) -> str:
 
 
 def check_capabilities(problem: OptimizationProblem, algorithm: Algorithm,
-                       options: SolveOptions) -> None:
-    """Raise a clear error when ``algorithm`` cannot honour the problem or the options."""
+                       options: SolveOptions, *, stops_with_data: bool = False) -> None:
+    """Raise a clear error when ``algorithm`` cannot honour the problem or the options.
+
+    ``stops_with_data``: a run on data, which ends with its epochs or batches.
+    """
     name = type(algorithm).__name__
     if problem.has_bounds and not algorithm.takes_bounds:
         raise ValueError(
@@ -46,7 +49,7 @@ def check_capabilities(problem: OptimizationProblem, algorithm: Algorithm,
             f"solve: {name} does not record a history. Algorithms that do: "
             f"{_names_with('records_history')}."
         )
-    if not algorithm.stops_by_itself and all(
+    if not algorithm.stops_by_itself and not stops_with_data and all(
         getattr(options, o) is None for o in ("maxiters", "maxtime", "gtol", "ftol")
     ):
         raise ValueError(

@@ -76,3 +76,8 @@ def freeze(value: Any) -> Any:
 def thaw(value: Any) -> Any:
     """The value :func:`freeze` wrapped."""
     return value.value if isinstance(value, Frozen) else value
+
+
+def is_traced(*trees: Any) -> bool:
+    """Whether any leaf of ``trees`` is a JAX tracer (inside jit, vmap, grad, ...)."""
+    return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(trees))

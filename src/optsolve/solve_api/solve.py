@@ -14,7 +14,7 @@ from optsolve.solve_api import host
 from optsolve.solve_api.capabilities import check_capabilities, check_objective, resume_point
 from optsolve.solve_api.options import make_options
 from optsolve.solve_api.problem import OptimizationProblem
-from optsolve.solve_api.pytree import replace
+from optsolve.solve_api.pytree import is_traced, replace
 from optsolve.solve_api.registry import algorithm_classes, as_algorithm, backend_for
 from optsolve.solve_api.returncode import ReturnCode
 from optsolve.solve_api.solution import Solution
@@ -55,8 +55,8 @@ def _solve_on_data(problem, algorithm, opts, data, batch_size, key, epochs) -> S
             f"solve: `data` must be an iterable of batches, or arrays with `batch_size`; got "
             f"{type(data).__name__}."
         )
-    check_capabilities(problem, algorithm, replace(opts, maxiters=opts.maxiters or 1))
-    if _is_traced(problem, algorithm):
+    check_capabilities(problem, algorithm, opts, stops_with_data=True)
+    if is_traced(problem, algorithm):
         raise ValueError(
             "solve: training on `data` runs a host loop over batches; call solve outside "
             "jax.jit / jax.vmap (the steps inside are compiled)."
@@ -89,10 +89,6 @@ def progress_bar(enabled: bool, total: int | None):
     finally:
         host.PROGRESS_BARS.remove(bar)
         bar.close()
-
-
-def _is_traced(*trees: Any) -> bool:
-    return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(trees))
 
 
 def solve(problem: OptimizationProblem, algorithm: Any, *, maxiters: int | None = None,
@@ -172,7 +168,7 @@ def solve(problem: OptimizationProblem, algorithm: Any, *, maxiters: int | None 
             f"solve: `adjoint` must be an adjoint such as optsolve.ImplicitAdjoint(), got "
             f"{adjoint!r}."
         )
-    if _is_traced(problem, algorithm, opts):
+    if is_traced(problem, algorithm, opts):
         return adjoint.apply(backend, problem, algorithm, opts)
     start = time.perf_counter()
     with progress_bar(progress, maxiters):
