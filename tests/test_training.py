@@ -123,6 +123,67 @@ def test_nan_batch_gives_failure_with_last_good_iterate():
     assert_close(sol.x, hand_loop(optax.adam(0.05), prob, data[:3]), rtol=1e-12)
 
 
+def test_failure_deep_in_a_later_chunk_keeps_the_last_good_iterate():
+    # 40 batches run as chunks of 16: the NaN batch 37 lies in the third chunk, whose start the
+    # host keeps and re-runs up to step 37
+    prob = make_problem()
+    data = batches(6, 16) * 7
+    data[37] = (np.full_like(data[37][0], np.nan), data[37][1])
+    sol = solve(prob, optsolve.Adam(0.05), data=data, history=True)
+    assert sol.retcode == ReturnCode.FAILURE and int(sol.stats.iterations) == 37
+    assert int(sol.stats.f_evals) == 38  # the failing step's evaluation counts
+    assert_close(sol.x, hand_loop(optax.adam(0.05), prob, data[:37]), rtol=1e-12)
+    assert sol.history.objective.shape == (38,) and np.isnan(sol.history.objective[37])
+    # in memory: the same failure inside an epoch
+    features = np.array(FEATURES)
+    features[50] = np.nan
+    mem = solve(prob, optsolve.SGD(0.1), data=(features, LABELS), batch_size=16, epochs=2)
+    assert mem.retcode == ReturnCode.FAILURE and int(mem.stats.iterations) == 3
+    in_order = [(features[i:i + 16], LABELS[i:i + 16]) for i in range(0, 48, 16)]
+    assert_close(mem.x, hand_loop(optax.sgd(0.1), prob, in_order), rtol=1e-12)
+
+
+def test_non_finite_gradient_with_a_finite_loss_is_a_failure():
+    # sqrt(|w|^2) has a finite value and a NaN gradient at w = 0: the update turns the iterate
+    # into NaN, and the run returns the iterate before it
+    def loss(x, p, batch):
+        return jnp.sqrt(jnp.sum((x - batch) ** 2))
+
+    prob = OptimizationProblem(loss, jnp.zeros(2))
+    data = [jnp.ones(2), jnp.full(2, 2.0), jnp.full(2, 2.0)]
+    # SGD(sqrt 2) steps by exactly 1 per coordinate: x1 = (1, 1), x2 = (2, 2), and the third
+    # batch's gradient at x2 is 0/0. With 3 batches the NaN iterate x3 ends the chunk (caught
+    # by the chunk's end check); with 4 the loss at x3 is NaN inside the chunk.
+    for target in (data, data + data[-1:]):
+        expected = hand_loop_fn(loss, optax.sgd(2 ** 0.5), jnp.zeros(2), target)
+        assert not np.all(np.isfinite(expected[2]))  # the unguarded loop ends in NaN
+        sol = solve(prob, optsolve.SGD(2 ** 0.5), data=target)
+        assert sol.retcode == ReturnCode.FAILURE and int(sol.stats.iterations) == 2
+        np.testing.assert_allclose(sol.x, expected[1], rtol=1e-12)
+        np.testing.assert_allclose(sol.x, [2.0, 2.0], rtol=1e-12)
+
+
+def hand_loop_fn(loss, tx, x0, batch_list):
+    """The iterates of a hand-written optax loop: [x1, x2, ...]."""
+    x, state, out = x0, tx.init(x0), []
+    for batch in batch_list:
+        updates, state = tx.update(jax.grad(loss)(x, None, batch), state, x)
+        x = optax.apply_updates(x, updates)
+        out.append(x)
+    return out
+
+
+def test_batches_of_another_shape_start_a_new_chunk():
+    prob = make_problem()
+    data = batches(5, 16) + [(FEATURES[80:90], LABELS[80:90])] + batches(5, 16)
+    sol = solve(prob, optsolve.Adam(0.05), data=data, history=True)
+    assert int(sol.stats.iterations) == 11
+    assert_close(sol.x, hand_loop(optax.adam(0.05), prob, data), rtol=1e-12)
+    x_k = hand_loop(optax.adam(0.05), prob, data[:5])
+    np.testing.assert_allclose(sol.history.objective[5], batch_loss(x_k, prob.p, data[5]),
+                               rtol=1e-12)
+
+
 def test_callback_sees_steps_with_grad_norm_and_stops():
     prob = make_problem()
     seen = []

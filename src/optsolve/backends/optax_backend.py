@@ -13,6 +13,7 @@ Transformations that need more than a gradient (line searches, ``optax.lbfgs``,
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -43,6 +44,12 @@ def _is_leaf_value(value: Any) -> bool:
     return isinstance(value, (float, np.floating, np.ndarray, jax.Array))
 
 
+@functools.lru_cache(maxsize=None)
+def _factory_signature(factory: Callable[..., Any]) -> inspect.Signature:
+    # inspect.signature takes ~50 us; algorithms are built and unflattened on every solve
+    return inspect.signature(factory)
+
+
 class OptaxAlgorithm(Algorithm):
     """An optax optimizer as an optsolve algorithm (base of the generated classes).
 
@@ -60,7 +67,7 @@ class OptaxAlgorithm(Algorithm):
     native_schedules: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, *args: Any, **kwargs: Any):
-        signature = inspect.signature(type(self).factory)
+        signature = _factory_signature(type(self).factory)
         try:
             bound = signature.bind(*args, **kwargs)
         except TypeError as err:
@@ -124,7 +131,7 @@ class OptaxAlgorithm(Algorithm):
         obj = object.__new__(cls)
         values = dict(zip(leaf_names, children))
         values.update({n: thaw(v) for n, v in statics})
-        order = list(inspect.signature(cls.factory).parameters)
+        order = list(_factory_signature(cls.factory).parameters)
         object.__setattr__(obj, "_hyperparams", {n: values[n] for n in order if n in values})
         return obj
 

@@ -1,16 +1,20 @@
 """Training on data: minimise f(x, p, batch) over a stream of minibatches.
 
-Two ways to feed data, one compiled step either way:
+Two ways to feed data, one compiled loop either way:
 
-- an iterable of batches (a generator, a data loader, a list): a host loop calls one compiled
-  step per batch, without waiting for it (JAX dispatches asynchronously; the host reads the
-  run's status every 16 steps);
+- an iterable of batches (a generator, a data loader, a list): the host gathers up to 16
+  batches at a time and runs them in one compiled call (a while loop over the stacked
+  batches), so a step costs what it costs inside ``lax.scan``, not a Python dispatch; the
+  next chunk is dispatched before the previous one's status is read;
 - in-memory arrays with ``batch_size`` (and ``key`` to shuffle): each epoch is one compiled
-  ``lax.scan`` over the batches of a permutation of the data.
+  call, a permutation of the data then a while loop over its batches.
 
-The step is guarded: after a stop (maxiters, the callback, a non-finite loss, gradient or
-update) further steps change nothing, so the last good iterate is kept. A KeyboardInterrupt
-returns the last completed step with ``ReturnCode.INTERRUPTED``.
+Steps are not guarded one by one (a select over every parameter and state leaf costs as much
+as the step itself on small models): the loop leaves at a non-finite loss or at the
+callback's stop, and a chunk reports whether its last iterate is finite. The host keeps each
+chunk's input until its status is read, so on a failure it re-runs the chunk (deterministic)
+up to the last good iterate. A KeyboardInterrupt returns the last completed step with
+``ReturnCode.INTERRUPTED``.
 """
 
 from __future__ import annotations
@@ -18,11 +22,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from optsolve.backends.iterative import Objective, inf_norm
@@ -35,7 +40,7 @@ from optsolve.solve_api.solution import History, Solution, Stats
 
 PyTree = Any
 _INT = jnp.int32
-_CHECK_EVERY = 16  # host reads of the run's status in the iterator loop
+_CHUNK = 16  # batches of an iterable run per compiled call
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -61,68 +66,118 @@ class _TrainCarry(NamedTuple):
     objective: jax.Array   # the loss of the last completed step's batch
 
 
-def _guarded_step(solver, problem: OptimizationProblem, options: SolveOptions, maxiters,
-                  carry: _TrainCarry, batch) -> tuple[_TrainCarry, tuple]:
-    """One training step; after a stop (or a non-finite value) it changes nothing.
+class _Chunk(NamedTuple):
+    carry: _TrainCarry
+    flags: jax.Array       # [status, steps run by this call, whether the last x is finite]
+    records: tuple         # with ``history``: the batch losses and gradient norms, NaN-padded
 
-    Selects, not a ``lax.cond``, keep finished runs unchanged: the step is always computed
-    (the host stops within a few steps) and the common case pays no conditional.
-    Returns the new carry and, with ``history``, the batch loss and gradient norm.
+
+def _train_step(solver, problem: OptimizationProblem, options: SolveOptions, x, state,
+                steps, iteration, batch) -> tuple:
+    """One training step: the loss and gradient at ``x`` on ``batch``, then the update.
+
+    ``steps`` counts this run's steps and ``iteration`` all updates (a resumed run's too),
+    this one included. Returns the new x and state, the
+    batch loss, whether the callback (or the progress bar) asks to stop, and the loss and
+    gradient norm for the history.
     """
     objective = Objective(lambda x, p: problem.f(x, p, batch), problem.p)
-    f_dtype = carry.objective.dtype
-    active = carry.status == RUNNING
-    f, g = objective.value_and_grad(carry.x)
-    x_new, state_new, _, _ = solver.update(objective, carry.x, f, g, carry.state)
-    leaves = jax.tree_util.tree_leaves((f, g, x_new))
-    ok = jnp.all(jnp.stack([jnp.all(jnp.isfinite(leaf)) for leaf in leaves]))
-    accept = active & ok
-    iteration = carry.iteration + accept.astype(_INT)
-    steps = carry.steps + active.astype(_INT)
+    f, g = objective.value_and_grad(x)
+    x_new, state_new, _, _ = solver.update(objective, x, f, g, state)
     wants_norm = options.history or options.progress or (
         options.callback is not None and wants_grad_norm(options.callback))
-    gnorm = inf_norm(g).astype(f_dtype) if wants_norm else None
+    gnorm = inf_norm(g).astype(f.dtype) if wants_norm else None
     stop = jnp.zeros((), bool)
     if options.callback is not None:
-        due = accept & (steps % options.callback_every == 0)
+        due = jnp.isfinite(f) & (steps % options.callback_every == 0)
         extra = (gnorm,) if wants_grad_norm(options.callback) else ()
         stop = lax.cond(due, lambda: call_user_callback(options.callback, due, iteration,
                                                         x_new, f, *extra),
                         lambda: jnp.zeros((), bool))
     if options.progress:
-        stop |= report_progress(accept, iteration, f, gnorm)
-    status = jnp.select([~active, ~ok, stop, steps >= maxiters],
-                        [carry.status, int(ReturnCode.FAILURE), int(ReturnCode.TERMINATED),
-                         int(ReturnCode.MAXITERS)], RUNNING).astype(_INT)
-    x, state = jax.tree_util.tree_map(lambda a, b: jnp.where(accept, a, b),
-                                      (x_new, state_new), (carry.x, carry.state))
-    new_carry = _TrainCarry(x, state, iteration, steps, status,
-                            jnp.where(accept, f, carry.objective))
-    if not options.history:
-        return new_carry, ()
-    nan = jnp.full((), jnp.nan, f_dtype)
-    return new_carry, (jnp.where(active, f, nan), jnp.where(active, gnorm, nan))
+        stop |= report_progress(jnp.isfinite(f), iteration, f, gnorm)
+    return x_new, state_new, f, stop, (f, gnorm)
+
+
+def _run_steps(solver, problem, options, carry: _TrainCarry, batches, n) -> _Chunk:
+    """Steps over the first ``n`` of the stacked ``batches`` while the run is RUNNING.
+
+    The loop carries only the step count, the iterate, the state, the last loss and the
+    stop flag (counters and the status are derived once at the end): every extra operation
+    in the body is paid per step. It leaves after a non-finite loss (FAILURE) or a stop
+    request (TERMINATED).
+    """
+    length = jax.tree_util.tree_leaves(batches)[0].shape[0]
+    f_dtype = carry.objective.dtype
+    records = ((jnp.full((length,), jnp.nan, f_dtype),) * 2) if options.history else ()
+    n = jnp.where(carry.status == RUNNING, n, 0)
+
+    def cond(loop):
+        i, _, _, f, stop, _ = loop
+        return (i < n) & jnp.isfinite(f) & ~stop
+
+    def body(loop):
+        i, x, state, _, _, records = loop
+        batch = jax.tree_util.tree_map(lambda a: lax.dynamic_index_in_dim(a, i, keepdims=False),
+                                       batches)
+        x, state, f, stop, out = _train_step(solver, problem, options, x, state,
+                                             carry.steps + i + 1, carry.iteration + i + 1,
+                                             batch)
+        if options.history:
+            records = tuple(r.at[i].set(o) for r, o in zip(records, out))
+        return i + 1, x, state, f, stop, records
+
+    start = (jnp.zeros((), _INT), carry.x, carry.state, jnp.zeros((), f_dtype),
+             jnp.zeros((), bool), records)
+    executed, x, state, f, stop, records = lax.while_loop(cond, body, start)
+    status = jnp.where(~jnp.isfinite(f), int(ReturnCode.FAILURE),
+                       jnp.where(stop, int(ReturnCode.TERMINATED), carry.status)).astype(_INT)
+    carry = _TrainCarry(x, state, carry.iteration + executed, carry.steps + executed, status,
+                        jnp.where(executed > 0, f, carry.objective))
+    x_finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(leaf))
+                                  for leaf in jax.tree_util.tree_leaves(x)]))
+    # one array, so that the host reads the chunk's outcome in one transfer
+    flags = jnp.stack([status, executed, x_finite.astype(_INT)])
+    return _Chunk(carry, flags, records)
+
+
+def _chunk_of_batches(solver, problem, options, carry, batches: list, n) -> _Chunk:
+    """``_run_steps`` over a list of same-shaped batches, stacked on the device."""
+    stacked = jax.tree_util.tree_map(lambda *leaves: jnp.stack(leaves), *batches)
+    return _run_steps(solver, problem, options, carry, stacked, n)
+
+
+def _epoch(solver, problem, options, batch_size, carry, data, key, epoch, n) -> _Chunk:
+    """The first ``n`` batches of one epoch: a permutation of the data (in order without a
+    key), cut into batches of ``batch_size``."""
+    size = jax.tree_util.tree_leaves(data)[0].shape[0]
+    n_batches = size // batch_size
+    order = jnp.arange(size) if key is None else jax.random.permutation(
+        jax.random.fold_in(key, epoch), size)
+    order = order[: n_batches * batch_size]
+    batches = jax.tree_util.tree_map(
+        lambda a: a[order].reshape((n_batches, batch_size) + a.shape[1:]), data)
+    return _run_steps(solver, problem, options, carry, batches, n)
 
 
 _PREPARED: dict = {}
 
 
-def _prepared(body, make_solver, problem, algorithm, options, maxiters, *static):
+def _prepared(body, make_solver, problem, algorithm, options, *static):
     """``body`` compiled with the run's fixed arguments bound as a flat list of arrays.
 
-    Flattening the problem, the algorithm and the options once per run, not once per step
-    or epoch, keeps each dispatch as cheap as a hand-written jitted step's. ``body(solver,
-    problem, options, maxiters, *static, *args)``; compiled functions are cached by the
-    fixed arguments' structure.
+    Flattening the problem, the algorithm and the options once per run, not once per call,
+    keeps each dispatch cheap. ``body(solver, problem, options, *static, *args)``; compiled
+    functions are cached by the fixed arguments' structure.
     """
-    leaves, treedef = jax.tree_util.tree_flatten((problem, algorithm, options, maxiters))
+    leaves, treedef = jax.tree_util.tree_flatten((problem, algorithm, options))
     key = (body, make_solver, treedef, static)
     compiled = _PREPARED.get(key)
     if compiled is None:
         def run(leaves, *args):
-            problem, algorithm, options, maxiters = jax.tree_util.tree_unflatten(treedef, leaves)
+            problem, algorithm, options = jax.tree_util.tree_unflatten(treedef, leaves)
             solver = make_solver(algorithm, problem)
-            return body(solver, problem, options, maxiters, *static, *args)
+            return body(solver, problem, options, *static, *args)
 
         if len(_PREPARED) >= 64:  # bound the cache: each entry holds compiled code
             _PREPARED.pop(next(iter(_PREPARED)))
@@ -130,44 +185,36 @@ def _prepared(body, make_solver, problem, algorithm, options, maxiters, *static)
     return functools.partial(compiled, leaves)
 
 
-def _epoch(solver, problem, options, maxiters, batch_size, carry, data, key, epoch):
-    """One epoch: a permutation of the data (in order without a key), scanned in batches."""
-    n = jax.tree_util.tree_leaves(data)[0].shape[0]
-    n_batches = n // batch_size
-    order = jnp.arange(n) if key is None else jax.random.permutation(
-        jax.random.fold_in(key, epoch), n)
-    order = order[: n_batches * batch_size]
-    batches = jax.tree_util.tree_map(
-        lambda a: a[order].reshape((n_batches, batch_size) + a.shape[1:]), data)
-    return lax.scan(lambda c, b: _guarded_step(solver, problem, options, maxiters, c, b),
-                    carry, batches)
+def _init(solver, problem, options, batch_spec) -> _TrainCarry:
+    """The run's first carry: x0, the optimizer state at x0, zero counters (compiled once).
 
-
-def _init(solver, problem, options, maxiters, batch):
-    """The optimizer state at x0 and a zero of the objective's dtype (compiled once)."""
+    ``batch_spec`` (static: shapes and dtypes) stands for a batch; no data is needed.
+    """
     if not hasattr(solver, "update"):
         raise ValueError(
             "solve: this transformation ends in a line search, which needs one deterministic "
             "objective; training on `data` takes update-only transformations "
             "(optsolve.Adam, optax.chain of plain transforms, ...)."
         )
+    treedef, leaves = batch_spec
+    batch = jax.tree_util.tree_unflatten(treedef, [jnp.zeros(s, d) for s, d in leaves])
     objective = Objective(lambda x, p: problem.f(x, p, batch), problem.p)
     f_dtype = jax.eval_shape(objective.value, problem.x0).dtype
-    return solver.init(objective, problem.x0), jnp.zeros((), f_dtype)
-
-
-def _init_carry(make_solver, problem, algorithm, options, maxiters, first_batch,
-                resume) -> _TrainCarry:
-    check_objective(problem, first_batch)
-    init = _prepared(_init, make_solver, problem, algorithm, options, maxiters)
-    state, f_zero = init(first_batch)
     zero = jnp.zeros((), _INT)
-    if resume is not None:
-        return _TrainCarry(resume.x, resume.state, jnp.asarray(resume.stats.iterations, _INT),
-                           zero, jnp.asarray(RUNNING, _INT),
-                           jnp.asarray(resume.objective, f_zero.dtype))
-    return _TrainCarry(problem.x0, state, zero, zero, jnp.asarray(RUNNING, _INT),
-                       jnp.full((), jnp.nan, f_zero.dtype))
+    return _TrainCarry(problem.x0, solver.init(objective, problem.x0), zero, zero,
+                       jnp.asarray(RUNNING, _INT), jnp.full((), jnp.nan, f_dtype))
+
+
+def _init_carry(make_solver, problem, algorithm, options, batch, resume) -> _TrainCarry:
+    """The first carry; ``batch`` (arrays or ``jax.ShapeDtypeStruct`` leaves) gives shapes."""
+    check_objective(problem, batch)
+    spec = _signature(batch)
+    carry = _prepared(_init, make_solver, problem, algorithm, options, spec)()
+    if resume is None:
+        return carry
+    return carry._replace(x=resume.x, state=resume.state,
+                          iteration=jnp.asarray(resume.stats.iterations, _INT),
+                          objective=jnp.asarray(resume.objective, carry.objective.dtype))
 
 
 def _batches(spec: DataSpec) -> Iterable:
@@ -182,73 +229,180 @@ def _batches(spec: DataSpec) -> Iterable:
         yield from source
 
 
+def _signature(batch) -> tuple:
+    """A batch's structure, shapes and dtypes (hashable)."""
+    leaves, treedef = jax.tree_util.tree_flatten(batch)
+    return treedef, tuple((np.shape(leaf), jnp.result_type(leaf)) for leaf in leaves)
+
+
+class _IterableChunks:
+    """Chunks of up to ``_CHUNK`` same-shaped batches from an iterator, padded to ``_CHUNK``
+    by repeating the last one (padding is never run) so that one compiled call serves all."""
+
+    def __init__(self, batches: Iterator, run_chunk: Callable):
+        self.batches, self.run_chunk = batches, run_chunk
+        self.held = None          # a batch of another shape than the chunk it was read for
+        self.interrupted = False  # Ctrl-C while reading: the batches read so far still run
+
+    def next(self, most: int | None):
+        group: list = []
+        signature = None
+        limit = _CHUNK if most is None else min(_CHUNK, most)
+        try:
+            while len(group) < limit:
+                if self.held is not None:
+                    batch, self.held = self.held, None
+                else:
+                    batch = next(self.batches)
+                if group and _signature(batch) != signature:
+                    self.held = batch
+                    break
+                signature = signature or _signature(batch)
+                group.append(batch)
+        except StopIteration:
+            pass
+        except KeyboardInterrupt:
+            self.interrupted = True
+        if not group:
+            return None
+        padded = group + [group[-1]] * (_CHUNK - len(group))
+        return len(group), lambda carry, n: self.run_chunk(carry, padded, n)
+
+
+class _Epochs:
+    def __init__(self, spec: DataSpec, run_epoch: Callable):
+        self.spec, self.run_epoch = spec, run_epoch
+        self.epoch, self.epochs = 0, spec.epochs if spec.epochs is not None else 1
+        size = jax.tree_util.tree_leaves(spec.source)[0].shape[0]
+        self.n_batches = size // spec.batch_size
+        self.interrupted = False
+
+    def next(self, most: int | None):
+        if self.epoch >= self.epochs or self.n_batches == 0:
+            return None
+        epoch, self.epoch = self.epoch, self.epoch + 1
+        count = self.n_batches if most is None else min(self.n_batches, most)
+        return count, lambda carry, n: self.run_epoch(carry, self.spec.source, self.spec.key,
+                                                      epoch, n)
+
+
+class _Settled(NamedTuple):
+    carry: _TrainCarry
+    status: int
+
+
+def _settle(carry_in: _TrainCarry, run: Callable, chunk: _Chunk, records: list) -> _Settled:
+    """Read a dispatched chunk's status; on a failure, re-run it up to the last good iterate.
+
+    The loss at x_j not finite: x_j is kept when it is finite, else x_{j-1} (its loss was
+    finite). The chunk's last iterate not finite: the one before it.
+    """
+    status, executed, x_finite = (int(v) for v in np.asarray(chunk.flags))
+    if chunk.records:
+        records.append(tuple(r[:executed] for r in chunk.records))
+    if status == RUNNING and x_finite:
+        return _Settled(chunk.carry, RUNNING)
+    if status == ReturnCode.TERMINATED:
+        return _Settled(chunk.carry, status)
+    if status == ReturnCode.FAILURE:
+        good = run(carry_in, executed - 1)
+        if not int(good.flags[2]):
+            good = run(carry_in, executed - 2)
+    else:
+        good = run(carry_in, executed - 1)
+    failure = int(ReturnCode.FAILURE)
+    return _Settled(good.carry._replace(steps=chunk.carry.steps,
+                                        status=jnp.asarray(failure, _INT)), failure)
+
+
+_RETCODES: dict = {}
+
+
+def _retcode(status: int) -> jax.Array:
+    # one device array per code: jnp.asarray costs a dispatch (~0.1 ms) on every solve
+    if status not in _RETCODES:
+        _RETCODES[status] = jnp.asarray(status, _INT)
+    return _RETCODES[status]
+
+
 def run_training(make_solver, problem: OptimizationProblem, algorithm: Any,
                  options: SolveOptions) -> Solution:
     """Train ``algorithm`` on ``options.data``; see the module docstring."""
     spec: DataSpec = options.data
     loop_options = dataclasses.replace(options, data=None, resume=None)
-    maxiters = jnp.asarray(options.maxiters if options.maxiters is not None
-                           else jnp.iinfo(_INT).max, _INT)
+    limit = int(options.maxiters) if options.maxiters is not None else None
     records: list = []
     start = time.perf_counter()
-    interrupted = out_of_time = False
-
-    def time_up() -> bool:
-        return options.maxtime is not None and time.perf_counter() - start >= options.maxtime
 
     if spec.in_memory:
-        first = jax.tree_util.tree_map(lambda a: a[: spec.batch_size], spec.source)
-        carry = _init_carry(make_solver, problem, algorithm, loop_options, maxiters, first,
-                            options.resume)
-        run_epoch = _prepared(_epoch, make_solver, problem, algorithm, loop_options, maxiters,
-                              spec.batch_size)
-        epochs = spec.epochs if spec.epochs is not None else 1
-        # each unit of work is one compiled epoch; the status is read after every one
-        units = ((lambda carry, epoch=epoch: run_epoch(carry, spec.source, spec.key, epoch))
-                 for epoch in range(epochs))
-        check_every = 1
+        first = jax.tree_util.tree_map(
+            lambda a: jax.ShapeDtypeStruct((spec.batch_size,) + a.shape[1:], a.dtype),
+            spec.source)
+        carry = _init_carry(make_solver, problem, algorithm, loop_options, first, options.resume)
+        source = _Epochs(spec, _prepared(_epoch, make_solver, problem, algorithm, loop_options,
+                                         spec.batch_size))
     else:
         batches = iter(_batches(spec))
         try:
             first = next(batches)
         except StopIteration:
             raise ValueError("solve: `data` holds no batch.") from None
-        carry = _init_carry(make_solver, problem, algorithm, loop_options, maxiters, first,
-                            options.resume)
-        step = _prepared(_guarded_step, make_solver, problem, algorithm, loop_options, maxiters)
-        units = ((lambda carry, batch=batch: step(carry, batch))
-                 for batch in _chain([first], batches))
-        check_every = _CHECK_EVERY
+        carry = _init_carry(make_solver, problem, algorithm, loop_options, first, options.resume)
+        source = _IterableChunks(_chain([first], batches),
+                                 _prepared(_chunk_of_batches, make_solver, problem, algorithm,
+                                           loop_options))
+
+    pending: list = []   # dispatched chunks whose status was not read yet, oldest first
+    settled = _Settled(carry, RUNNING)
+    dispatched = 0
+    interrupted = out_of_time = False
+
+    def settle_oldest() -> _Settled:
+        carry_in, run, chunk = pending[0]
+        result = _settle(carry_in, run, chunk, records)
+        pending.pop(0)
+        return result
+
     try:
-        for count, unit in enumerate(units, start=1):
-            carry, record = unit(carry)
-            if options.history:
-                records.append(record)
-            if count % check_every == 0:
-                if int(carry.status) != RUNNING:
-                    break
-                if time_up():
-                    out_of_time = True
-                    break
+        while settled.status == RUNNING:
+            unit = source.next(None if limit is None else limit - dispatched)
+            if unit is None:
+                break
+            count, run = unit
+            pending.append((carry, run, run(carry, count)))
+            carry = pending[-1][2].carry
+            dispatched += count
+            # one chunk in flight while the previous one's status is read
+            while len(pending) > 1 and settled.status == RUNNING:
+                settled = settle_oldest()
+            if source.interrupted:
+                interrupted = True
+                break
+            if options.maxtime is not None and time.perf_counter() - start >= options.maxtime:
+                out_of_time = True
+                break
+            if limit is not None and dispatched >= limit:
+                break
     except KeyboardInterrupt:
         interrupted = True
-    carry = jax.block_until_ready(carry)
-    status = int(carry.status)
-    if interrupted:
+    while pending and settled.status == RUNNING:
+        settled = settle_oldest()
+    final, status = settled
+    if interrupted and status == RUNNING:
         status = int(ReturnCode.INTERRUPTED)
     elif status == RUNNING:
         # the data or the epochs ran out: the iteration budget was used up
         status = int(ReturnCode.MAXTIME if out_of_time else ReturnCode.MAXITERS)
     history = None
     if options.history:
-        objective = jnp.concatenate([jnp.ravel(r[0]) for r in records]) if records else None
-        grad_norm = jnp.concatenate([jnp.ravel(r[1]) for r in records]) if records else None
+        objective = jnp.concatenate([r[0] for r in records]) if records else None
+        grad_norm = jnp.concatenate([r[1] for r in records]) if records else None
         history = History(objective, grad_norm)
     return Solution(
-        x=carry.x, objective=carry.objective, retcode=jnp.asarray(status, _INT),
-        stats=Stats(iterations=carry.iteration, f_evals=carry.steps, grad_evals=carry.steps,
+        x=final.x, objective=final.objective, retcode=_retcode(status),
+        stats=Stats(iterations=final.iteration, f_evals=final.steps, grad_evals=final.steps,
                     time=None),
-        original=carry.state, state=carry.state, history=history,
+        original=final.state, state=final.state, history=history,
     )
 
 

@@ -90,8 +90,10 @@ def _tree_signature(tree: Any) -> tuple:
 
 
 def check_objective(problem: OptimizationProblem, *batch: Any) -> None:
-    """Raise a clear error unless ``f(x0, p[, batch])`` is a real floating-point scalar."""
-    f = problem.f if not batch else (lambda x, p: problem.f(x, p, batch[0]))
+    """Raise a clear error unless ``f(x0, p[, batch])`` is a real floating-point scalar.
+
+    ``batch`` may hold arrays or ``jax.ShapeDtypeStruct`` leaves.
+    """
     try:
         key = (problem.f, _tree_signature(problem.x0), _tree_signature(problem.p),
                _tree_signature(batch))
@@ -99,16 +101,16 @@ def check_objective(problem: OptimizationProblem, *batch: Any) -> None:
     except TypeError:
         key = None
     if key is None:
-        _check_objective_uncached(f, problem.x0, problem.p)
+        _check_objective_uncached(problem.f, problem.x0, problem.p, *batch)
     else:
-        _check_objective_cached(key, f, problem.x0, problem.p)
+        _check_objective_cached(key, problem.f, problem.x0, problem.p, *batch)
 
 
-def _check_objective_cached(key, f, x0, p):
+def _check_objective_cached(key, f, x0, p, *batch):
     # The check traces f once; cache it per (f, shapes) so repeated solves pay nothing.
     if key in _CHECKED:
         return
-    _check_objective_uncached(f, x0, p)
+    _check_objective_uncached(f, x0, p, *batch)
     if len(_CHECKED) > 1024:
         _CHECKED.clear()
     _CHECKED.add(key)
@@ -117,8 +119,8 @@ def _check_objective_cached(key, f, x0, p):
 _CHECKED: set = set()
 
 
-def _check_objective_uncached(f, x0, p) -> None:
-    out = jax.eval_shape(f, x0, p)
+def _check_objective_uncached(f, x0, p, *batch) -> None:
+    out = jax.eval_shape(f, x0, p, *batch)
     if not hasattr(out, "shape") or not hasattr(out, "dtype"):
         raise TypeError(
             "OptimizationProblem: `f(x, p)` must return a scalar array, got "
