@@ -49,7 +49,7 @@ from optsolve.backends.scipy_run import run_host
 from optsolve.solve_api.algorithm import Algorithm
 from optsolve.solve_api.options import SolveOptions
 from optsolve.solve_api.problem import OptimizationProblem
-from optsolve.solve_api.pytree import freeze, is_traced, thaw
+from optsolve.solve_api.pytree import tree_spec, freeze, is_traced, thaw
 from optsolve.solve_api.registry import register_algorithm, register_backend
 from optsolve.solve_api.solution import Solution, Stats
 
@@ -222,24 +222,24 @@ _F_DTYPES: dict = {}
 
 def _objective_dtype(problem: OptimizationProblem):
     """f's output dtype; cached per (f, shapes, dtypes): tracing f costs more than scipy's setup."""
-    x_spec = jax.tree_util.tree_map(
-        lambda l: jax.ShapeDtypeStruct(np.shape(l), jnp.result_type(l)), problem.x0)
-    p_spec = jax.tree_util.tree_map(
-        lambda l: jax.ShapeDtypeStruct(np.shape(l), jnp.result_type(l),
-                                       weak_type=bool(getattr(jax.typeof(l), "weak_type", False))),
-        problem.p)
     try:
-        key = (problem.f, jax.tree_util.tree_structure(x_spec), tuple(
-            (s.shape, s.dtype) for s in jax.tree_util.tree_leaves(x_spec)),
-            jax.tree_util.tree_structure(p_spec),
-            tuple((s.shape, s.dtype, s.weak_type) for s in jax.tree_util.tree_leaves(p_spec)))
+        key = (problem.f, tree_spec(problem.x0), tree_spec(problem.p), jax.config.jax_enable_x64)
         hash(key)
     except TypeError:
-        return jax.eval_shape(problem.f, x_spec, p_spec).dtype
-    if key not in _F_DTYPES:
+        key = None
+    if key is None or key not in _F_DTYPES:
+        x_spec = jax.tree_util.tree_map(
+            lambda l: jax.ShapeDtypeStruct(np.shape(l), jnp.result_type(l)), problem.x0)
+        p_spec = jax.tree_util.tree_map(
+            lambda l: jax.ShapeDtypeStruct(
+                np.shape(l), jnp.result_type(l),
+                weak_type=bool(getattr(jax.typeof(l), "weak_type", False))), problem.p)
+        dtype = jax.eval_shape(problem.f, x_spec, p_spec).dtype
+        if key is None:
+            return dtype
         if len(_F_DTYPES) > 1024:
             _F_DTYPES.clear()
-        _F_DTYPES[key] = jax.eval_shape(problem.f, x_spec, p_spec).dtype
+        _F_DTYPES[key] = dtype
     return _F_DTYPES[key]
 
 

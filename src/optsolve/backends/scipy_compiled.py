@@ -12,6 +12,7 @@ serves both.
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -23,23 +24,12 @@ from jax.flatten_util import ravel_pytree
 from scipy.sparse.linalg import LinearOperator
 
 from optsolve.solve_api.problem import OptimizationProblem
+from optsolve.solve_api.pytree import tree_spec
 
 PyTree = Any
 
 _CACHE: OrderedDict = OrderedDict()
 _CACHE_SIZE = 256
-
-
-def _spec(leaf: Any) -> tuple:
-    if isinstance(leaf, (bool, int, float, complex)):
-        return ("python", type(leaf).__name__)
-    weak = bool(getattr(leaf, "weak_type", False))
-    return (tuple(np.shape(leaf)), str(jnp.result_type(leaf)), weak)
-
-
-def _tree_spec(tree: PyTree) -> tuple:
-    leaves, treedef = jax.tree_util.tree_flatten(tree)
-    return treedef, tuple(_spec(leaf) for leaf in leaves)
 
 
 def eval_dtype(x0: PyTree) -> np.dtype:
@@ -52,30 +42,35 @@ def eval_dtype(x0: PyTree) -> np.dtype:
 
 
 def _promote(tree: PyTree, dtype: np.dtype) -> PyTree:
-    """Floating leaves of ``tree`` (other than Python scalars) as ``dtype``."""
+    """Floating leaves of ``tree`` as ``dtype``; Python scalars and weakly typed leaves (which
+    adapt to what they meet) and leaves already of ``dtype`` are kept as they are."""
     def cast(leaf):
-        if isinstance(leaf, (bool, int, float, complex)):
+        if isinstance(leaf, (bool, int, float, complex)) or getattr(leaf, "weak_type", False):
             return leaf
-        if jnp.issubdtype(jnp.result_type(leaf), jnp.floating):
+        leaf_dtype = getattr(leaf, "dtype", None) or jnp.result_type(leaf)
+        if leaf_dtype != dtype and jnp.issubdtype(leaf_dtype, jnp.floating):
             return jnp.asarray(leaf, dtype)
         return leaf
     return jax.tree_util.tree_map(cast, tree)
 
 
 def device_p(p: PyTree, weak: tuple[bool, ...] | None = None) -> PyTree:
-    """``p`` with array leaves on the device; Python scalars (weakly typed) kept as they are.
+    """``p`` with every leaf on the device, Python scalars as weakly typed arrays.
 
-    ``weak`` marks leaves that were weakly typed before a host round trip turned them
-    into numpy arrays; scalars among them become Python scalars again, so that the
-    user's ``f`` sees the same dtypes under JAX's strict promotion as when traced.
+    Converting scalars once per solve spares every compiled call the conversion; a weakly
+    typed array traces as the scalar does. ``weak`` marks leaves that were weakly typed
+    before a host round trip turned them into numpy arrays; they become weakly typed again,
+    so that the user's ``f`` sees the same dtypes under JAX's strict promotion as when traced.
     """
     leaves, treedef = jax.tree_util.tree_flatten(p)
     out = []
     for i, leaf in enumerate(leaves):
         if isinstance(leaf, (bool, int, float, complex)):
-            out.append(leaf)
+            out.append(jnp.asarray(leaf))
         elif weak is not None and weak[i] and np.ndim(leaf) == 0:
-            out.append(np.asarray(leaf).item())
+            out.append(jnp.asarray(np.asarray(leaf).item()))
+        elif isinstance(leaf, jax.Array):
+            out.append(leaf)
         else:
             out.append(jnp.asarray(leaf))
     return jax.tree_util.tree_unflatten(treedef, out)
@@ -135,7 +130,7 @@ def compiled(kind: str, problem: OptimizationProblem, p: PyTree, n_cons: int) ->
     """The compiled executable of ``kind`` for this problem's shapes (cached)."""
     g_fns = tuple(c.g for c in problem.constraints or ())
     dtype = eval_dtype(problem.x0)
-    key = (kind, problem.f, g_fns, _tree_spec(problem.x0), _tree_spec(p), str(dtype))
+    key = (kind, problem.f, g_fns, tree_spec(problem.x0), tree_spec(p), str(dtype))
     try:
         hit = _CACHE.get(key)
     except TypeError:  # an unhashable f: compile without caching
@@ -169,7 +164,7 @@ class HostProblem:
       x0: the flat float64 starting point.
       n_f, n_g: objective and gradient evaluations actually computed (one compiled call
         of value-and-gradient counts one of each).
-      nonfinite: True once any evaluation returned NaN or inf.
+      nonfinite: True once any evaluation returned a NaN or infinite value.
       last_finite: (x, f) of the last evaluation with a finite value, or None.
     """
 
@@ -181,7 +176,7 @@ class HostProblem:
         self.dtype = eval_dtype(problem.x0)
         self.x0 = np.concatenate([np.ravel(np.asarray(leaf, dtype=np.float64)) for leaf in leaves])
         self.n = self.x0.shape[0]
-        self.p = _promote(device_p(problem.p, p_weak), self.dtype)
+        self.p = device_p(_promote(problem.p, self.dtype), p_weak)
         self._exe: dict[str, Callable] = {}
         self.constraints = problem.constraints or ()
         self.n_cons = 0
@@ -195,6 +190,8 @@ class HostProblem:
                                            for c, m in zip(self.constraints, sizes)])
             self.c_upper = np.concatenate([np.broadcast_to(np.asarray(c.upper, np.float64), (m,))
                                            for c, m in zip(self.constraints, sizes)])
+        self._f64 = self.dtype == np.float64
+        self._fg: Callable | None = None
         self.n_f = 0
         self.n_g = 0
         self.nonfinite = False
@@ -209,6 +206,7 @@ class HostProblem:
         for kind in kinds:
             if kind not in self._exe:
                 self._exe[kind] = compiled(kind, self.problem, self.p, self.n_cons)
+        self._fg = self._exe.get("fg")
 
     def _x(self, x: np.ndarray) -> np.ndarray:
         return np.asarray(x, dtype=self.dtype)
@@ -229,16 +227,22 @@ class HostProblem:
         return f
 
     def fun_and_grad(self, x: np.ndarray) -> tuple[float, np.ndarray]:
-        """(f(x), grad f(x)) from one compiled evaluation (scipy's ``jac=True`` protocol)."""
-        exe = self._exe.get("fg") or self.prepare(("fg",)) or self._exe["fg"]
-        # One copy of x serves the memo and the last-finite record (scipy may reuse x).
+        """(f(x), grad f(x)) from one compiled evaluation (scipy's ``jac=True`` protocol).
+
+        The hot path of every gradient method: one copy of x (scipy may reuse its buffer; the
+        copy serves the memo and the last-finite record), one compiled call, one transfer.
+        """
+        if self._fg is None:
+            self.prepare(("fg",))
         xc = np.array(x, dtype=np.float64)
-        out = np.asarray(exe(xc if self.dtype == np.float64 else xc.astype(self.dtype), self.p),
-                         dtype=np.float64)
-        f, g = float(out[0]), out[1:]
+        out = np.asarray(self._fg(xc if self._f64 else xc.astype(self.dtype), self.p))
+        f = float(out[0])
+        g = out[1:] if self._f64 else out[1:].astype(np.float64)
         self.n_f += 1
         self.n_g += 1
-        if np.isfinite(out).all():
+        # f alone: a non-finite gradient sends the next point to NaN, whose f is caught; a
+        # numpy reduction over g would cost a quarter of a small problem's evaluation
+        if math.isfinite(f):
             self.last_finite = (xc, f)
         else:
             self.nonfinite = True

@@ -35,6 +35,7 @@ from optsolve.solve_api.capabilities import check_objective
 from optsolve.solve_api.host import call_user_callback, report_progress, wants_grad_norm
 from optsolve.solve_api.options import SolveOptions
 from optsolve.solve_api.problem import OptimizationProblem
+from optsolve.solve_api.pytree import tree_spec
 from optsolve.solve_api.returncode import RUNNING, ReturnCode
 from optsolve.solve_api.solution import History, Solution, Stats
 
@@ -197,7 +198,10 @@ def _init(solver, problem, options, batch_spec) -> _TrainCarry:
             "(optsolve.Adam, optax.chain of plain transforms, ...)."
         )
     treedef, leaves = batch_spec
-    batch = jax.tree_util.tree_unflatten(treedef, [jnp.zeros(s, d) for s, d in leaves])
+    python_zeros = {"bool": False, "int": 0, "float": 0.0, "complex": 0j}
+    batch = jax.tree_util.tree_unflatten(treedef, [
+        python_zeros[spec[1]] if spec[0] == "python" else jnp.zeros(spec[0], spec[1])
+        for spec in leaves])
     objective = Objective(lambda x, p: problem.f(x, p, batch), problem.p)
     f_dtype = jax.eval_shape(objective.value, problem.x0).dtype
     zero = jnp.zeros((), _INT)
@@ -208,7 +212,7 @@ def _init(solver, problem, options, batch_spec) -> _TrainCarry:
 def _init_carry(make_solver, problem, algorithm, options, batch, resume) -> _TrainCarry:
     """The first carry; ``batch`` (arrays or ``jax.ShapeDtypeStruct`` leaves) gives shapes."""
     check_objective(problem, batch)
-    spec = _signature(batch)
+    spec = tree_spec(batch)
     carry = _prepared(_init, make_solver, problem, algorithm, options, spec)()
     if resume is None:
         return carry
@@ -227,12 +231,6 @@ def _batches(spec: DataSpec) -> Iterable:
         )
     for _ in range(epochs):
         yield from source
-
-
-def _signature(batch) -> tuple:
-    """A batch's structure, shapes and dtypes (hashable)."""
-    leaves, treedef = jax.tree_util.tree_flatten(batch)
-    return treedef, tuple((np.shape(leaf), jnp.result_type(leaf)) for leaf in leaves)
 
 
 class _IterableChunks:
@@ -254,10 +252,10 @@ class _IterableChunks:
                     batch, self.held = self.held, None
                 else:
                     batch = next(self.batches)
-                if group and _signature(batch) != signature:
+                if group and tree_spec(batch) != signature:
                     self.held = batch
                     break
-                signature = signature or _signature(batch)
+                signature = signature or tree_spec(batch)
                 group.append(batch)
         except StopIteration:
             pass

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 from optsolve.solve_api.algorithm import Algorithm
 from optsolve.solve_api.options import SolveOptions
 from optsolve.solve_api.problem import OptimizationProblem
+from optsolve.solve_api.pytree import tree_spec
 from optsolve.solve_api.registry import algorithm_classes
 
 
@@ -84,19 +85,14 @@ def resume_point(problem: OptimizationProblem, solution: Any) -> Any:
     )
 
 
-def _tree_signature(tree: Any) -> tuple:
-    leaves, treedef = jax.tree_util.tree_flatten(tree)
-    return treedef, tuple((jnp.shape(l), jnp.result_type(l)) for l in leaves)
-
-
 def check_objective(problem: OptimizationProblem, *batch: Any) -> None:
     """Raise a clear error unless ``f(x0, p[, batch])`` is a real floating-point scalar.
 
     ``batch`` may hold arrays or ``jax.ShapeDtypeStruct`` leaves.
     """
     try:
-        key = (problem.f, _tree_signature(problem.x0), _tree_signature(problem.p),
-               _tree_signature(batch))
+        key = (problem.f, tree_spec(problem.x0), tree_spec(problem.p), tree_spec(batch),
+               jax.config.jax_enable_x64)
         hash(key)
     except TypeError:
         key = None

@@ -10,6 +10,8 @@ import dataclasses
 from typing import Any, TypeVar
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 T = TypeVar("T")
 
@@ -81,3 +83,27 @@ def thaw(value: Any) -> Any:
 def is_traced(*trees: Any) -> bool:
     """Whether any leaf of ``trees`` is a JAX tracer (inside jit, vmap, grad, ...)."""
     return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(trees))
+
+
+_PYTHON_SCALARS = (bool, int, float, complex)
+
+
+def leaf_spec(leaf: Any) -> tuple:
+    """A hashable description of one leaf: ``(shape, dtype, weak_type)`` for arrays (and
+    ``jax.ShapeDtypeStruct``), ``("python", type name)`` for Python scalars.
+
+    Read from attributes, without ``jnp.result_type`` (~2 us a leaf): it keys the caches
+    that every solve consults.
+    """
+    if isinstance(leaf, _PYTHON_SCALARS):
+        return ("python", type(leaf).__name__)
+    dtype = getattr(leaf, "dtype", None)
+    if dtype is None:
+        dtype = jnp.result_type(leaf)
+    return (tuple(np.shape(leaf)), np.dtype(dtype), bool(getattr(leaf, "weak_type", False)))
+
+
+def tree_spec(tree: Any) -> tuple:
+    """``(treedef, leaf specs)`` of ``tree``: equal for trees that trace alike."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    return treedef, tuple(leaf_spec(leaf) for leaf in leaves)
