@@ -48,7 +48,7 @@ def setup():
     return x, y, params, loss
 
 
-def main(repeats: int = 5) -> str:
+def main(repeats: int = 31) -> str:
     x, y, params, loss = setup()
     n_batches = x.shape[0] // BATCH
     batches = [(x[i * BATCH:(i + 1) * BATCH], y[i * BATCH:(i + 1) * BATCH]) for i in range(n_batches)]

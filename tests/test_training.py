@@ -85,6 +85,16 @@ def test_in_memory_epochs_equal_hand_written_scan():
         order += [(FEATURES[idx], LABELS[idx]) for idx in perm.reshape(4, 20)]
     assert int(sol.stats.iterations) == 12
     assert_close(sol.x, hand_loop(optax.adam(0.05), prob, order), rtol=1e-12)
+    # several epochs run in one compiled call: maxiters stops inside the second, and the
+    # history holds exactly the steps taken
+    part = solve(prob, optsolve.Adam(0.05), data=data, batch_size=20, key=key, epochs=3,
+                 maxiters=6, history=True)
+    assert part.retcode == ReturnCode.MAXITERS and int(part.stats.iterations) == 6
+    assert_close(part.x, hand_loop(optax.adam(0.05), prob, order[:6]), rtol=1e-12)
+    assert part.history.objective.shape == (6,)
+    x5 = hand_loop(optax.adam(0.05), prob, order[:5])
+    np.testing.assert_allclose(part.history.objective[5], batch_loss(x5, prob.p, order[5]),
+                               rtol=1e-12)
     # without a key, batches are taken in order
     plain = solve(prob, optsolve.SGD(0.1), data=data, batch_size=32)
     assert_close(plain.x, hand_loop(optax.sgd(0.1), prob, batches(3, 32)), rtol=1e-12)
@@ -141,6 +151,40 @@ def test_failure_deep_in_a_later_chunk_keeps_the_last_good_iterate():
     assert mem.retcode == ReturnCode.FAILURE and int(mem.stats.iterations) == 3
     in_order = [(features[i:i + 16], LABELS[i:i + 16]) for i in range(0, 48, 16)]
     assert_close(mem.x, hand_loop(optax.sgd(0.1), prob, in_order), rtol=1e-12)
+
+
+def test_divergence_inside_a_multi_epoch_chunk_keeps_the_last_finite_iterate():
+    # SGD with a far too large step on a least-squares loss grows geometrically until the
+    # loss overflows, some epochs into a chunk of several epochs run in one call
+    def loss(w, p, batch):
+        x, y = batch
+        return jnp.mean((x @ w - y) ** 2)
+
+    prob = OptimizationProblem(loss, jnp.zeros(4))
+    data = (jnp.asarray(FEATURES), jnp.asarray(LABELS))
+    key = jax.random.key(3)
+    sol = solve(prob, optsolve.SGD(3.0), data=data, batch_size=24, key=key, epochs=200)
+    assert sol.retcode == ReturnCode.FAILURE
+    # the same run by hand: the iterates until the first non-finite loss
+    tx, w, iterates = optax.sgd(3.0), jnp.zeros(4), []
+    state = tx.init(w)
+    for epoch in range(200):
+        perm = np.asarray(jax.random.permutation(jax.random.fold_in(key, epoch), 96))
+        for idx in perm.reshape(4, 24):
+            f, g = jax.value_and_grad(loss)(w, None, (FEATURES[idx], LABELS[idx]))
+            if not np.isfinite(f):
+                break
+            iterates.append(w)
+            updates, state = tx.update(g, state, w)
+            w = optax.apply_updates(w, updates)
+        else:
+            continue
+        break
+    j = len(iterates)  # the loss at x_j is the first non-finite one
+    assert j > 8 * 4, "the failure should come after the first chunk of epochs"
+    expected = w if np.all(np.isfinite(w)) else iterates[-1]
+    np.testing.assert_allclose(sol.x, expected, rtol=1e-12)
+    assert int(sol.stats.iterations) == (j if np.all(np.isfinite(w)) else j - 1)
 
 
 def test_non_finite_gradient_with_a_finite_loss_is_a_failure():

@@ -42,6 +42,7 @@ from optsolve.solve_api.solution import History, Solution, Stats
 PyTree = Any
 _INT = jnp.int32
 _CHUNK = 16  # batches of an iterable run per compiled call
+_EPOCH_SLOTS = 8  # epochs of in-memory data run per compiled call
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -100,65 +101,101 @@ def _train_step(solver, problem: OptimizationProblem, options: SolveOptions, x, 
     return x_new, state_new, f, stop, (f, gnorm)
 
 
-def _run_steps(solver, problem, options, carry: _TrainCarry, batches, n) -> _Chunk:
-    """Steps over the first ``n`` of the stacked ``batches`` while the run is RUNNING.
+class _Loop(NamedTuple):
+    """What the compiled step loop carries: only what each step needs (counters and the
+    status are derived once at the end; every extra operation in the body is paid per step)."""
+    i: jax.Array       # steps run by this call
+    x: PyTree
+    state: PyTree
+    f: jax.Array       # the last step's batch loss
+    stop: jax.Array    # the callback (or the progress bar) asked to stop
+    records: tuple     # with ``history``: batch losses and gradient norms, NaN-padded
 
-    The loop carries only the step count, the iterate, the state, the last loss and the
-    stop flag (counters and the status are derived once at the end): every extra operation
-    in the body is paid per step. It leaves after a non-finite loss (FAILURE) or a stop
-    request (TERMINATED).
-    """
-    length = jax.tree_util.tree_leaves(batches)[0].shape[0]
+
+def _start(carry: _TrainCarry, length: int, options) -> _Loop:
     f_dtype = carry.objective.dtype
     records = ((jnp.full((length,), jnp.nan, f_dtype),) * 2) if options.history else ()
-    n = jnp.where(carry.status == RUNNING, n, 0)
+    return _Loop(jnp.zeros((), _INT), carry.x, carry.state, jnp.zeros((), f_dtype),
+                 jnp.zeros((), bool), records)
 
+
+def _step_loop(solver, problem, options, carry: _TrainCarry, loop: _Loop, batches, offset,
+               end) -> _Loop:
+    """Steps ``loop.i`` .. ``end - 1`` on ``batches[i - offset]``, leaving early after a
+    non-finite loss or a stop request."""
     def cond(loop):
-        i, _, _, f, stop, _ = loop
-        return (i < n) & jnp.isfinite(f) & ~stop
+        return (loop.i < end) & jnp.isfinite(loop.f) & ~loop.stop
 
     def body(loop):
-        i, x, state, _, _, records = loop
-        batch = jax.tree_util.tree_map(lambda a: lax.dynamic_index_in_dim(a, i, keepdims=False),
-                                       batches)
-        x, state, f, stop, out = _train_step(solver, problem, options, x, state,
+        i = loop.i
+        batch = jax.tree_util.tree_map(
+            lambda a: lax.dynamic_index_in_dim(a, i - offset, keepdims=False), batches)
+        x, state, f, stop, out = _train_step(solver, problem, options, loop.x, loop.state,
                                              carry.steps + i + 1, carry.iteration + i + 1,
                                              batch)
+        records = loop.records
         if options.history:
             records = tuple(r.at[i].set(o) for r, o in zip(records, out))
-        return i + 1, x, state, f, stop, records
+        return _Loop(i + 1, x, state, f, stop, records)
 
-    start = (jnp.zeros((), _INT), carry.x, carry.state, jnp.zeros((), f_dtype),
-             jnp.zeros((), bool), records)
-    executed, x, state, f, stop, records = lax.while_loop(cond, body, start)
-    status = jnp.where(~jnp.isfinite(f), int(ReturnCode.FAILURE),
-                       jnp.where(stop, int(ReturnCode.TERMINATED), carry.status)).astype(_INT)
-    carry = _TrainCarry(x, state, carry.iteration + executed, carry.steps + executed, status,
-                        jnp.where(executed > 0, f, carry.objective))
+    return lax.while_loop(cond, body, loop)
+
+
+def _finish(carry: _TrainCarry, loop: _Loop) -> _Chunk:
+    """The carry after ``loop``, with its status (FAILURE at a non-finite loss, TERMINATED
+    at a stop request) and whether its last iterate is finite."""
+    executed = loop.i
+    status = jnp.where(~jnp.isfinite(loop.f), int(ReturnCode.FAILURE),
+                       jnp.where(loop.stop, int(ReturnCode.TERMINATED), carry.status)
+                       ).astype(_INT)
+    carry = _TrainCarry(loop.x, loop.state, carry.iteration + executed, carry.steps + executed,
+                        status, jnp.where(executed > 0, loop.f, carry.objective))
     x_finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(leaf))
-                                  for leaf in jax.tree_util.tree_leaves(x)]))
+                                  for leaf in jax.tree_util.tree_leaves(loop.x)]))
     # one array, so that the host reads the chunk's outcome in one transfer
     flags = jnp.stack([status, executed, x_finite.astype(_INT)])
-    return _Chunk(carry, flags, records)
+    return _Chunk(carry, flags, loop.records)
 
 
 def _chunk_of_batches(solver, problem, options, carry, batches: list, n) -> _Chunk:
-    """``_run_steps`` over a list of same-shaped batches, stacked on the device."""
+    """The first ``n`` of a list of same-shaped batches, stacked on the device."""
     stacked = jax.tree_util.tree_map(lambda *leaves: jnp.stack(leaves), *batches)
-    return _run_steps(solver, problem, options, carry, stacked, n)
+    n = jnp.where(carry.status == RUNNING, n, 0)
+    loop = _step_loop(solver, problem, options, carry, _start(carry, len(batches), options),
+                      stacked, 0, n)
+    return _finish(carry, loop)
 
 
-def _epoch(solver, problem, options, batch_size, carry, data, key, epoch, n) -> _Chunk:
-    """The first ``n`` batches of one epoch: a permutation of the data (in order without a
-    key), cut into batches of ``batch_size``."""
+def _epochs(solver, problem, options, batch_size, slots, carry, data, key, first_epoch,
+            n_epochs, n) -> _Chunk:
+    """The first ``n`` steps of epochs ``first_epoch`` .. ``first_epoch + n_epochs - 1``
+    (at most ``slots``, static): each a permutation of the data (in order without a key)
+    cut into batches of ``batch_size``. Several epochs per call spare a dispatch and a
+    status read per epoch."""
     size = jax.tree_util.tree_leaves(data)[0].shape[0]
     n_batches = size // batch_size
-    order = jnp.arange(size) if key is None else jax.random.permutation(
-        jax.random.fold_in(key, epoch), size)
-    order = order[: n_batches * batch_size]
-    batches = jax.tree_util.tree_map(
-        lambda a: a[order].reshape((n_batches, batch_size) + a.shape[1:]), data)
-    return _run_steps(solver, problem, options, carry, batches, n)
+    n = jnp.where(carry.status == RUNNING, n, 0)
+
+    def epoch_batches(epoch):
+        order = jnp.arange(size) if key is None else jax.random.permutation(
+            jax.random.fold_in(key, epoch), size)
+        order = order[: n_batches * batch_size]
+        return jax.tree_util.tree_map(
+            lambda a: a[order].reshape((n_batches, batch_size) + a.shape[1:]), data)
+
+    def cond(outer):
+        e, loop = outer
+        return (e < n_epochs) & (loop.i < n) & jnp.isfinite(loop.f) & ~loop.stop
+
+    def body(outer):
+        e, loop = outer
+        offset = e * n_batches
+        loop = _step_loop(solver, problem, options, carry, loop, epoch_batches(first_epoch + e),
+                          offset, jnp.minimum(n, offset + n_batches))
+        return e + 1, loop
+
+    start = (jnp.zeros((), _INT), _start(carry, slots * n_batches, options))
+    return _finish(carry, lax.while_loop(cond, body, start)[1])
 
 
 _PREPARED: dict = {}
@@ -268,8 +305,11 @@ class _IterableChunks:
 
 
 class _Epochs:
-    def __init__(self, spec: DataSpec, run_epoch: Callable):
-        self.spec, self.run_epoch = spec, run_epoch
+    """Chunks of up to ``_EPOCH_SLOTS`` epochs of in-memory data (one epoch with ``maxtime``,
+    which the host checks between chunks)."""
+
+    def __init__(self, spec: DataSpec, run_epochs: Callable, slots: int):
+        self.spec, self.run_epochs, self.slots = spec, run_epochs, slots
         self.epoch, self.epochs = 0, spec.epochs if spec.epochs is not None else 1
         size = jax.tree_util.tree_leaves(spec.source)[0].shape[0]
         self.n_batches = size // spec.batch_size
@@ -278,10 +318,13 @@ class _Epochs:
     def next(self, most: int | None):
         if self.epoch >= self.epochs or self.n_batches == 0:
             return None
-        epoch, self.epoch = self.epoch, self.epoch + 1
-        count = self.n_batches if most is None else min(self.n_batches, most)
-        return count, lambda carry, n: self.run_epoch(carry, self.spec.source, self.spec.key,
-                                                      epoch, n)
+        first = self.epoch
+        n_epochs = min(self.slots, self.epochs - first)
+        self.epoch += n_epochs
+        count = n_epochs * self.n_batches
+        count = count if most is None else min(count, most)
+        return count, lambda carry, n: self.run_epochs(carry, self.spec.source, self.spec.key,
+                                                       first, n_epochs, n)
 
 
 class _Settled(NamedTuple):
@@ -337,8 +380,9 @@ def run_training(make_solver, problem: OptimizationProblem, algorithm: Any,
             lambda a: jax.ShapeDtypeStruct((spec.batch_size,) + a.shape[1:], a.dtype),
             spec.source)
         carry = _init_carry(make_solver, problem, algorithm, loop_options, first, options.resume)
-        source = _Epochs(spec, _prepared(_epoch, make_solver, problem, algorithm, loop_options,
-                                         spec.batch_size))
+        slots = 1 if options.maxtime is not None else _EPOCH_SLOTS
+        source = _Epochs(spec, _prepared(_epochs, make_solver, problem, algorithm, loop_options,
+                                         spec.batch_size, slots), slots)
     else:
         batches = iter(_batches(spec))
         try:
