@@ -55,20 +55,21 @@ def _promote(tree: PyTree, dtype: np.dtype) -> PyTree:
 
 
 def device_p(p: PyTree, weak: tuple[bool, ...] | None = None) -> PyTree:
-    """``p`` with every leaf on the device, Python scalars as weakly typed arrays.
+    """``p`` with array leaves on the device; Python scalars (weakly typed) kept as they are.
 
-    Converting scalars once per solve spares every compiled call the conversion; a weakly
-    typed array traces as the scalar does. ``weak`` marks leaves that were weakly typed
-    before a host round trip turned them into numpy arrays; they become weakly typed again,
-    so that the user's ``f`` sees the same dtypes under JAX's strict promotion as when traced.
+    ``weak`` marks leaves that were weakly typed before a host round trip turned them
+    into numpy arrays; scalars among them become Python scalars again, so that the
+    user's ``f`` sees the same dtypes under JAX's strict promotion as when traced.
+    (Scalars stay on the host: this runs inside a JVP rule while JAX traces, where a
+    conversion with jnp would be staged out instead of computed.)
     """
     leaves, treedef = jax.tree_util.tree_flatten(p)
     out = []
     for i, leaf in enumerate(leaves):
         if isinstance(leaf, (bool, int, float, complex)):
-            out.append(jnp.asarray(leaf))
+            out.append(leaf)
         elif weak is not None and weak[i] and np.ndim(leaf) == 0:
-            out.append(jnp.asarray(np.asarray(leaf).item()))
+            out.append(np.asarray(leaf).item())
         elif isinstance(leaf, jax.Array):
             out.append(leaf)
         else:

@@ -96,7 +96,8 @@ def leaf_spec(leaf: Any) -> tuple:
     that every solve consults.
     """
     if isinstance(leaf, _PYTHON_SCALARS):
-        return ("python", type(leaf).__name__)
+        # the builtin it derives from (JAX's typed literals subclass float and int)
+        return ("python", next(t.__name__ for t in _PYTHON_SCALARS if isinstance(leaf, t)))
     dtype = getattr(leaf, "dtype", None)
     if dtype is None:
         dtype = jnp.result_type(leaf)
