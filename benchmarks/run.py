@@ -78,6 +78,8 @@ def main(names: list[str]) -> None:
             section = module.main()
             if isinstance(section, tuple):
                 section = section[0]
+            if getattr(module, "NOTES", None):
+                section = section + "\n\n" + module.NOTES
             print(section, flush=True)
             sections.append(section)
     today = datetime.date.today().isoformat()
