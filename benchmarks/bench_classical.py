@@ -229,7 +229,7 @@ def measure_problem(name, f, x0, p, budget_s=6.0):
         rows[rname]["first_solve"] = time.perf_counter() - start
     # Steady state: interleaved turns so machine drift hits every runner alike.
     est = sum(_time(fn, x0) for fn in runners.values())
-    repeats = int(min(25, max(3, budget_s / max(est, 1e-9))))
+    repeats = int(min(25, max(9, budget_s / max(est, 1e-9))))
     for _ in range(repeats):
         for rname, fn in runners.items():
             rows[rname]["times"].append(_time(fn, x0))

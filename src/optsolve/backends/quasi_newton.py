@@ -32,9 +32,10 @@ def _curvature_ok(s: Array, y: Array, decreased: Array) -> tuple[Array, Array, A
 # ----------------------------------------------------------------------------- L-BFGS
 
 # Below this many variables the memory products run as multiply-and-sum, which XLA fuses
-# into the surrounding loop; from it on as matrix-vector products, 4-14x faster at n >= 1000
-# (measured: 20 vs 4.8 us at n = 1000, 635 vs 45 us at n = 10000 per product pair).
-_DOT_FROM = 16
+# into the surrounding loop (fewer kernels: chained Rosenbrock n=100 4.0 vs 5.0 ms); from it
+# on as matrix-vector products, 4-14x faster at n >= 1000 (20 vs 4.8 us at n = 1000, 635 vs
+# 45 us at n = 10000 per product pair).
+_DOT_FROM = 256
 
 
 class LBFGSModel(NamedTuple):
