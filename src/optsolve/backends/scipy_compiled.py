@@ -47,7 +47,8 @@ def _promote(tree: PyTree, dtype: np.dtype) -> PyTree:
     def cast(leaf):
         if isinstance(leaf, (bool, int, float, complex)) or getattr(leaf, "weak_type", False):
             return leaf
-        leaf_dtype = getattr(leaf, "dtype", None) or jnp.result_type(leaf)
+        leaf_dtype = getattr(leaf, "dtype", None)
+        leaf_dtype = jnp.result_type(leaf) if leaf_dtype is None else leaf_dtype
         if leaf_dtype != dtype and jnp.issubdtype(leaf_dtype, jnp.floating):
             return jnp.asarray(leaf, dtype)
         return leaf

@@ -79,9 +79,8 @@ def _train_step(solver, problem: OptimizationProblem, options: SolveOptions, x, 
     """One training step: the loss and gradient at ``x`` on ``batch``, then the update.
 
     ``steps`` counts this run's steps and ``iteration`` all updates (a resumed run's too),
-    this one included. Returns the new x and state, the
-    batch loss, whether the callback (or the progress bar) asks to stop, and the loss and
-    gradient norm for the history.
+    this one included. Returns the new x and state, the batch loss, whether the callback
+    (or the progress bar) asks to stop, and the loss and gradient norm for the history.
     """
     objective = Objective(lambda x, p: problem.f(x, p, batch), problem.p)
     f, g = objective.value_and_grad(x)
