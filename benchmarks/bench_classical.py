@@ -220,8 +220,7 @@ def measure_problem(name, f, x0, p, budget_s=6.0):
         value, grad = vg(jnp.asarray(x), p)
         rows[rname] = {"first": first, "nit": int(nit), "f": float(value),
                        "gnorm": float(jnp.max(jnp.abs(grad))), "times": []}
-    # Compile + first solve of a plain solve() call (no caller jit): optsolve's own compile
-    # settings apply (classical methods compile without LLVM's expensive passes).
+    # Compile + first solve of a plain solve() call (no caller jit).
     for rname, alg in (("optsolve.LBFGS", optsolve.LBFGS()), ("optsolve.BFGS", optsolve.BFGS())):
         prob = optsolve.OptimizationProblem(f, x0, p)
         start = time.perf_counter()
@@ -301,7 +300,23 @@ def main() -> str:
     return "\n\n".join(sections)
 
 
+def only(names: list[str]) -> None:
+    """Steady medians of the named problems alone (a quicker, repeatable check of one row):
+    ``python benchmarks/bench_classical.py "logistic synthetic 20000x500"``."""
+    for name in names:
+        f, x0, p = problems()[name]
+        rows, repeats = measure_problem(name, f, x0, p, budget_s=12.0)
+        print(f"{name} ({repeats} repeats)")
+        for rname, r in sorted(rows.items(), key=lambda kv: statistics.median(kv[1]["times"])):
+            print(f"  {rname:20s} {_fmt_t(r['median']):>10s}  iters {r['nit']:4d}  "
+                  f"gev {r['gev']:4d}  |g|_inf {r['gnorm']:.1e}")
+
+
 if __name__ == "__main__":
+    if len(sys.argv) > 1:
+        with threadpool_limits(limits=1):
+            only(sys.argv[1:])
+        sys.exit()
     with threadpool_limits(limits=1):
         text = main()
     out = Path(__file__).parent.parent / "docs" / "benchmarks-classical.md"
