@@ -119,8 +119,9 @@ def solve(problem: OptimizationProblem, algorithm: Any, *, maxiters: int | None 
         ``progress`` extra; updated from inside the compiled loop about 100 times a run).
       data: train on data: the objective is then ``f(x, p, batch)``. Either an iterable of
         batches (any pytrees of numpy or JAX arrays: a list, a generator, a data loader;
-        one compiled step per batch), or, with ``batch_size``, a pytree of in-memory
-        arrays sharing a leading dimension (each epoch is one compiled scan). The run stops
+        up to 16 batches of one shape run per compiled call), or, with ``batch_size``, a
+        pytree of in-memory arrays sharing a leading dimension (up to 8 epochs per compiled
+        call, each a permutation of the data cut into batches). The run stops
         at ``maxiters`` steps, after ``epochs`` passes (default 1), or when the iterable is
         exhausted (MAXITERS: the budget is used up). ``sol.objective`` is then the loss of
         the last step's batch. A KeyboardInterrupt returns the last completed step with
