@@ -355,16 +355,6 @@ def _settle(carry_in: _TrainCarry, run: Callable, chunk: _Chunk, records: list) 
                                         status=jnp.asarray(failure, _INT)), failure)
 
 
-_RETCODES: dict = {}
-
-
-def _retcode(status: int) -> jax.Array:
-    # one device array per code: jnp.asarray costs a dispatch (~0.1 ms) on every solve
-    if status not in _RETCODES:
-        _RETCODES[status] = jnp.asarray(status, _INT)
-    return _RETCODES[status]
-
-
 def run_training(make_solver, problem: OptimizationProblem, algorithm: Any,
                  options: SolveOptions) -> Solution:
     """Train ``algorithm`` on ``options.data``; see the module docstring."""
@@ -440,7 +430,7 @@ def run_training(make_solver, problem: OptimizationProblem, algorithm: Any,
         grad_norm = jnp.concatenate([r[1] for r in records]) if records else None
         history = History(objective, grad_norm)
     return Solution(
-        x=final.x, objective=final.objective, retcode=_retcode(status),
+        x=final.x, objective=final.objective, retcode=ReturnCode(status),
         stats=Stats(iterations=final.iteration, f_evals=final.steps, grad_evals=final.steps,
                     time=None),
         original=final.state, state=final.state, history=history,
