@@ -2,10 +2,11 @@
 
 ``x0`` (any pytree) is flattened with ``jax.flatten_util.ravel_pytree``; scipy works on the
 flat float64 vector and every evaluation unravels it to x0's structure and dtypes. Each
-derivative scipy asks for is one ahead-of-time compiled executable
-(``jax.jit(fn).lower(...).compile()``), built once per (f, shapes, dtypes) and cached, and
-called with numpy inputs and ``p`` as an argument: no tracing, no dispatch through
-``jax.jit``'s cache and no recompilation when ``p`` changes. Objective and gradient come
+derivative scipy asks for is one compiled executable (a
+:class:`~optsolve.backends.host_executable.HostExecutable`: run inline in the calling thread on a
+CPU), built once per (f, shapes, dtypes) and cached, and called with numpy inputs and ``p``
+bound as an argument: no tracing, no dispatch through ``jax.jit``'s cache and no
+recompilation when ``p`` changes. Objective and gradient come
 from one evaluation (``value_and_grad``), packed in one vector so one device-to-host copy
 serves both.
 """
@@ -23,6 +24,7 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 from scipy.sparse.linalg import LinearOperator
 
+from optsolve.backends.host_executable import HostCall, HostExecutable
 from optsolve.solve_api.problem import OptimizationProblem
 from optsolve.solve_api.pytree import tree_spec
 
@@ -128,7 +130,7 @@ def _build(kind: str, f, constraints, unravel, dtype) -> Callable:
     raise ValueError(kind)
 
 
-def compiled(kind: str, problem: OptimizationProblem, p: PyTree, n_cons: int) -> Callable:
+def compiled(kind: str, problem: OptimizationProblem, p: PyTree, n_cons: int) -> HostExecutable:
     """The compiled executable of ``kind`` for this problem's shapes (cached)."""
     g_fns = tuple(c.g for c in problem.constraints or ())
     dtype = eval_dtype(problem.x0)
@@ -147,7 +149,7 @@ def compiled(kind: str, problem: OptimizationProblem, p: PyTree, n_cons: int) ->
     vec = jax.ShapeDtypeStruct((n,), dtype)
     fn = _build(kind, problem.f, problem.constraints or (), unravel, dtype)
     args = {"hessp": (vec, vec), "chvp": (vec, jax.ShapeDtypeStruct((n_cons,), dtype), vec)}
-    exe = jax.jit(fn).lower(*args.get(kind, (vec,)), p).compile()
+    exe = HostExecutable(fn, args.get(kind, (vec,)), p)
     if key is not None:
         _CACHE[key] = exe
         if len(_CACHE) > _CACHE_SIZE:
@@ -179,7 +181,7 @@ class HostProblem:
         self.x0 = np.concatenate([np.ravel(np.asarray(leaf, dtype=np.float64)) for leaf in leaves])
         self.n = self.x0.shape[0]
         self.p = device_p(_promote(problem.p, self.dtype), p_weak)
-        self._exe: dict[str, Callable] = {}
+        self._exe: dict[str, HostCall] = {}
         self.constraints = problem.constraints or ()
         self.n_cons = 0
         if self.constraints:
@@ -193,7 +195,7 @@ class HostProblem:
             self.c_upper = np.concatenate([np.broadcast_to(np.asarray(c.upper, np.float64), (m,))
                                            for c, m in zip(self.constraints, sizes)])
         self._f64 = self.dtype == np.float64
-        self._fg: Callable | None = None
+        self._fg: HostCall | None = None
         self.n_f = 0
         self.n_g = 0
         self.nonfinite = False
@@ -207,7 +209,7 @@ class HostProblem:
         """Compile the executables of ``kinds`` now (before scipy starts its clock)."""
         for kind in kinds:
             if kind not in self._exe:
-                self._exe[kind] = compiled(kind, self.problem, self.p, self.n_cons)
+                self._exe[kind] = compiled(kind, self.problem, self.p, self.n_cons).bind(self.p)
         self._fg = self._exe.get("fg")
 
     def _x(self, x: np.ndarray) -> np.ndarray:
@@ -223,7 +225,7 @@ class HostProblem:
     def fun(self, x: np.ndarray) -> float:
         """f(x), for the methods that use no derivatives."""
         self.prepare(("f",))
-        f = float(self._exe["f"](self._x(x), self.p))
+        f = float(self._exe["f"](self._x(x))[0])
         self.n_f += 1
         self._seen(x, f, np.isfinite(f))
         return f
@@ -237,7 +239,7 @@ class HostProblem:
         if self._fg is None:
             self.prepare(("fg",))
         xc = np.array(x, dtype=np.float64)
-        out = np.asarray(self._fg(xc if self._f64 else xc.astype(self.dtype), self.p))
+        out = self._fg(xc if self._f64 else xc.astype(self.dtype))[0]
         f = float(out[0])
         g = out[1:] if self._f64 else out[1:].astype(np.float64)
         self.n_f += 1
@@ -276,23 +278,23 @@ class HostProblem:
     def hessp(self, x: np.ndarray, v: np.ndarray) -> np.ndarray:
         """Hessian-vector product (forward over reverse)."""
         self.prepare(("hessp",))
-        return np.asarray(self._exe["hessp"](self._x(x), self._x(v), self.p), dtype=np.float64)
+        return np.asarray(self._exe["hessp"](self._x(x), self._x(v))[0], dtype=np.float64)
 
     def hess(self, x: np.ndarray) -> np.ndarray:
         """The dense Hessian."""
         self.prepare(("hess",))
-        return np.asarray(self._exe["hess"](self._x(x), self.p), dtype=np.float64)
+        return np.asarray(self._exe["hess"](self._x(x))[0], dtype=np.float64)
 
     # ---------------------------------------------------------------- constraints
     def cons(self, x: np.ndarray) -> np.ndarray:
         """All constraint values, concatenated (derivative-free methods)."""
         self.prepare(("c",))
-        return np.asarray(self._exe["c"](self._x(x), self.p), dtype=np.float64)
+        return np.asarray(self._exe["c"](self._x(x))[0], dtype=np.float64)
 
     def _cons_memo(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         if self._memo_cx is None or not np.array_equal(self._memo_cx, x):
             self.prepare(("cj",))
-            c, jac = self._exe["cj"](self._x(x), self.p)
+            c, jac = self._exe["cj"](self._x(x))
             self._memo_cx = np.array(x, dtype=np.float64)
             self._memo_cj = (np.asarray(c, np.float64), np.asarray(jac, np.float64))
         return self._memo_cj
@@ -312,7 +314,7 @@ class HostProblem:
         exe = self._exe["chvp"]
 
         def matvec(u):
-            return np.asarray(exe(xx, vv, self._x(np.ravel(u)), self.p), dtype=np.float64)
+            return np.asarray(exe(xx, vv, self._x(np.ravel(u)))[0], dtype=np.float64)
 
         return LinearOperator((self.n, self.n), matvec=matvec, dtype=np.float64)
 

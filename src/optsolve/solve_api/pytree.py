@@ -101,7 +101,9 @@ def leaf_spec(leaf: Any) -> tuple:
     dtype = getattr(leaf, "dtype", None)
     if dtype is None:
         dtype = jnp.result_type(leaf)
-    return (tuple(np.shape(leaf)), np.dtype(dtype), bool(getattr(leaf, "weak_type", False)))
+    elif not isinstance(dtype, np.dtype):  # numpy's scalar types; JAX's extended dtypes (keys)
+        dtype = dtype if jax.dtypes.issubdtype(dtype, jax.dtypes.extended) else np.dtype(dtype)
+    return (tuple(np.shape(leaf)), dtype, bool(getattr(leaf, "weak_type", False)))
 
 
 def tree_spec(tree: Any) -> tuple:
