@@ -95,7 +95,7 @@ def cost_model(inner, val, w, p0, sol, repeats: int) -> str:
     ])
 
 
-def main(repeats: int = 5) -> str:
+def main(repeats: int = 11) -> str:
     train, val = make_data()
     inner = lambda w, p: log_loss(w, train) + jnp.exp(p) * jnp.sum(w**2)
     w0 = jnp.zeros(N_FEATURES)

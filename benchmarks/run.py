@@ -1,8 +1,10 @@
 """Run every benchmark side by side with its peers and write docs/benchmarks.md.
 
 Usage: ``python benchmarks/run.py [name ...]`` (names: optax, classical, scipy, hypergradient, training); ``make bench``
-runs them all. BLAS is pinned to one thread (threadpoolctl): OpenBLAS's default threads stall
-small BLAS calls on 2-core VMs (see shared/PEERS.md); JAX's own threads are left alone.
+runs them all. Each benchmark runs in a fresh Python process, so none inherits another's
+compiled executables, threads or memory. BLAS is pinned to one thread (threadpoolctl):
+OpenBLAS's default threads stall small BLAS calls on 2-core VMs (see shared/PEERS.md); JAX's
+own threads are left alone.
 """
 
 from __future__ import annotations
@@ -10,7 +12,9 @@ from __future__ import annotations
 import datetime
 import importlib
 import re
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from threadpoolctl import threadpool_limits
@@ -69,19 +73,28 @@ def plot_ratios(ratios: list[tuple[str, float]], path: Path) -> None:
     plt.close(fig)
 
 
+def run_one(name: str, out: Path) -> None:
+    """Run one benchmark in this process and write its section (table and notes) to ``out``."""
+    module = importlib.import_module(BENCHMARKS[name])
+    with threadpool_limits(limits=1):
+        section = module.main()
+    if isinstance(section, tuple):
+        section = section[0]
+    if getattr(module, "NOTES", None):
+        section = section + "\n\n" + module.NOTES
+    out.write_text(section)
+
+
 def main(names: list[str]) -> None:
     sections = []
-    with threadpool_limits(limits=1):
-        for name in names:
-            module = importlib.import_module(BENCHMARKS[name])
-            print(f"running {name} ...", flush=True)
-            section = module.main()
-            if isinstance(section, tuple):
-                section = section[0]
-            if getattr(module, "NOTES", None):
-                section = section + "\n\n" + module.NOTES
-            print(section, flush=True)
-            sections.append(section)
+    for name in names:
+        print(f"running {name} ...", flush=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "section.md"
+            subprocess.run([sys.executable, __file__, "--one", name, str(out)], check=True)
+            section = out.read_text()
+        print(section, flush=True)
+        sections.append(section)
     today = datetime.date.today().isoformat()
     text = "\n\n".join([
         "# Benchmarks",
@@ -100,4 +113,7 @@ def main(names: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--one"]:
+        run_one(sys.argv[2], Path(sys.argv[3]))
+        sys.exit(0)
     main(sys.argv[1:] or [n for n in BENCHMARKS if (HERE / f"{BENCHMARKS[n]}.py").exists()])
