@@ -1,7 +1,7 @@
 """Compiled functions run inline for host code (the scipy backend's evaluations).
 
-The synchronous path (a private CPU client) and JAX's own ahead-of-time executable must give
-the same numbers; functions that need JAX's runtime (host callbacks) take the latter.
+The synchronous path (a private CPU client) and JAX's default device must give the same
+numbers, host callbacks and PRNG keys included.
 """
 
 from __future__ import annotations
@@ -45,16 +45,18 @@ def test_synchronous_on_cpu_and_equal_to_jit():
     np.testing.assert_allclose(exe.bind(other)(x, v)[0], float(ref_value) - 2.5, rtol=1e-15)
 
 
-def test_host_callbacks_use_jax_runtime():
+def test_host_callbacks_run():
     seen = []
 
     def noisy(x, p):
         jax.debug.callback(lambda s: seen.append(float(s)), jnp.sum(x))
-        return jnp.sum(x * p)
+        doubled = jax.pure_callback(lambda a: np.asarray(a) * 2,
+                                    jax.ShapeDtypeStruct((2,), x.dtype), x)
+        return jnp.sum(doubled * p)
 
     exe = HostExecutable(noisy, (jax.ShapeDtypeStruct((2,), jnp.float64),), 2.0)
-    assert not exe.synchronous
-    np.testing.assert_allclose(exe.bind(2.0)(np.array([1.0, 2.0]))[0], 6.0)
+    assert exe.synchronous == CPU
+    np.testing.assert_allclose(exe.bind(2.0)(np.array([1.0, 2.0]))[0], 12.0)
     jax.effects_barrier()
     assert seen == [3.0]
 
@@ -105,8 +107,7 @@ def test_scipy_solves_agree_on_both_paths(problem, method, monkeypatch):
     assert fast.retcode == plain.retcode
 
 
-def test_a_key_in_p_takes_jax_runtime_and_solves():
-    # extended dtypes (PRNG keys) have no numpy buffer: JAX's executable takes them
+def test_a_key_in_p():
     key = jax.random.key(0)
     target = jax.random.normal(key, (3,))
     problem = OptimizationProblem(lambda x, p: jnp.sum((x - jax.random.normal(p, (3,))) ** 2),
@@ -115,3 +116,26 @@ def test_a_key_in_p_takes_jax_runtime_and_solves():
     np.testing.assert_allclose(np.asarray(sol.x), np.asarray(target), atol=1e-8)
     under_jit = jax.jit(lambda k: solve(problem.replace(p=k), ScipyMinimize("BFGS")).x)(key)
     np.testing.assert_allclose(np.asarray(under_jit), np.asarray(target), atol=1e-8)
+
+
+@pytest.mark.skipif(not CPU, reason="the synchronous path exists on a CPU backend only")
+def test_data_in_p_is_copied_once_and_released():
+    data = jnp.arange(6.0)
+    problem = OptimizationProblem(lambda x, p: jnp.sum((x - p) ** 2), jnp.zeros(6), data)
+    first = solve(problem, ScipyMinimize("L-BFGS-B"))
+    assert id(data) in host_executable._moved
+    copy = host_executable._moved[id(data)][1]
+    second = solve(problem, ScipyMinimize("L-BFGS-B"))
+    assert host_executable._moved[id(data)][1] is copy  # the same private copy, reused
+    np.testing.assert_allclose(np.asarray(first.x), np.arange(6.0), atol=1e-6)
+    np.testing.assert_allclose(np.asarray(second.x), np.arange(6.0), atol=1e-6)
+    # a new array with the same id must never see the old copy
+    key = id(data)
+    del data, problem, first, second
+    import gc
+    gc.collect()
+    assert key not in host_executable._moved or host_executable._moved[key][0]() is not None
+    other = jnp.arange(6.0) * 2
+    sol = solve(OptimizationProblem(lambda x, p: jnp.sum((x - p) ** 2), jnp.zeros(6), other),
+                ScipyMinimize("L-BFGS-B"))
+    np.testing.assert_allclose(np.asarray(sol.x), 2 * np.arange(6.0), atol=1e-6)

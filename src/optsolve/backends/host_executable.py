@@ -3,19 +3,20 @@
 JAX's CPU client hands every computation to a worker thread and returns at once. scipy
 calls the objective from Python, waits for each result and does its own work in between,
 so the worker has gone to sleep by the next call and waking it costs more than evaluating
-a small objective (measured: ~80 us added to each call of a 100-variable Rosenbrock
-value-and-gradient interleaved with 30 us of numpy work, against ~15 us for the call
-itself). Nothing is gained from asynchrony here, so on a CPU backend the function is
-compiled for a private CPU client created with synchronous dispatch and executed in the
-calling thread. jaxlib offers this only through internal modules; if any of them is
-missing or behaves differently, or the function needs host callbacks or effects, the
-function is compiled with ``jax.jit(...).lower(...).compile()`` instead, which gives
-the same numbers, only slower.
+a small objective (measured: a 100-variable Rosenbrock value-and-gradient interleaved with
+~33 us of numpy work took ~100 us a call, ~50 us when run inline). Nothing is gained from
+asynchrony here, so on a CPU backend the function is compiled with ``jax.jit`` for the
+device of a private CPU client created with synchronous dispatch (JAX's own setting,
+``jax_cpu_enable_async_dispatch``, is process-wide) and runs in the calling thread. Creating
+that client needs jaxlib's ``xla_client.make_cpu_client``; if it is missing or fails, the
+function runs on JAX's default device instead, with the same numbers, only slower.
 """
 
 from __future__ import annotations
 
 import threading
+import weakref
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -26,23 +27,39 @@ PyTree = Any
 HostCall = Callable[..., list]
 
 _lock = threading.Lock()
-_client: list = []  # the private synchronous CPU client, created on first use
+_device: list = []  # the private synchronous CPU client's device, created on first use
 
-#: Set to False to always use JAX's ahead-of-time executables (tests compare both paths).
+#: Set to False to always use JAX's default device (the tests compare both paths).
 ENABLED = True
 
+# id(array) -> (weak reference to a JAX array of p, its copy on the private device). JAX
+# arrays are immutable, so identity is enough; copying data from the default device costs
+# ~50 us and up a leaf, more than a small solve's evaluations, and p is usually the same
+# data from solve to solve.
+_moved: OrderedDict = OrderedDict()
+_MOVED_SIZE = 32
 
-def _sync_client():
+
+def _sync_device():
     from jax._src.lib import xla_client
 
     with _lock:
-        if not _client:
-            _client.append(xla_client.make_cpu_client(asynchronous=False))
-        return _client[0]
+        if not _device:
+            _device.append(xla_client.make_cpu_client(asynchronous=False).devices()[0])
+        return _device[0]
+
+
+def _forget(key: int) -> None:
+    """Drop the private copy of an array that no longer exists (a weakref callback: no lock,
+    single dict operations are atomic)."""
+    hit = _moved.get(key)
+    if hit is not None and hit[0]() is None:
+        _moved.pop(key, None)
 
 
 class HostExecutable:
-    """``fn`` compiled for fixed argument shapes; ``bind(p)`` gives a callable of numpy arrays.
+    """``fn`` compiled ahead of time for fixed argument shapes; ``bind(p)`` gives a callable
+    of numpy arrays.
 
     Args:
       fn: a function of some arrays and, last, the pytree ``p``.
@@ -50,76 +67,51 @@ class HostExecutable:
       p: an example ``p`` (its structure, shapes and dtypes, weak types included).
 
     Attributes:
-      synchronous: True when the private synchronous client runs it.
+      synchronous: True when it runs inline on the private synchronous CPU client.
     """
 
     def __init__(self, fn: Callable, specs: tuple, p: PyTree):
-        lowered = jax.jit(fn, keep_unused=True).lower(*specs, p)
-        self._n_arrays = len(specs)
-        self._exe = None
         self.synchronous = False
+        self._sharding = None
         if ENABLED and jax.default_backend() == "cpu":
             try:
-                self._compile_sync(lowered)
+                self._sharding = jax.sharding.SingleDeviceSharding(_sync_device())
+                self._compiled = jax.jit(
+                    fn, in_shardings=self._sharding, out_shardings=self._sharding,
+                ).lower(*specs, p).compile()
                 self.synchronous = True
-            except Exception:  # noqa: BLE001 - any change in jaxlib's internals: fall back
-                self._exe = None
+            except Exception:  # noqa: BLE001 - no private client in this jaxlib: default device
+                self._sharding = None
         if not self.synchronous:
-            self._compiled = lowered.compile()
-
-    def _compile_sync(self, lowered) -> None:
-        from jax._src import compiler
-        from jax._src.interpreters import mlir
-        from jax._src.lib import _jax, xla_client
-
-        args = lowered._lowering.compile_args
-        if (args["host_callbacks"] or args["ordered_effects"] or args["unordered_effects"]
-                or args["tuple_args"]):
-            raise ValueError("needs JAX's own runtime")
-        self._avals = [jax.core.ShapedArray(a.shape, a.dtype) for a in args["global_in_avals"]]
-        client = _sync_client()
-        self._device = client.devices()[0]
-        self._sharding = jax.sharding.SingleDeviceSharding(self._device)
-        self._put_one = _jax.batched_device_put
-        options = compiler.get_compile_options(num_replicas=1, num_partitions=1, backend=client)
-        self._exe = client.compile_and_load(
-            mlir.module_to_bytecode(lowered.compiler_ir("stablehlo")),
-            executable_devices=xla_client.DeviceList((self._device,)),
-            compile_options=options,
-        )
-        # One round trip now, so that a jaxlib whose calls differ fails here, not mid-solve.
-        zeros = [np.zeros(a.shape, a.dtype) for a in self._avals]
-        self._exe.execute([self._put(z, a) for z, a in zip(zeros, self._avals)])
-
-    def _put(self, value, aval):
-        return self._put_one(aval, self._sharding, [np.asarray(value, aval.dtype)],
-                             [self._device], True)
+            self._compiled = jax.jit(fn).lower(*specs, p).compile()
+        self._single = self._compiled.out_tree.num_leaves == 1
 
     def bind(self, p: PyTree) -> HostCall:
-        """A callable of the array arguments (numpy) with ``p`` fixed; returns numpy outputs."""
-        if not self.synchronous:
-            compiled = self._compiled
+        """A callable of the array arguments (numpy) with ``p`` fixed, returning the outputs
+        as a list of numpy arrays."""
+        compiled = self._compiled
+        if self._sharding is not None:
+            p = jax.tree_util.tree_map(self._to_device, p)
+        if self._single:
+            return lambda *arrays: [np.asarray(compiled(*arrays, p))]
+        return lambda *arrays: [np.asarray(o) for o in compiled(*arrays, p)]
 
-            def call_jax(*arrays):
-                out = compiled(*arrays, p)
-                return [np.asarray(o) for o in jax.tree_util.tree_leaves(out)]
-
-            return call_jax
-
-        exe, put, n = self._exe, self._put, self._n_arrays
-        array_avals = self._avals[:n]
-        p_buffers = [put(leaf, aval) for leaf, aval in
-                     zip(jax.tree_util.tree_leaves(p), self._avals[n:])]
-        if n == 1:
-            aval0 = array_avals[0]
-
-            def call_one(x):
-                return [np.asarray(o) for o in exe.execute([put(x, aval0), *p_buffers])]
-
-            return call_one
-
-        def call(*arrays):
-            buffers = [put(a, aval) for a, aval in zip(arrays, array_avals)]
-            return [np.asarray(o) for o in exe.execute(buffers + p_buffers)]
-
-        return call
+    def _to_device(self, leaf: Any) -> Any:
+        """A leaf of p on the private device, once per solve (JAX arrays once per array);
+        Python scalars stay as they are (converted on each call, as cheaply as jit does)."""
+        if isinstance(leaf, (bool, int, float, complex)):
+            return leaf
+        if not isinstance(leaf, jax.Array):
+            return jax.device_put(leaf, self._sharding)
+        key = id(leaf)
+        with _lock:
+            hit = _moved.get(key)
+            if hit is not None and hit[0]() is leaf:
+                _moved.move_to_end(key)
+                return hit[1]
+        moved = jax.device_put(leaf, self._sharding)
+        with _lock:
+            _moved[key] = (weakref.ref(leaf, lambda _, key=key: _forget(key)), moved)
+            while len(_moved) > _MOVED_SIZE:
+                _moved.popitem(last=False)
+        return moved
