@@ -105,7 +105,10 @@ class IterativeSolver(Protocol):
 
     Optional attributes, read with ``getattr`` (absent means None):
       ``default_gtol``: the gtol used when ``solve`` got none (classical methods stop by
-      themselves); ``default_maxiters``: likewise for maxiters.
+      themselves); ``default_maxiters``: likewise for maxiters; ``select_state`` (absent
+      means True): False when a failed step's state is itself fit to keep (finite, its
+      model reset), so the driver keeps it instead of selecting the previous state, which
+      copies large states (quasi-Newton memories) every iteration.
     """
 
     detect_stall: bool
@@ -348,8 +351,12 @@ def _run_stepping(solver: IterativeSolver, objective: Objective, problem: Optimi
     def body(carry: _Carry) -> _Carry:
         step = solver.step(objective, carry.x, carry.f, carry.g, carry.state)
         ok = _all_finite((step.x, step.f, step.g)) & ~step.failed
-        x, f, g, state = _select(ok, (step.x, step.f, step.g, step.state),
-                                 (carry.x, carry.f, carry.g, carry.state))
+        if getattr(solver, "select_state", True):
+            x, f, g, state = _select(ok, (step.x, step.f, step.g, step.state),
+                                     (carry.x, carry.f, carry.g, carry.state))
+        else:
+            x, f, g = _select(ok, (step.x, step.f, step.g), (carry.x, carry.f, carry.g))
+            state = step.state
         iteration = carry.iteration + ok.astype(_INT)
         converged = rules.converged(x, f, g, carry.x, carry.f, True)
         stalled = jnp.zeros((), bool)

@@ -55,6 +55,11 @@ class LBFGSModel(NamedTuple):
 
 
 class _LBFGSSolver(DescentSolver):
+    # A step's state is finite (line searches accept finite points only) and a failed step
+    # resets the model itself, so the driver keeps it as it is rather than selecting the
+    # previous one, a copy of the whole memory each iteration (3-13% of a small solve).
+    select_state = False
+
     def init_model(self, x, g):
         m = self.alg.memory_size
         zeros = lambda *shape: jnp.zeros(shape, self.dtype)
@@ -173,6 +178,8 @@ class BFGSModel(NamedTuple):
 
 
 class _BFGSSolver(DescentSolver):
+    select_state = False  # as for L-BFGS: a failed step resets H itself
+
     def init_model(self, x, g):
         return BFGSModel(jnp.eye(self.n, dtype=self.dtype), g, jnp.zeros((), jnp.int32))
 
