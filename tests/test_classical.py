@@ -336,3 +336,21 @@ def test_traits_and_registration():
     leaves = jax.tree_util.tree_leaves(optsolve.LBFGS(linesearch=Zoom(c1=1e-3)))
     assert [float(v) for v in leaves] == [1e-3, 0.9]  # numbers are leaves; memory is static
     assert default_gtol(jnp.float64) == 1e-8 and default_gtol(jnp.float32) == 1e-5
+
+
+def test_quasi_newton_state_after_a_failure_is_finite():
+    """L-BFGS and BFGS keep a failed step's own state (their model reset), not the previous
+    one: it must hold no NaN, and its model must be the reset one."""
+
+    def finite_only_at_start(x, p):  # every line-search trial from 0 is NaN
+        return jnp.where(jnp.all(x == 0.0), jnp.sum((x - 1.0) ** 2), jnp.nan)
+
+    prob = OptimizationProblem(finite_only_at_start, jnp.zeros(2))
+    for alg in (optsolve.LBFGS(), optsolve.BFGS()):
+        sol = solve(prob, alg)
+        assert sol.retcode == ReturnCode.FAILURE, sol.retcode
+        np.testing.assert_array_equal(np.asarray(sol.x), [0.0, 0.0])
+        leaves = jax.tree_util.tree_leaves(sol.state)
+        assert all(bool(jnp.all(jnp.isfinite(leaf))) for leaf in leaves
+                   if jnp.issubdtype(leaf.dtype, jnp.floating))
+        assert int(sol.state.model.count) == 0
