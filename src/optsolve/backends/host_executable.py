@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 PyTree = Any
@@ -92,13 +93,17 @@ class HostExecutable:
         compiled = self._compiled
         if self._sharding is not None:
             p = jax.tree_util.tree_map(self._to_device, p)
+        else:  # numpy data once per solve, not on every call
+            p = jax.tree_util.tree_map(
+                lambda leaf: jnp.asarray(leaf) if isinstance(leaf, np.ndarray) else leaf, p)
         if self._single:
             return lambda *arrays: [np.asarray(compiled(*arrays, p))]
         return lambda *arrays: [np.asarray(o) for o in compiled(*arrays, p)]
 
     def _to_device(self, leaf: Any) -> Any:
-        """A leaf of p on the private device, once per solve (JAX arrays once per array);
-        Python scalars stay as they are (converted on each call, as cheaply as jit does)."""
+        """A leaf of p on the private device: numpy data once per solve, JAX arrays once
+        while they live; Python scalars stay as they are (converted on each call, as cheaply
+        as jit does)."""
         if isinstance(leaf, (bool, int, float, complex)):
             return leaf
         if not isinstance(leaf, jax.Array):

@@ -57,8 +57,9 @@ def _promote(tree: PyTree, dtype: np.dtype) -> PyTree:
     return jax.tree_util.tree_map(cast, tree)
 
 
-def device_p(p: PyTree, weak: tuple[bool, ...] | None = None) -> PyTree:
-    """``p`` with array leaves on the device; Python scalars (weakly typed) kept as they are.
+def host_p(p: PyTree, weak: tuple[bool, ...] | None = None) -> PyTree:
+    """``p`` with JAX arrays kept, other array-likes as numpy arrays (placed on a device once
+    per solve by :meth:`HostExecutable.bind`) and Python scalars (weakly typed) kept.
 
     ``weak`` marks leaves that were weakly typed before a host round trip turned them
     into numpy arrays; scalars among them become Python scalars again, so that the
@@ -76,7 +77,7 @@ def device_p(p: PyTree, weak: tuple[bool, ...] | None = None) -> PyTree:
         elif isinstance(leaf, jax.Array):
             out.append(leaf)
         else:
-            out.append(jnp.asarray(leaf))
+            out.append(np.asarray(leaf))
     return jax.tree_util.tree_unflatten(treedef, out)
 
 
@@ -180,7 +181,7 @@ class HostProblem:
         self.dtype = eval_dtype(problem.x0)
         self.x0 = np.concatenate([np.ravel(np.asarray(leaf, dtype=np.float64)) for leaf in leaves])
         self.n = self.x0.shape[0]
-        self.p = device_p(_promote(problem.p, self.dtype), p_weak)
+        self.p = host_p(_promote(problem.p, self.dtype), p_weak)
         self._exe: dict[str, HostCall] = {}
         self.constraints = problem.constraints or ()
         self.n_cons = 0
