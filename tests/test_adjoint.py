@@ -269,3 +269,20 @@ def test_hypergradient_under_jit():
         solve(RIDGE_PROBLEM.replace(p=lam), optax.lbfgs(), maxiters=100, gtol=1e-9).x)))
     np.testing.assert_allclose(hyper(jnp.asarray(0.7)), analytic_hypergradient(0.7), rtol=1e-6)
     np.testing.assert_allclose(hyper(jnp.asarray(2.0)), analytic_hypergradient(2.0), rtol=1e-6)
+
+
+def test_cg_solves_and_counts_its_products():
+    """CG on an SPD matrix with three distinct eigenvalues terminates after three products
+    (Nocedal & Wright, Theorem 5.4), from the zero start with no product spent on it."""
+    from optsolve.solve_api.adjoint import _cg
+
+    rng = np.random.default_rng(0)
+    q, _ = np.linalg.qr(rng.normal(size=(10, 10)))
+    a = q @ np.diag([1.0] * 4 + [3.0] * 3 + [10.0] * 3) @ q.T
+    b = rng.normal(size=10)
+    v, products = jax.jit(lambda rhs: _cg(lambda u: jnp.asarray(a) @ u, rhs, 1e-10, 100))(
+        jnp.asarray(b))
+    assert int(products) == 3
+    np.testing.assert_allclose(np.asarray(v), np.linalg.solve(a, b), rtol=1e-10)
+    zero, none = _cg(lambda u: jnp.asarray(a) @ u, jnp.zeros(10), 1e-10, 100)
+    assert int(none) == 0 and not np.any(np.asarray(zero))

@@ -64,9 +64,14 @@ def _warn_not_converged(code) -> None:
 
 # Own CG loop: jax.scipy's cg spends one Hessian-vector product on H 0 (b - A(x0) from the
 # zero start), which costs as much as a gradient on data-bound objectives.
-def _cg(matvec: Callable[[PyTree], PyTree], b: PyTree, tol: Any, maxiter: int) -> PyTree:
+def _cg(matvec: Callable[[PyTree], PyTree], b: PyTree, tol: Any,
+        maxiter: int) -> tuple[PyTree, jax.Array]:
     """Conjugate gradients from v = 0 until ``|b - H v| <= tol |b|`` (Hestenes & Stiefel 1952;
-    Nocedal & Wright, *Numerical Optimization*, 2006, Algorithm 5.2)."""
+    Nocedal & Wright, *Numerical Optimization*, 2006, Algorithm 5.2).
+
+    Returns:
+      (v, the number of products with H made).
+    """
     tree = jax.tree_util
     with jax.numpy_dtype_promotion("standard"):
         dtype = jnp.result_type(*tree.tree_leaves(b))
@@ -94,7 +99,8 @@ def _cg(matvec: Callable[[PyTree], PyTree], b: PyTree, tol: Any, maxiter: int) -
         return v, r, rr_new, axpy(rr_new / rr, d, r), k + 1
 
     zeros = tree.tree_map(jnp.zeros_like, b)
-    return lax.while_loop(cond, body, (zeros, b, bb, b, 0))[0]
+    v, _, _, _, products = lax.while_loop(cond, body, (zeros, b, bb, b, 0))
+    return v, products
 
 
 def _free_mask(problem: OptimizationProblem, x: PyTree, g: PyTree) -> PyTree | None:
@@ -154,7 +160,7 @@ class ImplicitAdjoint:
         n = sum(jnp.size(leaf) for leaf in jax.tree_util.tree_leaves(b))
         maxiter = self.maxiter if self.maxiter is not None else 10 * n
         if self.linear_solver == "cg":
-            return _cg(matvec, b, tol, maxiter)
+            return _cg(matvec, b, tol, maxiter)[0]
         solver = {"gmres": jax.scipy.sparse.linalg.gmres,
                   "bicgstab": jax.scipy.sparse.linalg.bicgstab}[self.linear_solver]
         return solver(matvec, b, tol=tol, atol=0.0, maxiter=maxiter)[0]
