@@ -11,6 +11,7 @@ from typing import Any, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from optsolve.backends.classical import (
     ClassicalAlgorithm, DescentSolver, _default_linesearch, register,
@@ -128,6 +129,73 @@ class _LBFGSSolver(DescentSolver):
         return LBFGSModel(W, Rinv, D, YY, ys / yy, jnp.minimum(model.count + 1, m))
 
 
+# XLA's CPU runtime runs a loop body's kernels one after another in the calling thread only
+# when every buffer they touch is at most 512 bytes (ThunkExecutor's sequential threshold);
+# otherwise it schedules them as a dataflow graph on its thread pool, which costs more than
+# the kernels themselves on tiny problems. So while an (m, n) memory fits that size, L-BFGS
+# keeps it as two rings for the two-loop recursion, without the compact form's m x m
+# matrices (8 m^2 bytes in float64): 2-3x faster solves on chained Rosenbrock n = 2..6 with
+# m = 10, and 1.4x slower just above the limit (n = 8), where the compact form takes over
+# (the memory-layout table of benchmarks/bench_classical.py).
+_SEQUENTIAL_BUFFER_BYTES = 512
+
+
+class RingModel(NamedTuple):
+    """The last ``m`` pairs in a ring of slots: ``S[i]``, ``Y[i]`` a step and its gradient
+    change, ``rho[i] = 1 / s_i . y_i`` (0 for an empty slot, which then does nothing),
+    ``head`` the slot written next (the oldest pair once full)."""
+
+    S: Array
+    Y: Array
+    rho: Array
+    gamma: Array
+    head: Array
+    count: Array
+
+
+class _RingLBFGSSolver(_LBFGSSolver):
+    """L-BFGS for problems small enough that its memory fits XLA's cheap sequential mode:
+    the two-loop recursion (Nocedal & Wright Algorithm 7.4) as two scans over the ring."""
+
+    def init_model(self, x, g):
+        m = self.alg.memory_size
+        zeros = jnp.zeros((m, self.n), self.dtype)
+        return RingModel(zeros, zeros, jnp.zeros(m, self.dtype), jnp.ones((), self.dtype),
+                         jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
+
+    def _apply_inverse(self, model: RingModel, q: Array) -> Array:
+        m = self.alg.memory_size
+        newest_first = (model.head - 1 - jnp.arange(m)) % m
+
+        def backward(q, i):
+            a = model.rho[i] * jnp.vdot(model.S[i], q)
+            return q - a * model.Y[i], a
+
+        q, alphas = lax.scan(backward, q, newest_first)
+
+        def forward(r, slot):
+            i, a = slot
+            b = model.rho[i] * jnp.vdot(model.Y[i], r)
+            return r + (a - b) * model.S[i], None
+
+        r, _ = lax.scan(forward, model.gamma * q, (newest_first[::-1], alphas[::-1]))
+        return r
+
+    def update_model(self, model, s, y, g_new, decreased):
+        ys, yy, ok = _curvature_ok(s, y, decreased)
+        m, k = self.alg.memory_size, model.head
+        # No curvature: the slot keeps what it held (nothing is written).
+        S = model.S.at[k].set(jnp.where(ok, s, model.S[k]))
+        Y = model.Y.at[k].set(jnp.where(ok, y, model.Y[k]))
+        rho = model.rho.at[k].set(jnp.where(ok, 1.0 / ys, model.rho[k]))
+        pushed = RingModel(S, Y, rho, jnp.where(ok, ys / yy, model.gamma),
+                           jnp.where(ok, (k + 1) % m, k),
+                           jnp.where(ok, jnp.minimum(model.count + 1, m), model.count))
+        # No step at all: empty the memory (the next step is steepest descent).
+        return jax.tree_util.tree_map(lambda a, b: jnp.where(decreased, a, b), pushed,
+                                      self.init_model(None, None))
+
+
 @register
 @pytree_dataclass
 class LBFGS(ClassicalAlgorithm):
@@ -136,8 +204,10 @@ class LBFGS(ClassicalAlgorithm):
     The inverse Hessian is the BFGS update of ``gamma_k I`` by the last ``memory_size``
     pairs ``(s, y)`` (Nocedal & Wright, *Numerical Optimization*, 2006, Algorithm 7.5; Liu &
     Nocedal 1989), ``gamma_k = s.y / y.y`` (eq. 7.20), applied in the compact form of Byrd,
-    Nocedal & Schnabel (Math. Prog. 63, 1994) rather than the two-loop recursion. Pairs
-    with ``s.y <= eps y.y`` are skipped. Under bounds: quasi-Newton
+    Nocedal & Schnabel (Math. Prog. 63, 1994), or, for problems whose memory fits in 512
+    bytes per array (XLA's CPU runtime is much faster below that size), by the two-loop
+    recursion (Algorithm 7.4): the same products up to rounding. Pairs with
+    ``s.y <= eps y.y`` are skipped. Under bounds: quasi-Newton
     directions on the free variables, steepest descent on the epsilon-active ones, and a
     projected Armijo arc search (Bertsekas' two-metric projection, SIAM J. Control Optim.
     20, 1982); convergence is measured on the projected gradient, as L-BFGS-B's ``pgtol``.
@@ -163,7 +233,11 @@ class LBFGS(ClassicalAlgorithm):
         _default_linesearch(self, Zoom())
 
     def make_solver(self, problem: OptimizationProblem) -> DescentSolver:
-        return _LBFGSSolver(self, problem)
+        solver = _LBFGSSolver(self, problem)
+        ring_bytes = self.memory_size * solver.n * jnp.dtype(solver.dtype).itemsize
+        if ring_bytes <= _SEQUENTIAL_BUFFER_BYTES:
+            return _RingLBFGSSolver(self, problem)
+        return solver
 
 
 # ------------------------------------------------------------------------------ BFGS
