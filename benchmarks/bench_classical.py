@@ -271,7 +271,7 @@ def memory_layouts() -> list[str]:
     for n in (2, 6, 8):
         x0 = jnp.asarray(np.tile([-1.2, 1.0], n // 2))
         runs = {}
-        for layout, limit in (("rings + two-loop", 10 ** 9), ("compact", -1)):
+        for layout, limit in (("two-loop", 10 ** 9), ("compact", -1)):
             qn._SEQUENTIAL_BUFFER_BYTES, original = limit, qn._SEQUENTIAL_BUFFER_BYTES
             try:
                 jax.clear_caches()  # a fresh trace under the forced layout, compiled ahead
@@ -287,23 +287,23 @@ def memory_layouts() -> list[str]:
         for _ in range(25):
             for r in runs.values():
                 r["times"].append(_time(r["fn"], x0))
-        ring, compact = (statistics.median(r["times"]) for r in runs.values())
-        chosen = ("rings + two-loop" if 10 * n * 8 <= qn._SEQUENTIAL_BUFFER_BYTES
+        two_loop, compact = (statistics.median(r["times"]) for r in runs.values())
+        chosen = ("two-loop" if 10 * n * 8 <= qn._SEQUENTIAL_BUFFER_BYTES
                   else "compact")
-        rows.append([f"chained Rosenbrock n={n}", f"{10 * n * 8} B", _fmt_t(ring),
-                     _fmt_t(compact), f"{ring / compact:.2f}x",
-                     f"{_fmt_t(runs['rings + two-loop']['first'])} / "
+        rows.append([f"chained Rosenbrock n={n}", f"{10 * n * 8} B", _fmt_t(two_loop),
+                     _fmt_t(compact), f"{two_loop / compact:.2f}x",
+                     f"{_fmt_t(runs['two-loop']['first'])} / "
                      f"{_fmt_t(runs['compact']['first'])}",
-                     f"{runs['rings + two-loop']['gev']} / {runs['compact']['gev']}", chosen])
+                     f"{runs['two-loop']['gev']} / {runs['compact']['gev']}", chosen])
     jax.clear_caches()
     return ["### L-BFGS memory layout around XLA's sequential-execution limit (m = 10)",
             "XLA's CPU runtime runs a loop body's kernels in the calling thread only when every "
             "buffer is at most 512 bytes, otherwise as a dataflow graph on its thread pool. "
-            "optsolve.LBFGS keeps its memory as (m, n) rings for the two-loop recursion while "
+            "optsolve.LBFGS keeps its memory as (m, n) arrays for the two-loop recursion while "
             "one fits (m n 8 bytes in float64), else in compact form (m x m matrices). Both "
             "forced here (median of 25 interleaved solves; first = compile + first solve).",
-            markdown_table(["problem", "ring size", "rings + two-loop", "compact",
-                            "rings / compact", "first (rings / compact)", "gev",
+            markdown_table(["problem", "(m, n) array size", "two-loop", "compact",
+                            "two-loop / compact", "first (two-loop / compact)", "gev",
                             "LBFGS() uses"], rows)]
 
 

@@ -356,39 +356,39 @@ def test_quasi_newton_state_after_a_failure_is_finite():
         assert int(sol.state.model.count) == 0
 
 
-def test_lbfgs_ring_and_compact_memories_agree():
-    """Below XLA's 512-byte sequential-execution limit L-BFGS keeps its memory as rings for
-    the two-loop recursion, above it in compact form: the same inverse-Hessian products (to
-    rounding) and the same run."""
+def test_lbfgs_two_loop_and_compact_memories_agree():
+    """Below XLA's 512-byte sequential-execution limit L-BFGS keeps its memory as (m, n)
+    arrays for the two-loop recursion, above it in compact form: the same inverse-Hessian
+    products (to rounding) and the same run."""
     from optsolve.backends import quasi_newton as qn
 
     n, m = 6, 4
     prob = OptimizationProblem(lambda x, p: jnp.sum(x ** 2), jnp.zeros(n))
-    ring = qn._RingLBFGSSolver(optsolve.LBFGS(memory_size=m), prob)
+    two_loop = qn._TwoLoopLBFGSSolver(optsolve.LBFGS(memory_size=m), prob)
     compact = qn._LBFGSSolver(optsolve.LBFGS(memory_size=m), prob)
     rng = np.random.default_rng(0)
     A = rng.normal(size=(n, n))
     A = A @ A.T + n * np.eye(n)
-    models = [ring.init_model(None, None), compact.init_model(None, None)]
-    for k in range(7):  # wraps around the memory; one pair without curvature is skipped
+    models = [two_loop.init_model(None, None), compact.init_model(None, None)]
+    for k in range(7):  # overfills the memory; one pair without curvature is skipped
         s = jnp.asarray(rng.normal(size=n))
         y = -s if k == 3 else jnp.asarray(A) @ s
         models = [solver.update_model(model, s, y, y, jnp.asarray(True))
-                  for solver, model in zip((ring, compact), models)]
+                  for solver, model in zip((two_loop, compact), models)]
         q = jnp.asarray(rng.normal(size=n))
-        np.testing.assert_allclose(ring._apply_inverse(models[0], q),
+        np.testing.assert_allclose(two_loop._apply_inverse(models[0], q),
                                    compact._apply_inverse(models[1], q), rtol=1e-11, atol=1e-13)
     assert int(models[0].count) == int(models[1].count) == m
 
     # The layout follows the memory's size in bytes; both solve alike.
     rosen = lambda x, p: jnp.sum(100.0 * (x[1:] - x[:-1] ** 2) ** 2 + (1.0 - x[:-1]) ** 2)
     small = OptimizationProblem(rosen, jnp.asarray([-1.2, 1.0] * 3))
-    assert type(optsolve.LBFGS().make_solver(small)) is qn._RingLBFGSSolver      # 6*10*8 B
+    assert type(optsolve.LBFGS().make_solver(small)) is qn._TwoLoopLBFGSSolver      # 6*10*8 B
     assert type(optsolve.LBFGS(memory_size=11).make_solver(small)) is qn._LBFGSSolver
     assert type(optsolve.LBFGS().make_solver(small.replace(x0=small.x0.astype(jnp.float32)))) \
-        is qn._RingLBFGSSolver
+        is qn._TwoLoopLBFGSSolver
     runs = {}
-    for name, limit in (("ring", 10 ** 9), ("compact", -1)):
+    for name, limit in (("two-loop", 10 ** 9), ("compact", -1)):
         original, qn._SEQUENTIAL_BUFFER_BYTES = qn._SEQUENTIAL_BUFFER_BYTES, limit
         try:
             jax.clear_caches()
@@ -399,4 +399,4 @@ def test_lbfgs_ring_and_compact_memories_agree():
     for sol in runs.values():
         assert sol.retcode == ReturnCode.SUCCESS
         np.testing.assert_allclose(sol.x, np.ones(6), atol=1e-7)
-    assert abs(int(runs["ring"].stats.iterations) - int(runs["compact"].stats.iterations)) <= 2
+    assert abs(int(runs["two-loop"].stats.iterations) - int(runs["compact"].stats.iterations)) <= 2

@@ -133,63 +133,58 @@ class _LBFGSSolver(DescentSolver):
 # when every buffer they touch is at most 512 bytes (ThunkExecutor's sequential threshold);
 # otherwise it schedules them as a dataflow graph on its thread pool, which costs more than
 # the kernels themselves on tiny problems. So while an (m, n) memory fits that size, L-BFGS
-# keeps it as two rings for the two-loop recursion, without the compact form's m x m
-# matrices (8 m^2 bytes in float64): 2-3x faster solves on chained Rosenbrock n = 2..6 with
-# m = 10, and 1.4x slower just above the limit (n = 8), where the compact form takes over
-# (the memory-layout table of benchmarks/bench_classical.py).
+# keeps it as two (m, n) arrays for the two-loop recursion, without the compact form's m x m
+# matrices (8 m^2 bytes in float64). Chained Rosenbrock, m = 10: 0.44x the compact form's
+# time at n = 2, 0.71x at n = 6, and 1.24x just above the limit (n = 8), where the compact
+# form takes over (make bench, the memory-layout table of docs/benchmarks.md).
 _SEQUENTIAL_BUFFER_BYTES = 512
 
 
-class RingModel(NamedTuple):
-    """The last ``m`` pairs in a ring of slots: ``S[i]``, ``Y[i]`` a step and its gradient
-    change, ``rho[i] = 1 / s_i . y_i`` (0 for an empty slot, which then does nothing),
-    ``head`` the slot written next (the oldest pair once full)."""
+class TwoLoopModel(NamedTuple):
+    """The last ``m`` pairs, oldest first (a new pair pushes the oldest out): ``S[i]``,
+    ``Y[i]`` a step and its gradient change, ``rho[i] = 1 / s_i . y_i`` (0 for an empty
+    slot, which then does nothing)."""
 
     S: Array
     Y: Array
     rho: Array
     gamma: Array
-    head: Array
     count: Array
 
 
-class _RingLBFGSSolver(_LBFGSSolver):
+class _TwoLoopLBFGSSolver(_LBFGSSolver):
     """L-BFGS for problems small enough that its memory fits XLA's cheap sequential mode:
-    the two-loop recursion (Nocedal & Wright Algorithm 7.4) as two scans over the ring."""
+    the two-loop recursion (Nocedal & Wright Algorithm 7.4) as two scans over the memory
+    (scans rather than unrolled loops: 64 vs 135 us on chained Rosenbrock n = 2)."""
 
     def init_model(self, x, g):
         m = self.alg.memory_size
         zeros = jnp.zeros((m, self.n), self.dtype)
-        return RingModel(zeros, zeros, jnp.zeros(m, self.dtype), jnp.ones((), self.dtype),
-                         jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
+        return TwoLoopModel(zeros, zeros, jnp.zeros(m, self.dtype), jnp.ones((), self.dtype),
+                         jnp.zeros((), jnp.int32))
 
-    def _apply_inverse(self, model: RingModel, q: Array) -> Array:
-        m = self.alg.memory_size
-        newest_first = (model.head - 1 - jnp.arange(m)) % m
+    def _apply_inverse(self, model: TwoLoopModel, q: Array) -> Array:
+        def newest_first(q, pair):
+            s, y, rho = pair
+            a = rho * jnp.vdot(s, q)
+            return q - a * y, a
 
-        def backward(q, i):
-            a = model.rho[i] * jnp.vdot(model.S[i], q)
-            return q - a * model.Y[i], a
+        q, alphas = lax.scan(newest_first, q, (model.S, model.Y, model.rho), reverse=True)
 
-        q, alphas = lax.scan(backward, q, newest_first)
+        def oldest_first(r, pair):
+            s, y, rho, a = pair
+            return r + (a - rho * jnp.vdot(y, r)) * s, None
 
-        def forward(r, slot):
-            i, a = slot
-            b = model.rho[i] * jnp.vdot(model.Y[i], r)
-            return r + (a - b) * model.S[i], None
-
-        r, _ = lax.scan(forward, model.gamma * q, (newest_first[::-1], alphas[::-1]))
+        r, _ = lax.scan(oldest_first, model.gamma * q, (model.S, model.Y, model.rho, alphas))
         return r
 
     def update_model(self, model, s, y, g_new, decreased):
         ys, yy, ok = _curvature_ok(s, y, decreased)
-        m, k = self.alg.memory_size, model.head
-        # No curvature: the slot keeps what it held (nothing is written).
-        S = model.S.at[k].set(jnp.where(ok, s, model.S[k]))
-        Y = model.Y.at[k].set(jnp.where(ok, y, model.Y[k]))
-        rho = model.rho.at[k].set(jnp.where(ok, 1.0 / ys, model.rho[k]))
-        pushed = RingModel(S, Y, rho, jnp.where(ok, ys / yy, model.gamma),
-                           jnp.where(ok, (k + 1) % m, k),
+        m = self.alg.memory_size
+        # No curvature: the memory stays as it is.
+        push = lambda old, new: jnp.where(ok, jnp.concatenate([old[1:], new[None]]), old)
+        pushed = TwoLoopModel(push(model.S, s), push(model.Y, y), push(model.rho, 1.0 / ys),
+                           jnp.where(ok, ys / yy, model.gamma),
                            jnp.where(ok, jnp.minimum(model.count + 1, m), model.count))
         # No step at all: empty the memory (the next step is steepest descent).
         return jax.tree_util.tree_map(lambda a, b: jnp.where(decreased, a, b), pushed,
@@ -234,9 +229,9 @@ class LBFGS(ClassicalAlgorithm):
 
     def make_solver(self, problem: OptimizationProblem) -> DescentSolver:
         solver = _LBFGSSolver(self, problem)
-        ring_bytes = self.memory_size * solver.n * jnp.dtype(solver.dtype).itemsize
-        if ring_bytes <= _SEQUENTIAL_BUFFER_BYTES:
-            return _RingLBFGSSolver(self, problem)
+        memory_bytes = self.memory_size * solver.n * jnp.dtype(solver.dtype).itemsize
+        if memory_bytes <= _SEQUENTIAL_BUFFER_BYTES:
+            return _TwoLoopLBFGSSolver(self, problem)
         return solver
 
 
