@@ -272,12 +272,15 @@ class _Start(NamedTuple):
     grad_evals: jax.Array
 
 
-def _start(problem: OptimizationProblem, options: SolveOptions, init_shape) -> _Start:
+def _start(problem: OptimizationProblem, options: SolveOptions,
+           init: Callable[[], PyTree]) -> _Start:
+    """Where the run starts; ``init`` builds the algorithm's initial state, traced only to
+    check the structure of a ``resume`` state (tracing it costs time in every first call)."""
     zero = jnp.zeros((), _INT)
     resume = options.resume
     if resume is None:
         return _Start(problem.x0, None, zero, zero, zero)
-    expected = jax.tree_util.tree_structure(init_shape)
+    expected = jax.tree_util.tree_structure(jax.eval_shape(init))
     given = jax.tree_util.tree_structure(resume.state)
     if expected != given:
         raise ValueError(
@@ -333,8 +336,7 @@ def _run_stepping(solver: IterativeSolver, objective: Objective, problem: Optimi
     rules = _Rules(options, solver, problem.bounds)
     x0 = problem.x0
     f0, g0 = objective.value_and_grad(x0)
-    init_shape = jax.eval_shape(lambda: solver.init(objective, x0, f0, g0))
-    start = _start(problem, options, init_shape)
+    start = _start(problem, options, lambda: solver.init(objective, x0, f0, g0))
     if start.state is None:
         state0 = solver.init(objective, x0, f0, g0)
     else:
@@ -400,7 +402,7 @@ def _run_gradient_steps(solver: GradientStepSolver, objective: Objective,
                         problem: OptimizationProblem, options: SolveOptions) -> Solution:
     """The loop for solvers that need only the gradient at the current iterate."""
     rules = _Rules(options, solver, problem.bounds)
-    start = _start(problem, options, jax.eval_shape(lambda: solver.init(objective, problem.x0)))
+    start = _start(problem, options, lambda: solver.init(objective, problem.x0))
     x0 = start.x
     state0 = solver.init(objective, x0) if start.state is None else start.state
     f_dtype = jax.eval_shape(objective.value, x0).dtype
