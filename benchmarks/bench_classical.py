@@ -288,8 +288,8 @@ def memory_layouts() -> list[str]:
             for r in runs.values():
                 r["times"].append(_time(r["fn"], x0))
         two_loop, compact = (statistics.median(r["times"]) for r in runs.values())
-        chosen = ("two-loop" if 10 * n * 8 <= qn._SEQUENTIAL_BUFFER_BYTES
-                  else "compact")
+        own = optsolve.LBFGS().make_solver(optsolve.OptimizationProblem(chained_rosenbrock, x0))
+        chosen = "two-loop" if isinstance(own, qn._TwoLoopLBFGSSolver) else "compact"
         rows.append([f"chained Rosenbrock n={n}", f"{10 * n * 8} B", _fmt_t(two_loop),
                      _fmt_t(compact), f"{two_loop / compact:.2f}x",
                      f"{_fmt_t(runs['two-loop']['first'])} / "

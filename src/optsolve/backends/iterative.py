@@ -274,8 +274,8 @@ class _Start(NamedTuple):
 
 def _start(problem: OptimizationProblem, options: SolveOptions,
            init: Callable[[], PyTree]) -> _Start:
-    """Where the run starts; ``init`` builds the algorithm's initial state, traced only to
-    check the structure of a ``resume`` state (tracing it costs time in every first call)."""
+    """Where the run starts; ``init`` builds the algorithm's initial state, traced (for its
+    structure) only to check a ``resume`` state against it."""
     zero = jnp.zeros((), _INT)
     resume = options.resume
     if resume is None:

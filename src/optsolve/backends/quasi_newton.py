@@ -134,9 +134,10 @@ class _LBFGSSolver(DescentSolver):
 # otherwise it schedules them as a dataflow graph on its thread pool, which costs more than
 # the kernels themselves on tiny problems. So while an (m, n) memory fits that size, L-BFGS
 # keeps it as two (m, n) arrays for the two-loop recursion, without the compact form's m x m
-# matrices (8 m^2 bytes in float64). Chained Rosenbrock, m = 10: 0.44x the compact form's
-# time at n = 2, 0.71x at n = 6, and 1.24x just above the limit (n = 8), where the compact
-# form takes over (make bench, the memory-layout table of docs/benchmarks.md).
+# matrices (8 m^2 bytes in float64). Chained Rosenbrock, m = 10: 0.42x the compact form's
+# time at n = 2, 0.69x at n = 6 (make bench, the memory-layout table of docs/benchmarks.md).
+# Just above the limit (n = 8) both run in the thread-pool mode and runs disagree (0.84x to
+# 1.38x); the compact form, with fewer kernels per iteration, takes over there.
 _SEQUENTIAL_BUFFER_BYTES = 512
 
 
@@ -155,13 +156,13 @@ class TwoLoopModel(NamedTuple):
 class _TwoLoopLBFGSSolver(_LBFGSSolver):
     """L-BFGS for problems small enough that its memory fits XLA's cheap sequential mode:
     the two-loop recursion (Nocedal & Wright Algorithm 7.4) as two scans over the memory
-    (scans rather than unrolled loops: 64 vs 135 us on chained Rosenbrock n = 2)."""
+    (scans rather than unrolled loops: 67 vs 135 us on chained Rosenbrock n = 2)."""
 
     def init_model(self, x, g):
         m = self.alg.memory_size
         zeros = jnp.zeros((m, self.n), self.dtype)
         return TwoLoopModel(zeros, zeros, jnp.zeros(m, self.dtype), jnp.ones((), self.dtype),
-                         jnp.zeros((), jnp.int32))
+                            jnp.zeros((), jnp.int32))
 
     def _apply_inverse(self, model: TwoLoopModel, q: Array) -> Array:
         def newest_first(q, pair):
@@ -184,8 +185,8 @@ class _TwoLoopLBFGSSolver(_LBFGSSolver):
         # No curvature: the memory stays as it is.
         push = lambda old, new: jnp.where(ok, jnp.concatenate([old[1:], new[None]]), old)
         pushed = TwoLoopModel(push(model.S, s), push(model.Y, y), push(model.rho, 1.0 / ys),
-                           jnp.where(ok, ys / yy, model.gamma),
-                           jnp.where(ok, jnp.minimum(model.count + 1, m), model.count))
+                              jnp.where(ok, ys / yy, model.gamma),
+                              jnp.where(ok, jnp.minimum(model.count + 1, m), model.count))
         # No step at all: empty the memory (the next step is steepest descent).
         return jax.tree_util.tree_map(lambda a, b: jnp.where(decreased, a, b), pushed,
                                       self.init_model(None, None))
