@@ -278,7 +278,7 @@ def warm_up_jax() -> None:
 def memory_layouts() -> list[str]:
     """optsolve.LBFGS(memory_size=10) with each memory layout forced, around XLA's 512-byte
     sequential-execution limit (where LBFGS switches between them by itself)."""
-    from optsolve.backends import quasi_newton as qn
+    from optsolve.backends.classical import quasi_newton as qn
 
     rows = []
     for n in (2, 6, 8):

@@ -208,7 +208,7 @@ Notes.
   does its own work in between, and JAX's asynchronous CPU dispatch hands each jitted call
   to a worker thread that has gone to sleep meanwhile (~35-80 us to wake, more than a small
   evaluation). optsolve compiles the evaluations for a private CPU client with synchronous
-  dispatch (src/optsolve/backends/host_executable.py) and runs them in the calling thread,
+  dispatch (src/optsolve/backends/scipy/host_executable.py) and runs them in the calling thread,
   with one host transfer for value and gradient and no scipy callback unless a test needs
   one. Where scipy's own linear algebra dominates (dense BFGS at n = 1000: ~0.1 s an
   iteration in scipy's update against ~0.1 ms for an evaluation), both runners do the same

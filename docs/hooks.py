@@ -12,14 +12,18 @@ def catalog_markdown() -> str:
         return "yes" if flag else "-"
 
     header = ("| algorithm | backend | derivatives | bounds | constraints | jit | vmap | "
-              "implicit diff | unrolled diff |")
-    rows = [header, "|" + "---|" * 9]
+              "history | resume | data | implicit diff | unrolled diff |")
+    rows = [header, "|" + "---|" * 12]
     for cls in algorithm_classes():
-        derivatives = "Hessian" if cls.needs_hessian else ("gradient" if cls.needs_gradient else "none")
+        t = cls.traits()
+        derivatives = "Hessian" if t["needs_hessian"] else (
+            "gradient" if t["needs_gradient"] else "none")
+        resume = ("exact" if t["compiled_driver"] else "warm start") if t["resumable"] else "-"
         rows.append(
-            f"| `{cls.__name__}` | {cls.family} | {derivatives} | {mark(cls.takes_bounds)} | "
-            f"{mark(cls.takes_constraints)} | {mark(cls.jittable)} | {mark(cls.vmappable)} | "
-            f"yes | {mark(cls.unrollable)} |"
+            f"| `{cls.__name__}` | {t['family']} | {derivatives} | {mark(t['takes_bounds'])} | "
+            f"{mark(t['takes_constraints'])} | {mark(t['jittable'])} | {mark(t['vmappable'])} | "
+            f"{mark(t['records_history'])} | {resume} | {mark(t['takes_data'])} | "
+            f"yes | {mark(t['unrollable'])} |"
         )
     return "\n".join(rows)
 

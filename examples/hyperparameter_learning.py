@@ -56,7 +56,7 @@ def main(small: bool = False, out: Path = Path(".")) -> dict:
     inner_solver = optsolve.ScipyMinimize("L-BFGS-B")
 
     def fit(log_lam):
-        return solve(prob.replace(p=log_lam), inner_solver, gtol=1e-9).x
+        return solve(prob.replace(p=log_lam), inner_solver, gtol=1e-8).x
 
     def validation(log_lam):
         return log_loss(fit(log_lam), val)

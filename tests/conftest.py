@@ -23,3 +23,22 @@ def one_blas_thread():
 
     with threadpool_limits(1):
         yield
+
+
+_TESTS_RUN = [0]
+
+
+@pytest.fixture(autouse=True)
+def _bounded_compiled_code():
+    """Drop JAX's compiled executables now and then. Each keeps memory maps of its machine
+    code, and the suite compiles thousands of programs: past the kernel's limit on a
+    process's maps (vm.max_map_count, 65530 by default) LLVM's next allocation crashes."""
+    yield
+    _TESTS_RUN[0] += 1
+    if _TESTS_RUN[0] % 50 or not Path("/proc/self/maps").exists():
+        return
+    with open("/proc/self/maps") as maps:
+        if sum(1 for _ in maps) > 25000:
+            import gc
+            jax.clear_caches()
+            gc.collect()

@@ -10,8 +10,8 @@ import scipy.optimize
 
 import optsolve
 from optsolve import OptimizationProblem, ReturnCode, solve
-from optsolve.backends.classical import default_gtol
-from optsolve.backends.linesearch import Backtracking, Zoom
+from optsolve.backends.classical.descent import default_gtol
+from optsolve.backends.classical.linesearch import Backtracking, Zoom
 
 from compile_count import count_compilations
 
@@ -360,7 +360,7 @@ def test_lbfgs_two_loop_and_compact_memories_agree():
     """Below XLA's 512-byte sequential-execution limit L-BFGS keeps its memory as (m, n)
     arrays for the two-loop recursion, above it in compact form: the same inverse-Hessian
     products (to rounding) and the same run."""
-    from optsolve.backends import quasi_newton as qn
+    from optsolve.backends.classical import quasi_newton as qn
 
     n, m = 6, 4
     prob = OptimizationProblem(lambda x, p: jnp.sum(x ** 2), jnp.zeros(n))

@@ -15,7 +15,7 @@ import pytest
 
 import optsolve
 from optsolve import OptimizationProblem, ReturnCode, solve
-from optsolve.backends.classical import default_gtol
+from optsolve.backends.classical.descent import default_gtol
 
 from problems import CITATION, PROBLEMS
 

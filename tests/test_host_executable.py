@@ -6,7 +6,6 @@ numbers, host callbacks and PRNG keys included.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 
 import jax
 import jax.numpy as jnp
@@ -14,8 +13,9 @@ import numpy as np
 import pytest
 
 from optsolve import Constraint, OptimizationProblem, ScipyMinimize, solve
-from optsolve.backends import host_executable, scipy_compiled
-from optsolve.backends.host_executable import HostExecutable
+from optsolve.backends.scipy import compiled as scipy_compiled, host_executable
+from optsolve.solve_api.cache import BoundedCache
+from optsolve.backends.scipy.host_executable import HostExecutable
 
 pytestmark = pytest.mark.usefixtures("one_blas_thread")
 
@@ -94,10 +94,10 @@ ROSEN = OptimizationProblem(rosen, jnp.asarray([-1.2, 1.0, -1.2, 1.0]), 100.0)
 def test_scipy_solves_agree_on_both_paths(problem, method, monkeypatch):
     # every kind of evaluation: f, value-and-gradient, hessp, hess, constraints and their
     # Jacobians and Lagrangian Hessian products
-    monkeypatch.setattr(scipy_compiled, "_CACHE", OrderedDict())
+    monkeypatch.setattr(scipy_compiled, "_CACHE", BoundedCache(256))
     fast = solve(problem, ScipyMinimize(method))
     assert all(exe.synchronous == CPU for exe in scipy_compiled._CACHE.values())
-    monkeypatch.setattr(scipy_compiled, "_CACHE", OrderedDict())
+    monkeypatch.setattr(scipy_compiled, "_CACHE", BoundedCache(256))
     monkeypatch.setattr(host_executable, "ENABLED", False)
     plain = solve(problem, ScipyMinimize(method))
     assert not any(exe.synchronous for exe in scipy_compiled._CACHE.values())

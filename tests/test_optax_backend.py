@@ -13,7 +13,7 @@ import pytest
 
 import optsolve
 from optsolve import OptimizationProblem, ReturnCode, solve
-from optsolve.backends.optax_algorithms import ALGORITHMS
+from optsolve.backends.optax.algorithms import ALGORITHMS
 
 from compile_count import count_compilations
 

@@ -21,3 +21,50 @@ def test_progress_bar_when_training_on_data(capsys):
     prob = OptimizationProblem(lambda w, p, b: jnp.mean((b[0] @ w - 1.0) ** 2), jnp.zeros(2))
     solve(prob, optsolve.SGD(0.1), data=data, maxiters=10, progress=True)
     assert "10/10" in capsys.readouterr().err
+
+
+def _counting_bar(monkeypatch):
+    import tqdm.auto
+
+    record = {"updates": 0, "total": None}
+
+    class Counting(tqdm.auto.tqdm):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            record["total"] = self.total
+
+        def update(self, n=1):
+            record["updates"] += 1
+            return super().update(n)
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", Counting)
+    return record
+
+
+def test_data_path_updates_the_bar_about_100_times_with_a_known_total(monkeypatch, capsys):
+    record = _counting_bar(monkeypatch)
+    rng = np.random.default_rng(0)
+    data = [(rng.normal(size=(4, 2)),) for _ in range(50)]
+    prob = OptimizationProblem(lambda w, p, b: jnp.mean((b[0] @ w - 1.0) ** 2), jnp.zeros(2))
+    sol = solve(prob, optsolve.SGD(0.01), data=data, epochs=20, progress=True)
+    assert sol.stats.iterations == 1000
+    assert record["total"] == 1000  # epochs x batches, with no maxiters
+    assert 100 <= record["updates"] <= 102  # every 10th step, and the last one
+    assert "1000/1000" in capsys.readouterr().err
+
+
+def test_in_memory_data_bar_total_is_epochs_times_batches(monkeypatch):
+    record = _counting_bar(monkeypatch)
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(64, 2))
+    prob = OptimizationProblem(lambda w, p, b: jnp.mean((b @ w - 1.0) ** 2), jnp.zeros(2))
+    solve(prob, optsolve.SGD(0.01), data=x, batch_size=8, epochs=3, progress=True)
+    assert record["total"] == 24
+
+
+def test_adjoint_is_refused_when_training_on_data():
+    prob = OptimizationProblem(lambda w, p, b: jnp.mean((b @ w - 1.0) ** 2), jnp.zeros(2))
+    data = [np.ones((4, 2))] * 3
+    import pytest
+    with pytest.raises(ValueError, match="`adjoint` does not apply when training on `data`"):
+        solve(prob, optsolve.SGD(0.01), data=data, adjoint="not an adjoint")

@@ -12,8 +12,8 @@ import pytest
 import scipy.optimize as so
 
 from optsolve import Constraint, OptimizationProblem, ReturnCode, ScipyMinimize, solve
-from optsolve.backends.scipy_options import MINIMIZE_SPECS
-from optsolve.backends.scipy_retcodes import METHOD_TABLES, global_retcode, minimize_retcode
+from optsolve.backends.scipy.options import MINIMIZE_SPECS
+from optsolve.backends.scipy.retcodes import METHOD_TABLES, global_retcode, minimize_retcode
 
 pytestmark = pytest.mark.usefixtures("one_blas_thread")
 

@@ -3,14 +3,14 @@
 from optsolve.solve_api import (
     Algorithm, Constraint, ImplicitAdjoint, OptimizationProblem, ReturnCode, Solution, Stats, UnrolledAdjoint, load, save, solve,
 )
-from optsolve.backends.optax_backend import OptaxAlgorithm, OptaxTransform
-from optsolve.backends.optax_groups import ParameterGroups
-from optsolve.backends.optax_algorithms import ALGORITHMS as _OPTAX_ALGORITHMS
-from optsolve.backends.classical import GradientDescent, NonlinearCG
-from optsolve.backends.linesearch import Backtracking, Zoom
-from optsolve.backends.quasi_newton import BFGS, LBFGS
-from optsolve.backends.second_order import AdaHessian, Newton, TrustRegion
-from optsolve.backends.scipy_backend import ScipyGlobal, ScipyMinimize
+from optsolve.backends.optax.backend import OptaxAlgorithm, OptaxTransform
+from optsolve.backends.optax.groups import ParameterGroups
+from optsolve.backends.optax.algorithms import ALGORITHMS as _OPTAX_ALGORITHMS
+from optsolve.backends.classical.descent import GradientDescent, NonlinearCG
+from optsolve.backends.classical.linesearch import Backtracking, Zoom
+from optsolve.backends.classical.quasi_newton import BFGS, LBFGS
+from optsolve.backends.classical.second_order import AdaHessian, Newton, TrustRegion
+from optsolve.backends.scipy.backend import ScipyGlobal, ScipyMinimize
 
 globals().update(_OPTAX_ALGORITHMS)
 

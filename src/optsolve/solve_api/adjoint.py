@@ -25,13 +25,14 @@ import numpy as np
 from jax import lax
 from jax.flatten_util import ravel_pytree
 
+from optsolve.solve_api.loops import CheckpointedScan
 from optsolve.solve_api.problem import OptimizationProblem
 from optsolve.solve_api.pytree import is_traced, pytree_dataclass, static_field
 from optsolve.solve_api.returncode import ReturnCode
 from optsolve.solve_api.solution import Solution
 
 PyTree = Any
-Run = Callable[[OptimizationProblem, Any, Any], Solution]
+Run = Callable[..., Solution]  # run(problem, algorithm, options[, loop=...])
 
 _LINEAR_SOLVERS = ("cg", "gmres", "bicgstab", "dense")
 
@@ -265,19 +266,13 @@ class UnrolledAdjoint:
 
     def apply(self, run: Run, problem: OptimizationProblem, algorithm: Any,
               options: Any) -> Solution:
-        """Run the backend as a differentiable bounded loop of ``maxiters`` steps."""
-        if not getattr(algorithm, "unrollable", False):
-            from optsolve.solve_api.registry import algorithm_classes
-            able = ", ".join(c.__name__ for c in algorithm_classes() if c.unrollable)
-            raise ValueError(
-                f"UnrolledAdjoint: {type(algorithm).__name__} cannot be differentiated by "
-                "unrolling its iterations. Use the default ImplicitAdjoint, or an algorithm "
-                f"that can be unrolled: {able}."
-            )
+        """Run the backend in a differentiable bounded loop of ``maxiters`` steps (``solve``
+        has checked that the algorithm can be unrolled)."""
         maxiters = options.maxiters
         if maxiters is None or isinstance(maxiters, jax.core.Tracer):
             raise ValueError(
                 "UnrolledAdjoint: `maxiters` must be given as a Python int (the unrolled loop's "
                 f"length is static), got {maxiters!r}."
             )
-        return run(problem, algorithm, dataclasses.replace(options, unroll=int(maxiters)))
+        # maxiters updates plus the evaluation of the last iterate
+        return run(problem, algorithm, options, loop=CheckpointedScan(int(maxiters) + 1))

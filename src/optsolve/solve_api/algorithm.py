@@ -2,7 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Iterable
 from typing import Any, ClassVar
+
+
+def check_replace(algorithm: Any, changes: dict[str, Any], valid: Iterable[str]) -> None:
+    """Raise a TypeError naming the valid names when ``changes`` holds another one."""
+    valid = list(valid)
+    unknown = sorted(set(changes) - set(valid))
+    if unknown:
+        raise TypeError(
+            f"{type(algorithm).__name__}.replace: unknown hyperparameter(s) {unknown}; valid: "
+            f"{', '.join(valid) or '(none)'}."
+        )
 
 
 class Algorithm:
@@ -28,6 +41,8 @@ class Algorithm:
       resumable: ``solve(..., resume=sol)`` continues an earlier run.
       records_history: ``solve(..., history=True)`` records every iterate's objective.
       takes_data: trains on ``solve(..., data=...)`` with an objective f(x, p, batch).
+      compiled_driver: runs in optsolve's compiled JAX loop, which starts from x0 itself
+        (``maxiters=0`` returns its initial state); other backends are not called then.
     """
 
     family: ClassVar[str] = "abstract"
@@ -43,6 +58,7 @@ class Algorithm:
     resumable: ClassVar[bool] = False
     records_history: ClassVar[bool] = False
     takes_data: ClassVar[bool] = False
+    compiled_driver: ClassVar[bool] = False
 
     @classmethod
     def traits(cls) -> dict[str, Any]:
@@ -50,6 +66,24 @@ class Algorithm:
         names = (
             "family", "needs_gradient", "needs_hessian", "takes_bounds", "takes_constraints",
             "jittable", "vmappable", "stops_by_itself", "extra_options", "unrollable",
-            "resumable", "records_history", "takes_data",
+            "resumable", "records_history", "takes_data", "compiled_driver",
         )
         return {n: getattr(cls, n) for n in names}
+
+    def replace(self, **changes: Any) -> "Algorithm":
+        """A copy with some hyperparameters changed, validated like a new construction.
+
+        Raises:
+          TypeError: naming the valid hyperparameters, for a name the algorithm lacks.
+        """
+        if not dataclasses.is_dataclass(self):
+            raise NotImplementedError(f"{type(self).__name__} does not define replace().")
+        names = [f.name for f in dataclasses.fields(self)]
+        check_replace(self, changes, names)
+        return dataclasses.replace(self, **changes)
+
+    def capabilities(self) -> dict[str, Any]:
+        """This instance's capability traits, by name: its class's, unless its configuration
+        changes one (basinhopping's local method; an optax transformation holding a line
+        search, whose own loop cannot be unrolled). ``solve`` checks these, once."""
+        return type(self).traits()

@@ -11,7 +11,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from optsolve.solve_api.adjoint import UnrolledAdjoint
 from optsolve.solve_api.algorithm import Algorithm
+from optsolve.solve_api.cache import BoundedCache
 from optsolve.solve_api.options import SolveOptions
 from optsolve.solve_api.problem import OptimizationProblem
 from optsolve.solve_api.pytree import tree_spec
@@ -24,33 +26,42 @@ def _names_with(trait: str) -> str:
 
 
 def check_capabilities(problem: OptimizationProblem, algorithm: Algorithm,
-                       options: SolveOptions, *, stops_with_data: bool = False) -> None:
-    """Raise a clear error when ``algorithm`` cannot honour the problem or the options.
+                       options: SolveOptions, *, stops_with_data: bool = False,
+                       adjoint: Any = None) -> None:
+    """Raise a clear error when ``algorithm`` cannot honour the problem, the options or the
+    adjoint, naming the algorithms that can (the one place these traits are checked).
 
     ``stops_with_data``: a run on data, which ends with its epochs or batches.
     """
     name = type(algorithm).__name__
-    if problem.has_bounds and not algorithm.takes_bounds:
+    caps = algorithm.capabilities()
+    if problem.has_bounds and not caps["takes_bounds"]:
         raise ValueError(
             f"solve: {name} does not support bounds. Either remove `bounds` from the problem or "
             f"use an algorithm that takes them: {_names_with('takes_bounds')}."
         )
-    if problem.constraints and not algorithm.takes_constraints:
+    if problem.constraints and not caps["takes_constraints"]:
         raise ValueError(
             f"solve: {name} does not support constraints. Either remove `constraints` from the "
             f"problem or use an algorithm that takes them: {_names_with('takes_constraints')}."
         )
-    if options.resume is not None and not algorithm.resumable:
+    if options.resume is not None and not caps["resumable"]:
         raise ValueError(
             f"solve: {name} cannot resume from a Solution. Algorithms that can: "
             f"{_names_with('resumable')}."
         )
-    if options.history and not algorithm.records_history:
+    if options.history and not caps["records_history"]:
         raise ValueError(
             f"solve: {name} does not record a history. Algorithms that do: "
             f"{_names_with('records_history')}."
         )
-    if not algorithm.stops_by_itself and not stops_with_data and all(
+    if isinstance(adjoint, UnrolledAdjoint) and not caps["unrollable"]:
+        raise ValueError(
+            f"UnrolledAdjoint: {name} cannot be differentiated by unrolling its iterations. "
+            "Use the default ImplicitAdjoint, or an algorithm that can be unrolled: "
+            f"{_names_with('unrollable')}."
+        )
+    if not caps["stops_by_itself"] and not stops_with_data and all(
         getattr(options, o) is None for o in ("maxiters", "maxtime", "gtol", "ftol")
     ):
         raise ValueError(
@@ -75,8 +86,6 @@ def resume_point(problem: OptimizationProblem, solution: Any) -> Any:
             f"solve: `resume` holds x with structure {given}, but the problem's x0 has "
             f"structure {expected}; resume a run of the same problem."
         )
-    if solution.state is None:
-        raise ValueError("solve: `resume` holds no optimizer state (Solution.state is None).")
     stats = solution.stats
     return Solution(
         x=solution.x, objective=solution.objective, retcode=None, state=solution.state,
@@ -90,29 +99,14 @@ def check_objective(problem: OptimizationProblem, *batch: Any) -> None:
 
     ``batch`` may hold arrays or ``jax.ShapeDtypeStruct`` leaves.
     """
-    try:
-        key = (problem.f, tree_spec(problem.x0), tree_spec(problem.p), tree_spec(batch),
-               jax.config.jax_enable_x64)
-        hash(key)
-    except TypeError:
-        key = None
-    if key is None:
-        _check_objective_uncached(problem.f, problem.x0, problem.p, *batch)
-    else:
-        _check_objective_cached(key, problem.f, problem.x0, problem.p, *batch)
+    key = (problem.f, tree_spec(problem.x0), tree_spec(problem.p), tree_spec(batch),
+           jax.config.jax_enable_x64)
+    # The check traces f once; cached per (f, shapes) so repeated solves pay nothing.
+    _CHECKED.get_or_make(key, lambda: _check_objective_uncached(
+        problem.f, problem.x0, problem.p, *batch) or True)
 
 
-def _check_objective_cached(key, f, x0, p, *batch):
-    # The check traces f once; cache it per (f, shapes) so repeated solves pay nothing.
-    if key in _CHECKED:
-        return
-    _check_objective_uncached(f, x0, p, *batch)
-    if len(_CHECKED) > 1024:
-        _CHECKED.clear()
-    _CHECKED.add(key)
-
-
-_CHECKED: set = set()
+_CHECKED = BoundedCache(1024)
 
 
 def _check_objective_uncached(f, x0, p, *batch) -> None:

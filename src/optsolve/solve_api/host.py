@@ -9,6 +9,8 @@ Under vmap a batched loop runs its body for finished elements too, so every call
 from __future__ import annotations
 
 import inspect
+import signal
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -26,7 +28,15 @@ def clock(token: jax.Array) -> jax.Array:
     dtype = jnp.result_type(float)
 
     def host(_token):
-        return np.asarray(time.perf_counter() - _T0, dtype=dtype)
+        try:
+            if _INTERRUPTED[0]:
+                return np.asarray(np.inf, dtype=dtype)  # out of time: the loop stops
+            return np.asarray(time.perf_counter() - _T0, dtype=dtype)
+        except KeyboardInterrupt:
+            if not _CATCHING[0]:
+                raise
+            _INTERRUPTED[0] = True
+            return np.asarray(np.inf, dtype=dtype)  # out of time: the loop stops
 
     return jax.pure_callback(host, jax.ShapeDtypeStruct((), dtype), token,
                              vmap_method="sequential")
@@ -45,6 +55,84 @@ def wants_grad_norm(callback: Callable[..., Any]) -> bool:
     return len(required) >= 4 or any(p.kind == p.VAR_POSITIONAL for p in params)
 
 
+# What user code raised in host calls during an eager solve. Raised inside a host callback,
+# an exception reaches the caller as XLA's "CpuCallback error", and a Ctrl-C (whose handler
+# runs in the thread that runs the compiled loop's callbacks) would abort the run; instead
+# the host call stops the run, and ``solve`` re-raises the user's own exception, or returns
+# INTERRUPTED, afterwards.
+_RAISED: list[BaseException] = []
+_INTERRUPTED = [False]
+_CATCHING = [0]  # eager solves running now (inside jit nobody could re-raise it: raise there)
+
+
+def interrupt_requested() -> bool:
+    """Whether a Ctrl-C arrived during the eager solve running now."""
+    return _INTERRUPTED[0]
+
+
+def _run_callback(callback, *args) -> bool:
+    if _INTERRUPTED[0]:
+        return True
+    try:
+        stop = callback(*args)
+    except KeyboardInterrupt:
+        if not _CATCHING[0]:
+            raise
+        _INTERRUPTED[0] = True
+        return True
+    except Exception as err:  # noqa: BLE001  (re-raised by solve, unchanged)
+        if not _CATCHING[0]:
+            raise
+        _RAISED.append(err)
+        return True
+    return _INTERRUPTED[0] or (bool(stop) if stop is not None else False)
+
+
+class HostCalls:
+    """Context of an eager solve: a user callback's exception stops the run and is
+    re-raised, unchanged, when the context exits; ``interrupted`` tells whether a Ctrl-C
+    stopped the run.
+
+    Args:
+      intercept_interrupts: while the run lasts, a Ctrl-C only sets a flag that the host
+        calls and the loop between its compiled chunks read (a KeyboardInterrupt raised
+        inside JAX's callback machinery would abort the run instead); a second Ctrl-C
+        raises as usual. Only in the main thread, where Python runs signal handlers.
+    """
+
+    def __init__(self, intercept_interrupts: bool = False):
+        self.intercept = intercept_interrupts and (
+            threading.current_thread() is threading.main_thread())
+
+    def __enter__(self):
+        _CATCHING[0] += 1
+        self.depth = len(_RAISED)
+        self.was_interrupted, _INTERRUPTED[0] = _INTERRUPTED[0], False
+        self.interrupted = False
+        if self.intercept:
+            self.previous = signal.signal(signal.SIGINT, _on_interrupt)
+        return self
+
+    def __exit__(self, kind, value, traceback):
+        if self.intercept:
+            signal.signal(signal.SIGINT, self.previous)
+        _CATCHING[0] -= 1
+        self.interrupted = _INTERRUPTED[0]
+        _INTERRUPTED[0] = self.was_interrupted
+        if len(_RAISED) > self.depth:
+            err = _RAISED[self.depth]
+            del _RAISED[self.depth:]
+            if kind is None:
+                raise err
+        return False
+
+
+def _on_interrupt(signum, frame) -> None:
+    if _INTERRUPTED[0]:  # the second Ctrl-C: stop now
+        raise KeyboardInterrupt
+    _INTERRUPTED[0] = True
+
+
 def call_user_callback(callback: Callable[..., Any], due: jax.Array, iteration: jax.Array,
                        x: Any, objective: jax.Array, grad_norm: jax.Array | None = None
                        ) -> jax.Array:
@@ -56,8 +144,9 @@ def call_user_callback(callback: Callable[..., Any], due: jax.Array, iteration: 
     def host(is_due, it, xx, ff, *gg):
         if not bool(is_due):
             return np.asarray(False)
-        stop = callback(int(it), xx, ff, *gg)
-        return np.asarray(bool(stop) if stop is not None else False)
+        if not _RAISED:
+            return np.asarray(_run_callback(callback, int(it), xx, ff, *gg))
+        return np.asarray(True)  # an earlier call raised: stop at once
 
     extra = () if grad_norm is None else (grad_norm,)
     return jax.pure_callback(host, jax.ShapeDtypeStruct((), jnp.bool_), due, iteration, x,
@@ -68,15 +157,47 @@ def call_user_callback(callback: Callable[..., Any], due: jax.Array, iteration: 
 PROGRESS_BARS: list = []
 
 
+def progress_every(total: int | None) -> int:
+    """How many iterations apart a run with ``total`` iterations updates its bar (about
+    100 updates a run; every iteration when the total is unknown, where tqdm's own
+    ``mininterval`` throttles the drawing)."""
+    return 1 if not total else max(int(total) // 100, 1)
+
+
+def advance_progress(iteration: int, objective: float, grad_norm: float | None = None) -> None:
+    """From host code (the scipy monitor, the training loop): move the innermost progress
+    bar to ``iteration``, showing the objective and, where known, the gradient norm."""
+    if PROGRESS_BARS:
+        _show(PROGRESS_BARS[-1], iteration, objective, grad_norm)
+
+
+def _show(bar, iteration, objective, grad_norm) -> None:
+    bar.update(max(0, int(iteration) - bar.n))
+    # the bar keeps the last gradient norm shown when this update brings none
+    postfix = getattr(bar, "optsolve_postfix", {})
+    postfix["loss"] = f"{float(objective):.6g}"
+    if grad_norm is not None and np.isfinite(grad_norm):
+        postfix["grad_norm"] = f"{float(grad_norm):.2e}"
+    bar.optsolve_postfix = postfix
+    bar.set_postfix(postfix, refresh=False)
+
+
 def report_progress(due: jax.Array, iteration: jax.Array, objective: jax.Array,
                     grad_norm: jax.Array) -> jax.Array:
-    """Where ``due``, move the innermost progress bar to ``iteration``; returns False."""
+    """Where ``due``, move the innermost progress bar to ``iteration``; returns False (True
+    after a Ctrl-C, which stops the run)."""
 
     def host(is_due, it, ff, gg):
-        if bool(is_due) and PROGRESS_BARS:
-            bar = PROGRESS_BARS[-1]
-            bar.update(max(0, int(it) - bar.n))
-            bar.set_postfix(loss=f"{float(ff):.6g}", grad_norm=f"{float(gg):.2e}", refresh=False)
+        try:
+            if bool(is_due) and PROGRESS_BARS:
+                _show(PROGRESS_BARS[-1], it, ff, gg)
+            if _INTERRUPTED[0]:
+                return np.asarray(True)
+        except KeyboardInterrupt:
+            if not _CATCHING[0]:
+                raise
+            _INTERRUPTED[0] = True
+            return np.asarray(True)
         return np.asarray(False)
 
     return jax.pure_callback(host, jax.ShapeDtypeStruct((), jnp.bool_), due, iteration,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -10,6 +11,20 @@ import numpy as np
 
 from optsolve.solve_api.algorithm import Algorithm
 from optsolve.solve_api.pytree import pytree_dataclass, static_field
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class DataSpec:
+    """How ``solve`` feeds data (see ``solve``'s ``data``, ``batch_size``, ``key``, ``epochs``)."""
+
+    source: Any
+    batch_size: int | None = None
+    key: Any = None
+    epochs: int | None = None
+
+    @property
+    def in_memory(self) -> bool:
+        return self.batch_size is not None
+
 
 COMMON_OPTIONS = ("maxiters", "maxtime", "gtol", "ftol", "callback", "callback_every")
 
@@ -36,9 +51,9 @@ class SolveOptions:
       history: the length of the per-iterate record (maxiters + 1), 0 for none, -1 for one
         of unknown length (training on data).
       progress: show a tqdm progress bar with the loss (the ``progress`` extra).
-      data: a :class:`~optsolve.backends.stochastic.DataSpec` for training on data, or None.
-      unroll: set by :class:`~optsolve.solve_api.adjoint.UnrolledAdjoint` to the (static)
-        maxiters: the JAX-native loop then runs as a differentiable bounded scan.
+      progress_every: iterations between the bar's updates on the data path (about 100
+        updates a run where the total is known).
+      data: a :class:`DataSpec` for training on data, or None.
     """
 
     maxiters: Any = None
@@ -48,10 +63,10 @@ class SolveOptions:
     callback: Callable[..., Any] | None = static_field(default=None)
     callback_every: int = static_field(default=1)
     extra: tuple[tuple[str, Any], ...] = static_field(default=())
-    unroll: int | None = static_field(default=None)
     resume: Any = None
     history: int = static_field(default=0)
     progress: bool = static_field(default=False)
+    progress_every: int = static_field(default=1)
     data: Any = static_field(default=None)
 
     def get(self, name: str, default: Any = None) -> Any:

@@ -92,7 +92,7 @@ def leaf_spec(leaf: Any) -> tuple:
     """A hashable description of one leaf: ``(shape, dtype, weak_type)`` for arrays (and
     ``jax.ShapeDtypeStruct``), ``("python", type name)`` for Python scalars.
 
-    Read from attributes, without ``jnp.result_type`` (~2 us a leaf): it keys the caches
+    Read from attributes, without ``jnp.result_type`` (dearer per leaf): it keys the caches
     that every solve consults.
     """
     if isinstance(leaf, _PYTHON_SCALARS):

@@ -50,3 +50,24 @@ _MESSAGES = {
 
 # Internal marker for "still running" inside compiled loops; never returned to users.
 RUNNING = -1
+
+
+# Why a JAX-native run stopped, beyond its ReturnCode: the driver carries one of these codes
+# (an int, so it can leave jit) and ``Solution.message`` spells it out.
+REASONS = {
+    0: "",
+    1: "the gradient's infinity norm (projected onto the bounds) is <= gtol",
+    2: "the relative change of the objective is <= ftol",
+    3: "the step is <= xtol relative to max(|x|_inf, 1)",
+    4: "the objective is not finite at the next iterate",
+    5: "the gradient is not finite at the next iterate",
+    6: "the next iterate is not finite",
+    7: "the line search found no acceptable step",
+    8: "the step no longer changes x beyond rounding",
+    9: "the line search met a non-finite objective or gradient at its trial points",
+}
+
+
+def reason_text(code: int) -> str:
+    """The text of a :data:`REASONS` code ("" for none or an unknown code)."""
+    return REASONS.get(int(code), "")

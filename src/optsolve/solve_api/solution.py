@@ -7,8 +7,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from optsolve.solve_api.pytree import pytree_dataclass
-from optsolve.solve_api.returncode import ReturnCode
+from optsolve.solve_api.pytree import pytree_dataclass, static_field
+from optsolve.solve_api.returncode import ReturnCode, reason_text
 
 PyTree = Any
 
@@ -76,6 +76,10 @@ class Solution:
       state: the final optimizer state, from which a run can continue
         (``solve(problem, algorithm, resume=sol, maxiters=m)``).
       history: a :class:`History` when ``solve`` was asked for one, else None.
+      reason: which test stopped a JAX-native run, an int code of
+        :data:`~optsolve.solve_api.returncode.REASONS` (None where the backend says it in
+        ``detail``).
+      detail: the backend's own reason in full (scipy's message), or None.
     """
 
     x: PyTree
@@ -85,6 +89,8 @@ class Solution:
     original: Any = None
     state: Any = None
     history: History | None = None
+    reason: Any = None
+    detail: str | None = static_field(default=None)
 
     @property
     def success(self) -> Any:
@@ -93,11 +99,18 @@ class Solution:
 
     @property
     def message(self) -> str:
-        """A readable explanation of the retcode (for concrete, unbatched solutions)."""
+        """optsolve's summary of the retcode, then the reason the backend gave, in full
+        (for concrete, unbatched solutions)."""
         code = _concrete_code(self.retcode)
         if code is None:
             return "retcode is traced or batched; call .message on a single concrete Solution"
-        return code.message
+        parts = [code.message]
+        reason = _concrete_code(self.reason, reason_text)
+        if reason:
+            parts.append(reason)
+        if self.detail:
+            parts.append(f"backend: {self.detail}")
+        return "; ".join(parts)
 
     def __repr__(self) -> str:
         code = _concrete_code(self.retcode)
@@ -108,9 +121,9 @@ class Solution:
         )
 
 
-def _concrete_code(retcode: Any) -> ReturnCode | None:
+def _concrete_code(retcode: Any, convert: Any = ReturnCode) -> Any:
+    if retcode is None or isinstance(retcode, jax.core.Tracer) or np.ndim(retcode) != 0:
+        return None
     if isinstance(retcode, ReturnCode):
         return retcode
-    if isinstance(retcode, jax.core.Tracer) or np.ndim(retcode) != 0:
-        return None
-    return ReturnCode(int(retcode))
+    return convert(int(retcode))

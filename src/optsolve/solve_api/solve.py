@@ -4,24 +4,26 @@ from __future__ import annotations
 
 import contextlib
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 from optsolve.solve_api.adjoint import ImplicitAdjoint
 from optsolve.solve_api import host
 from optsolve.solve_api.capabilities import check_capabilities, check_objective, resume_point
-from optsolve.solve_api.options import make_options
+from optsolve.solve_api.options import DataSpec, make_options
 from optsolve.solve_api.problem import OptimizationProblem
 from optsolve.solve_api.pytree import is_traced, replace
 from optsolve.solve_api.registry import algorithm_classes, as_algorithm, backend_for
 from optsolve.solve_api.returncode import ReturnCode
-from optsolve.solve_api.solution import Solution
+from optsolve.solve_api.solution import History, Solution, Stats
 
 
 def _solve_on_data(problem, algorithm, opts, data, batch_size, key, epochs) -> Solution:
-    from optsolve.backends.stochastic import DataSpec
     name = type(algorithm).__name__
     if not algorithm.takes_data:
         raise ValueError(
@@ -61,13 +63,94 @@ def _solve_on_data(problem, algorithm, opts, data, batch_size, key, epochs) -> S
             "solve: training on `data` runs a host loop over batches; call solve outside "
             "jax.jit / jax.vmap (the steps inside are compiled)."
         )
-    opts = replace(opts, data=DataSpec(data, batch_size, key, epochs))
+    total = _data_steps(data, batch_size, epochs, opts.maxiters)
+    opts = replace(opts, data=DataSpec(data, batch_size, key, epochs),
+                   progress_every=host.progress_every(total))
     start = time.perf_counter()
-    with progress_bar(opts.progress, opts.maxiters):
-        solution = backend_for(algorithm)(problem, algorithm, opts)
-    elapsed = time.perf_counter() - start
-    return replace(solution, retcode=ReturnCode(int(solution.retcode)),
-                   stats=replace(solution.stats, time=elapsed))
+    with progress_bar(opts.progress, total), host.HostCalls(True) as calls:
+        # the same path as every call; the default adjoint runs the backend as it is here
+        solution = ImplicitAdjoint().apply(backend_for(algorithm), problem, algorithm, opts)
+        if opts.progress:
+            host.advance_progress(int(solution.stats.iterations), solution.objective)
+    return _eager(solution, time.perf_counter() - start, calls.interrupted)
+
+
+def _data_steps(data, batch_size, epochs, maxiters) -> int | None:
+    """The steps a run on data takes, where known (the progress bar's total)."""
+    epochs = 1 if epochs is None else epochs
+    if batch_size is not None:
+        steps = jax.tree_util.tree_leaves(data)[0].shape[0] // batch_size * epochs
+    elif hasattr(data, "__len__"):
+        steps = len(data) * epochs
+    else:
+        steps = None
+    if maxiters is not None:
+        steps = int(maxiters) if steps is None else min(steps, int(maxiters))
+    return steps
+
+
+def _eager(solution: Solution, elapsed: float, interrupted: bool = False) -> Solution:
+    """An eager result in one set of types on every backend: a ReturnCode, Python ints.
+    ``interrupted``: a Ctrl-C stopped the run from inside a host call."""
+    def count(value):
+        return None if value is None else int(value)
+    stats = solution.stats
+    retcode, reason = ReturnCode(int(solution.retcode)), count(solution.reason)
+    if interrupted and retcode in (ReturnCode.TERMINATED, ReturnCode.MAXTIME):
+        retcode, reason = ReturnCode.INTERRUPTED, None
+    return replace(
+        solution, retcode=retcode, reason=reason,
+        stats=replace(stats, iterations=count(stats.iterations), f_evals=count(stats.f_evals),
+                      grad_evals=count(stats.grad_evals), time=elapsed))
+
+
+def _check_adjoint(adjoint: Any) -> Any:
+    adjoint = ImplicitAdjoint() if adjoint is None else adjoint
+    if not hasattr(adjoint, "apply"):
+        raise TypeError(
+            f"solve: `adjoint` must be an adjoint such as optsolve.ImplicitAdjoint(), got "
+            f"{adjoint!r}."
+        )
+    return adjoint
+
+
+def _project_start(problem: OptimizationProblem) -> OptimizationProblem:
+    """x0 projected onto the box (L-BFGS-B's convention), with a warning when it moved."""
+    if not problem.has_bounds:
+        return problem
+    lower, upper = problem.bounds
+    leaves = jax.tree_util.tree_leaves((problem.x0, lower, upper))
+    if not is_traced(leaves):
+        outside = any(bool(np.any((np.asarray(x) < np.asarray(lo)) | (np.asarray(x) > np.asarray(up))))
+                      for x, lo, up in zip(*(jax.tree_util.tree_leaves(t)
+                                             for t in (problem.x0, lower, upper))))
+        if not outside:
+            return problem
+        warnings.warn("solve: x0 lies outside the bounds; it was projected onto them (as "
+                      "scipy's L-BFGS-B does) and the run starts there.", UserWarning,
+                      stacklevel=3)
+    x0 = jax.tree_util.tree_map(lambda x, lo, up: jnp.clip(x, lo, up), problem.x0, lower, upper)
+    return problem.replace(x0=x0)
+
+
+def _no_iterations(problem: OptimizationProblem, opts) -> Solution:
+    """The answer to ``maxiters=0``, without calling a backend: the start, unchanged."""
+    resume = opts.resume
+    x = problem.x0 if resume is None else resume.x
+    if opts.history:
+        f, g = jax.value_and_grad(problem.f)(x, problem.p)
+        norm = jnp.max(jnp.stack([jnp.max(jnp.abs(leaf)) for leaf in jax.tree_util.tree_leaves(
+            jax.tree_util.tree_map(lambda xx, gg, lo, up: xx - jnp.clip(xx - gg, lo, up),
+                                   x, g, *problem.bounds) if problem.bounds is not None else g)]))
+        history = History(jnp.reshape(f, (1,)), jnp.reshape(norm, (1,)).astype(f.dtype))
+    else:
+        f, history = problem.f(x, problem.p), None
+    base = resume.stats if resume is not None else Stats(0, 0, 0)
+    zero = lambda v: 0 if v is None else v
+    return Solution(x=x, objective=f, retcode=ReturnCode.MAXITERS,
+                    stats=Stats(iterations=zero(base.iterations), f_evals=zero(base.f_evals) + 1,
+                                grad_evals=zero(base.grad_evals) + (1 if opts.history else 0)),
+                    state=None if resume is None else resume.state, history=history)
 
 
 @contextlib.contextmanager
@@ -151,31 +234,39 @@ def solve(problem: OptimizationProblem, algorithm: Any, *, maxiters: int | None 
                         callback=callback, resume=resume_point(problem, resume),
                         history=history, progress=progress, **options)
     if data is not None:
+        if adjoint is not None:
+            raise ValueError(
+                "solve: `adjoint` does not apply when training on `data`: the run is a host "
+                f"loop over batches, which is not differentiated; got adjoint={adjoint!r}. "
+                "Remove it.")
         return _solve_on_data(problem, algorithm, opts, data, batch_size, key, epochs)
     for name, value in (("batch_size", batch_size), ("key", key), ("epochs", epochs)):
         if value is not None:
             raise ValueError(f"solve: `{name}` is only meaningful together with `data`.")
-    if opts.history == -1:
+    if opts.history == -1 and algorithm.capabilities()["compiled_driver"]:
         raise ValueError(
             "solve: `history=True` needs `maxiters` as a Python int (the record's length), "
             f"got maxiters={maxiters!r}."
         )
-    check_capabilities(problem, algorithm, opts)
+    adjoint = _check_adjoint(adjoint)
+    check_capabilities(problem, algorithm, opts, adjoint=adjoint)
     check_objective(problem)
+    problem = _project_start(problem)
     backend = backend_for(algorithm)
-    adjoint = ImplicitAdjoint() if adjoint is None else adjoint
-    if not hasattr(adjoint, "apply"):
-        raise TypeError(
-            f"solve: `adjoint` must be an adjoint such as optsolve.ImplicitAdjoint(), got "
-            f"{adjoint!r}."
-        )
-    if is_traced(problem, algorithm, opts):
+    traced = is_traced(problem, algorithm, opts)
+    if (opts.maxiters is not None and not is_traced(opts.maxiters) and int(opts.maxiters) == 0
+            and not algorithm.capabilities()["compiled_driver"]):
+        solution = _no_iterations(problem, opts)
+        return solution if traced else _eager(solution, 0.0)
+    if traced:
         return adjoint.apply(backend, problem, algorithm, opts)
     start = time.perf_counter()
-    with progress_bar(progress, maxiters):
+    with progress_bar(progress, maxiters), host.HostCalls(
+            algorithm.capabilities()["compiled_driver"]) as calls:
         solution = jax.block_until_ready(adjoint.apply(backend, problem, algorithm, opts))
+        if progress and jnp.ndim(solution.retcode) == 0:
+            host.advance_progress(int(solution.stats.iterations), solution.objective)
     elapsed = time.perf_counter() - start
-    retcode = solution.retcode
-    if not isinstance(retcode, ReturnCode) and jax.numpy.ndim(retcode) == 0:
-        retcode = ReturnCode(int(retcode))
-    return replace(solution, retcode=retcode, stats=replace(solution.stats, time=elapsed))
+    if jnp.ndim(solution.retcode) != 0:  # a batch (a vmapped problem solved eagerly)
+        return replace(solution, stats=replace(solution.stats, time=elapsed))
+    return _eager(solution, elapsed, calls.interrupted)

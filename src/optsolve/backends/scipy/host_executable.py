@@ -3,8 +3,7 @@
 JAX's CPU client hands every computation to a worker thread and returns at once. scipy
 calls the objective from Python, waits for each result and does its own work in between,
 so the worker has gone to sleep by the next call and waking it costs more than evaluating
-a small objective (measured: a 100-variable Rosenbrock value-and-gradient interleaved with
-~33 us of numpy work took ~100 us a call, ~50 us when run inline). Nothing is gained from
+a small objective (docs/benchmarks.md has the measurements). Nothing is gained from
 asynchrony here, so on a CPU backend the function is compiled with ``jax.jit`` for the
 device of a private CPU client created with synchronous dispatch (JAX's own setting,
 ``jax_cpu_enable_async_dispatch``, is process-wide) and runs in the calling thread. Creating
@@ -35,8 +34,7 @@ ENABLED = True
 
 # id(array) -> (weak reference to a JAX array of p, its copy on the private device). JAX
 # arrays are immutable, so identity is enough; copying data from the default device costs
-# ~50 us and up a leaf, more than a small solve's evaluations, and p is usually the same
-# data from solve to solve.
+# more than a small solve's evaluations, and p is usually the same data from solve to solve.
 _moved: OrderedDict = OrderedDict()
 _MOVED_SIZE = 32
 

@@ -13,10 +13,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from optsolve.backends.classical import (
+from optsolve.backends.classical.descent import (
     ClassicalAlgorithm, DescentSolver, _default_linesearch, register,
 )
-from optsolve.backends.linesearch import Zoom
+from optsolve.backends.classical.linesearch import Zoom
 from optsolve.solve_api.problem import OptimizationProblem
 from optsolve.solve_api.pytree import pytree_dataclass, static_field
 
@@ -33,9 +33,8 @@ def _curvature_ok(s: Array, y: Array, decreased: Array) -> tuple[Array, Array, A
 # ----------------------------------------------------------------------------- L-BFGS
 
 # Below this many variables the memory products run as multiply-and-sum, which XLA fuses
-# into the surrounding loop (fewer kernels: chained Rosenbrock n=100 4.0 vs 5.0 ms); from it
-# on as matrix-vector products, 4-14x faster at n >= 1000 (20 vs 4.8 us at n = 1000, 635 vs
-# 45 us at n = 10000 per product pair).
+# into the surrounding loop (fewer kernels); from it on as matrix-vector products, several
+# times faster at n >= 1000 (docs/benchmarks.md's layout table measures both).
 _DOT_FROM = 256
 
 
@@ -58,7 +57,7 @@ class LBFGSModel(NamedTuple):
 class _LBFGSSolver(DescentSolver):
     # A step's state is finite (line searches accept finite points only) and a failed step
     # resets the model itself, so the driver keeps it as it is rather than selecting the
-    # previous one, a copy of the whole memory each iteration (3-13% of a small solve).
+    # previous one, a copy of the whole memory each iteration (a cost on small solves).
     select_state = False
 
     def init_model(self, x, g):
@@ -156,7 +155,7 @@ class TwoLoopModel(NamedTuple):
 class _TwoLoopLBFGSSolver(_LBFGSSolver):
     """L-BFGS for problems small enough that its memory fits XLA's cheap sequential mode:
     the two-loop recursion (Nocedal & Wright Algorithm 7.4) as two scans over the memory
-    (scans rather than unrolled loops: 67 vs 135 us on chained Rosenbrock n = 2)."""
+    (scans rather than unrolled loops, which measured slower on chained Rosenbrock n = 2)."""
 
     def init_model(self, x, g):
         m = self.alg.memory_size

@@ -10,7 +10,7 @@ from __future__ import annotations
 import optax
 import optax.contrib
 
-from optsolve.backends.optax_backend import OptaxAlgorithm, make_optax_algorithm
+from optsolve.backends.optax.backend import OptaxAlgorithm, make_optax_algorithm
 
 # Every top-level optax optimizer alias present in the installed optax.
 _TOP_LEVEL = {
@@ -35,6 +35,11 @@ _CONTRIB = {
 }
 
 
+# Optimizers that run a line search inside each update: its while loop has no reverse-mode
+# derivative, so they cannot be differentiated by unrolling.
+_WITH_LINESEARCH = frozenset({"OptaxLBFGS"})
+
+
 def _generate() -> dict[str, type[OptaxAlgorithm]]:
     classes = {}
     for module, prefix, table in ((optax, "optax", _TOP_LEVEL),
@@ -44,8 +49,8 @@ def _generate() -> dict[str, type[OptaxAlgorithm]]:
             if factory is None:  # not in this optax version
                 continue
             classes[class_name] = make_optax_algorithm(
-                factory, class_name, f"{prefix}.{factory_name}"
-            )
+                factory, class_name, f"{prefix}.{factory_name}",
+                unrollable=class_name not in _WITH_LINESEARCH)
     return classes
 
 

@@ -12,9 +12,9 @@ from typing import Any, ClassVar
 import jax
 import optax
 
-from optsolve.backends.optax_backend import OptaxAlgorithm, solve_optax
+from optsolve.backends.optax.backend import OptaxAlgorithm, solve_optax
 from optsolve.solve_api.pytree import freeze, thaw
-from optsolve.solve_api.algorithm import Algorithm
+from optsolve.solve_api.algorithm import Algorithm, check_replace
 from optsolve.solve_api.registry import register_algorithm, register_backend
 
 PyTree = Any
@@ -42,6 +42,7 @@ class ParameterGroups(Algorithm):
     resumable: ClassVar[bool] = True
     records_history: ClassVar[bool] = True
     takes_data: ClassVar[bool] = True
+    compiled_driver: ClassVar[bool] = True
 
     def __init__(self, groups: Mapping[str, Group], labels: Callable[[str], str] | PyTree):
         if not isinstance(groups, Mapping) or not groups:
@@ -63,6 +64,12 @@ class ParameterGroups(Algorithm):
 
     def __repr__(self) -> str:
         return f"ParameterGroups({self.groups!r}, labels={self.labels!r})"
+
+    def replace(self, **changes: Any) -> "ParameterGroups":
+        """A copy with other ``groups`` or ``labels``."""
+        check_replace(self, changes, ("groups", "labels"))
+        return ParameterGroups(changes.get("groups", self.groups),
+                               changes.get("labels", self.labels))
 
     def _label_tree(self, x: PyTree) -> PyTree:
         if callable(self.labels):

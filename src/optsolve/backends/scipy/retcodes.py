@@ -2,11 +2,12 @@
 
 One table per method, keyed on the ``status`` integer of scipy's ``OptimizeResult`` (the
 meanings are scipy 1.17's, quoted from its sources next to each entry). A status missing
-from its table maps to FAILURE. Two rules apply on top of the tables, in
-:func:`retcode_from_result`: a stop that optsolve itself requested (the callback, maxtime,
-ftol, maxiters counted by optsolve) wins over scipy's status, and a non-finite objective
-or iterate is FAILURE whatever scipy said. The backend then turns SUCCESS / MAXITERS /
-MAXTIME / STALLED into INFEASIBLE when the constraints are violated at the end.
+from its table maps to FAILURE. The rules on top of the tables are in
+``scipy_run._outcome``: a stop that optsolve itself requested wins over scipy's status, a
+non-finite value anywhere in the run is FAILURE, violated constraints at the end are
+INFEASIBLE and a success on a test of scipy's own above the user's gtol is STALLED
+(:func:`stopped_by_own_gtol`). :func:`budget_option` names an evaluation budget that ended
+a run, and :func:`scipy_message` gives scipy's message as one string.
 """
 
 from __future__ import annotations
@@ -164,3 +165,46 @@ def minimize_retcode(method: str, status: Any, success: bool = True) -> ReturnCo
     if method == "cobyla" and code is S and not success:
         return INF
     return code
+
+
+def scipy_message(result: Any) -> str:
+    """scipy's message in full, as one string (some global methods give a list)."""
+    message = result.get("message", "")
+    if isinstance(message, (list, tuple)):
+        return "; ".join(str(m) for m in message)
+    return str(message)
+
+
+# Where scipy's status says an evaluation budget (not the iteration limit maxiters maps to)
+# ended the run: method -> (status, the option that sets the budget).
+_BUDGET_STATUS = {
+    "nelder-mead": (1, "maxfev"),  # "Maximum number of function evaluations has been exceeded."
+    "powell": (1, "maxfev"),
+    "tnc": (3, "maxfun"),          # "Max. number of function evaluations reached"
+    "cobyla": (3, "maxiter"),      # MAXFUN_REACHED (COBYLA's maxiter counts evaluations)
+    "direct": (1, "maxfun"),       # "Number of function evaluations done is larger than maxfun"
+}
+# Where only the message tells: method -> (words of the message, the option).
+_BUDGET_MESSAGE = {
+    "l-bfgs-b": ("evaluations exceeds limit", "maxfun"),  # "TOTAL NO. OF F,G EVALUATIONS ..."
+    "dual_annealing": ("maximum number of function call", "maxfun"),
+    "differential_evolution": ("function evaluations", "maxfun"),
+}
+
+
+def budget_option(method: str, result: Any) -> str | None:
+    """The scipy option whose evaluation budget ended the run, or None if none did."""
+    if method in _BUDGET_STATUS:
+        status, option = _BUDGET_STATUS[method]
+        return option if result.get("status") == status else None
+    if method in _BUDGET_MESSAGE:
+        words, option = _BUDGET_MESSAGE[method]
+        return option if words in scipy_message(result).lower() else None
+    return None
+
+
+def stopped_by_own_gtol(method: str, result: Any) -> bool:
+    """Whether scipy's success is its own form of the gradient test solve's gtol maps to,
+    measured in a way optsolve's projected inf-norm need not reproduce: TNC's scaled
+    projected gradient, trust-constr's Lagrangian gradient with its barrier."""
+    return (method, result.get("status")) in (("tnc", 0), ("trust-constr", 1))

@@ -40,6 +40,16 @@ class MethodSpec:
       native_ftol: scipy's own ``ftol`` option is solve's ``ftol`` (same definition:
         |f_k - f_{k+1}| / max(|f_k|, |f_{k+1}|, 1)); elsewhere optsolve tests it.
       maxiter_name: scipy's option counting iterations, or None (optsolve counts them).
+      maxiter_offset: added to maxiters for scipy, whose count includes iterations the
+        callback never sees: Nelder-Mead counts from 1 (``maxiter=m`` performs m - 1),
+        direct's first two iterations divide the box before its callback runs.
+      monitor_counts: optsolve's iteration count is the number of callback calls (the
+        monitor always runs): Nelder-Mead's and direct's ``nit`` count more (see
+        maxiter_offset); COBYQA calls its callback after each evaluation, and its ``nit``
+        counts trust-region iterations.
+      callback_per_iteration: scipy's callback runs once per iteration it counts (not
+        dual_annealing: per new best minimum; not shgo: per local-search iteration). Where
+        False, no history is recorded and the progress bar moves once, at the end.
       callback: "intermediate" (callback(intermediate_result), StopIteration stops it) or
         "x" (callback(xk), which optsolve stops by an exception of its own).
       extra: option names valid beyond the function's signature.
@@ -56,12 +66,16 @@ class MethodSpec:
     native_ftol: bool = False
     gtol_2norm: bool = False
     maxiter_name: str | None = "maxiter"
+    maxiter_offset: int = 0
+    monitor_counts: bool = False
+    callback_per_iteration: bool = True
     callback: str = "intermediate"
     extra: tuple[str, ...] = ()
 
 
 MINIMIZE_SPECS: dict[str, MethodSpec] = {s.key: s for s in (
-    MethodSpec("nelder-mead", "Nelder-Mead", _m._minimize_neldermead, False, takes_bounds=True),
+    MethodSpec("nelder-mead", "Nelder-Mead", _m._minimize_neldermead, False, takes_bounds=True,
+               maxiter_offset=1, monitor_counts=True),
     MethodSpec("powell", "Powell", _m._minimize_powell, False, takes_bounds=True),
     MethodSpec("cg", "CG", _m._minimize_cg, True, native_gtol=True),
     MethodSpec("bfgs", "BFGS", _m._minimize_bfgs, True, native_gtol=True),
@@ -74,8 +88,10 @@ MINIMIZE_SPECS: dict[str, MethodSpec] = {s.key: s for s in (
     # COBYLA's maxiter counts function evaluations.
     MethodSpec("cobyla", "COBYLA", _m._minimize_cobyla, False, takes_bounds=True,
                takes_constraints=True, maxiter_name=None),
+    # COBYQA calls its callback after each evaluation: an optsolve iteration is one, and
+    # maxiters is its evaluation budget.
     MethodSpec("cobyqa", "COBYQA", _m._minimize_cobyqa, False, takes_bounds=True,
-               takes_constraints=True),
+               takes_constraints=True, maxiter_name="maxfev", monitor_counts=True),
     MethodSpec("slsqp", "SLSQP", _m._minimize_slsqp, True, takes_bounds=True,
                takes_constraints=True),
     MethodSpec("trust-constr", "trust-constr", _m._minimize_trustregion_constr, True,
@@ -93,10 +109,13 @@ MINIMIZE_SPECS: dict[str, MethodSpec] = {s.key: s for s in (
 GLOBAL_SPECS: dict[str, MethodSpec] = {s.key: s for s in (
     MethodSpec("differential_evolution", "differential_evolution", so.differential_evolution,
                True, takes_bounds=True, takes_constraints=True),
-    MethodSpec("dual_annealing", "dual_annealing", so.dual_annealing, True, takes_bounds=True),
+    MethodSpec("dual_annealing", "dual_annealing", so.dual_annealing, True, takes_bounds=True,
+               callback_per_iteration=False),
     MethodSpec("shgo", "shgo", so.shgo, True, takes_bounds=True, takes_constraints=True,
-               maxiter_name="iters", callback="x"),
-    MethodSpec("direct", "direct", so.direct, False, takes_bounds=True, callback="x"),
+               maxiter_name="iters", callback="x", callback_per_iteration=False),
+    # direct's callback starts at its third iteration (the first two divide the box).
+    MethodSpec("direct", "direct", so.direct, False, takes_bounds=True, callback="x",
+               maxiter_offset=2, monitor_counts=True),
     MethodSpec("basinhopping", "basinhopping", so.basinhopping, True, takes_bounds=True,
                takes_constraints=True, maxiter_name="niter", extra=("local",)),
 )}
@@ -185,6 +204,11 @@ def check_options(spec: MethodSpec, options: dict[str, Any]) -> dict[str, Any]:
         if (name == "gtol" and spec.native_gtol) or (name == "ftol" and spec.native_ftol):
             raise TypeError(f"{who}: `{name}` is set through solve's common option: "
                             f"solve(..., {name}={value!r}).")
+        if name == "workers" and spec.key in GLOBAL_SPECS:
+            raise TypeError(
+                f"{who}: `workers` is not supported: scipy evaluates the objective in worker "
+                "processes, which needs a picklable objective, and optsolve's compiled "
+                f"objective cannot be pickled; got workers={value!r}. Remove it.")
         if name in _FINITE_DIFFERENCES and spec.needs_gradient:
             raise TypeError(
                 f"{who}: `{name}` only tunes scipy's finite differences, which optsolve "

@@ -23,9 +23,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from optsolve.backends.iterative import Objective, Step, run_iterative
-from optsolve.backends.stochastic import run_training
-from optsolve.solve_api.algorithm import Algorithm
+from optsolve.backends.native.chunked import run_iterative
+from optsolve.backends.native.protocol import GradientStepSolver, Step, SteppingSolver, Update
+from optsolve.backends.native.objective import Objective
+from optsolve.backends.native.training import run_training
+from optsolve.solve_api.algorithm import Algorithm, check_replace
 from optsolve.solve_api.options import SolveOptions
 from optsolve.solve_api.problem import OptimizationProblem
 from optsolve.solve_api.pytree import freeze, thaw
@@ -46,7 +48,7 @@ def _is_leaf_value(value: Any) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def _factory_signature(factory: Callable[..., Any]) -> inspect.Signature:
-    # inspect.signature takes ~50 us; algorithms are built and unflattened on every solve
+    # inspect.signature is slow, and algorithms are built and unflattened on every solve
     return inspect.signature(factory)
 
 
@@ -62,6 +64,7 @@ class OptaxAlgorithm(Algorithm):
     resumable: ClassVar[bool] = True
     records_history: ClassVar[bool] = True
     takes_data: ClassVar[bool] = True
+    compiled_driver: ClassVar[bool] = True
     factory: ClassVar[Callable[..., optax.GradientTransformation]]
     schedulable: ClassVar[frozenset[str]] = frozenset()
     native_schedules: ClassVar[frozenset[str]] = frozenset()
@@ -91,12 +94,7 @@ class OptaxAlgorithm(Algorithm):
 
     def replace(self, **changes: Any) -> "OptaxAlgorithm":
         """A copy with some hyperparameters changed."""
-        unknown = set(changes) - set(self._hyperparams)
-        if unknown:
-            raise TypeError(
-                f"{type(self).__name__}.replace: unknown hyperparameter(s) {sorted(unknown)}; "
-                f"valid: {', '.join(self._hyperparams)}."
-            )
+        check_replace(self, changes, self._hyperparams)
         return type(self)(**{**self._hyperparams, **changes})
 
     def __repr__(self) -> str:
@@ -159,7 +157,7 @@ def _schedulable_names(factory: Callable[..., Any]) -> tuple[frozenset[str], fro
 
 
 def make_optax_algorithm(factory: Callable[..., optax.GradientTransformation], name: str,
-                         source: str) -> type[OptaxAlgorithm]:
+                         source: str, unrollable: bool = True) -> type[OptaxAlgorithm]:
     """Generate the algorithm class for one optax factory (``source`` names it in docs)."""
     signature = inspect.signature(factory)
     schedulable, native = _schedulable_names(factory)
@@ -182,6 +180,7 @@ def make_optax_algorithm(factory: Callable[..., optax.GradientTransformation], n
         "factory": staticmethod(factory),
         "schedulable": schedulable,
         "native_schedules": native,
+        "unrollable": unrollable,
         "__init__": __init__,
         "__doc__": header + inspect.cleandoc(factory.__doc__ or ""),
         "__module__": "optsolve",
@@ -212,6 +211,7 @@ class OptaxTransform(Algorithm):
     resumable: ClassVar[bool] = True
     records_history: ClassVar[bool] = True
     takes_data: ClassVar[bool] = True
+    compiled_driver: ClassVar[bool] = True
 
     def __init__(self, transformation: optax.GradientTransformation):
         if not isinstance(transformation, optax.GradientTransformation):
@@ -223,6 +223,21 @@ class OptaxTransform(Algorithm):
 
     def transformation(self) -> optax.GradientTransformation:
         return self._transformation
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"OptaxTransform is immutable; use .replace({name}=...).")
+
+    def replace(self, **changes: Any) -> "OptaxTransform":
+        """A copy holding another ``transformation``."""
+        check_replace(self, changes, ("transformation",))
+        return OptaxTransform(changes.get("transformation", self._transformation))
+
+    def capabilities(self) -> dict[str, Any]:
+        """The class's traits; not unrollable when the transformation ends in a line search
+        (its own while loop has no reverse-mode derivative)."""
+        traits = type(self).traits()
+        traits["unrollable"] = not _has_linesearch(self._transformation)
+        return traits
 
     def __repr__(self) -> str:
         return f"OptaxTransform({self._transformation!r})"
@@ -259,10 +274,14 @@ def _final_linesearch_state(state: PyTree):
             return None
 
 
+def _met_nonfinite(ls) -> jax.Array:
+    """Whether optax's line search ended on a non-finite value: its decrease error is then
+    infinite, and the step it returns no longer comes from a sufficient decrease."""
+    return ~jnp.isfinite(ls.info.decrease_error)
+
+
 class _OptaxSolver:
     """What both shapes share: the transformation and the extra arguments it takes."""
-
-    detect_stall = False
 
     def __init__(self, transformation: optax.GradientTransformation):
         self.tx = transformation
@@ -294,7 +313,7 @@ class _OptaxSolver:
         return optax.apply_updates(x, updates), new_state
 
 
-class _OptaxUpdater(_OptaxSolver):
+class _OptaxUpdater(_OptaxSolver, GradientStepSolver):
     """Plain transformations: each update needs the gradient at the current iterate only."""
 
     def init(self, objective: Objective, x):
@@ -303,13 +322,15 @@ class _OptaxUpdater(_OptaxSolver):
     def update(self, objective: Objective, x, f, g, state):
         x_new, new_state = self._update(objective, x, f, g, state)
         trials = jnp.zeros((), jnp.int32)
+        failed = jnp.zeros((), bool)
         ls = _final_linesearch_state(new_state)
         if ls is not None:  # a value-only line search (backtracking without store_grad)
             trials = jnp.asarray(ls.info.num_linesearch_steps, jnp.int32)
-        return x_new, new_state, trials, jnp.zeros((), jnp.int32)
+            failed = _met_nonfinite(ls)
+        return Update(x_new, new_state, trials, jnp.zeros((), jnp.int32), failed)
 
 
-class _OptaxStepper(_OptaxSolver):
+class _OptaxStepper(_OptaxSolver, SteppingSolver):
     """Transformations ending in a line search that stores the value and gradient at the new
     iterate (zoom; backtracking with store_grad): they are reused, never recomputed."""
 
@@ -324,7 +345,17 @@ class _OptaxStepper(_OptaxSolver):
         # zoom evaluates value and gradient at every trial; backtracking the value, then
         # the gradient once at the accepted point
         grad_evals = jnp.ones((), jnp.int32) if backtracking else trials
-        return Step(x_new, ls.value, ls.grad, new_state, trials, grad_evals, jnp.zeros((), bool))
+        return Step(x_new, ls.value, ls.grad, new_state, trials, grad_evals, _met_nonfinite(ls))
+
+
+@functools.lru_cache(maxsize=64)
+def _has_linesearch(tx: optax.GradientTransformation) -> bool:
+    """Whether ``tx``'s state holds a line search's (traced once per transformation)."""
+    try:
+        state = jax.eval_shape(tx.init, jnp.zeros((1,)))
+    except Exception:  # noqa: BLE001  (a transformation that needs other params: assume none)
+        return False
+    return _final_linesearch_state(state) is not None
 
 
 def _make_solver(algorithm: OptaxAlgorithm | OptaxTransform,
@@ -337,13 +368,15 @@ def _make_solver(algorithm: OptaxAlgorithm | OptaxTransform,
 
 
 def solve_optax(problem: OptimizationProblem, algorithm: Algorithm,
-                options: SolveOptions) -> Solution:
-    """Run an optax-family algorithm: one compiled loop (see :mod:`.iterative`), or, with
-    ``data``, the training loop of :mod:`.stochastic`."""
+                options: SolveOptions, loop: Any = None) -> Solution:
+    """Run an optax-family algorithm: one compiled loop (see
+    :mod:`optsolve.backends.native.driver`) in the ``loop`` the adjoint chose, or, with
+    ``data``, the training loop of :mod:`optsolve.backends.native.training`."""
     if options.data is not None:
         return run_training(_make_solver, problem, algorithm, options)
-    return run_iterative(_make_solver, problem, algorithm, options)
+    return run_iterative(_make_solver, problem, algorithm, options, loop)
 
 
+register_algorithm(OptaxTransform)
 register_backend(OptaxTransform, solve_optax)
 register_adapter(optax.GradientTransformation, OptaxTransform)

@@ -3,7 +3,7 @@
 ``x0`` (any pytree) is flattened with ``jax.flatten_util.ravel_pytree``; scipy works on the
 flat float64 vector and every evaluation unravels it to x0's structure and dtypes. Each
 derivative scipy asks for is one compiled executable (a
-:class:`~optsolve.backends.host_executable.HostExecutable`: run inline in the calling thread on a
+:class:`~optsolve.backends.scipy.host_executable.HostExecutable`: run inline in the calling thread on a
 CPU), built once per (f, shapes, dtypes) and cached, and called with numpy inputs and ``p``
 bound as an argument: no tracing, no dispatch through ``jax.jit``'s cache and no
 recompilation when ``p`` changes. Objective and gradient come
@@ -14,7 +14,6 @@ serves both.
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -24,14 +23,14 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 from scipy.sparse.linalg import LinearOperator
 
-from optsolve.backends.host_executable import HostCall, HostExecutable
+from optsolve.backends.scipy.host_executable import HostCall, HostExecutable
+from optsolve.solve_api.cache import BoundedCache
 from optsolve.solve_api.problem import OptimizationProblem
 from optsolve.solve_api.pytree import tree_spec
 
 PyTree = Any
 
-_CACHE: OrderedDict = OrderedDict()
-_CACHE_SIZE = 256
+_CACHE = BoundedCache(256)
 
 
 def eval_dtype(x0: PyTree) -> np.dtype:
@@ -109,8 +108,12 @@ def _build(kind: str, f, constraints, unravel, dtype) -> Callable:
         return obj
     if kind == "fg":
         def fg(xf, p):
+            # [f, g..., max|g|] (the last NaN/inf if any entry of g is): one transfer, no
+            # host reduction. The barrier keeps f and g bit for bit what they are without
+            # the norm (fused together, XLA rounds the gradient differently).
             value, grad = jax.value_and_grad(obj)(xf, p)
-            return jnp.concatenate([value[None], grad])
+            out = jax.lax.optimization_barrier(jnp.concatenate([value[None], grad]))
+            return jnp.concatenate([out, jnp.max(jnp.abs(out[1:]), initial=0.0)[None]])
         return fg
     if kind == "hessp":
         return lambda xf, v, p: jax.jvp(lambda y: jax.grad(obj)(y, p), (xf,), (v,))[1]
@@ -136,26 +139,17 @@ def compiled(kind: str, problem: OptimizationProblem, p: PyTree, n_cons: int) ->
     g_fns = tuple(c.g for c in problem.constraints or ())
     dtype = eval_dtype(problem.x0)
     key = (kind, problem.f, g_fns, tree_spec(problem.x0), tree_spec(p), str(dtype))
-    try:
-        hit = _CACHE.get(key)
-    except TypeError:  # an unhashable f: compile without caching
-        key, hit = None, None
-    if hit is not None:
-        _CACHE.move_to_end(key)
-        return hit
-    # Only on a cache miss: it dispatches JAX operations.
-    flat0, unravel = flatten_x(_promote(problem.x0, dtype))
-    dtype = flat0.dtype
-    n = flat0.shape[0]
-    vec = jax.ShapeDtypeStruct((n,), dtype)
-    fn = _build(kind, problem.f, problem.constraints or (), unravel, dtype)
-    args = {"hessp": (vec, vec), "chvp": (vec, jax.ShapeDtypeStruct((n_cons,), dtype), vec)}
-    exe = HostExecutable(fn, args.get(kind, (vec,)), p)
-    if key is not None:
-        _CACHE[key] = exe
-        if len(_CACHE) > _CACHE_SIZE:
-            _CACHE.popitem(last=False)
-    return exe
+
+    def build() -> HostExecutable:
+        # Only on a cache miss: it dispatches JAX operations.
+        flat0, unravel = flatten_x(_promote(problem.x0, dtype))
+        n = flat0.shape[0]
+        vec = jax.ShapeDtypeStruct((n,), flat0.dtype)
+        fn = _build(kind, problem.f, problem.constraints or (), unravel, flat0.dtype)
+        args = {"hessp": (vec, vec), "chvp": (vec, jax.ShapeDtypeStruct((n_cons,), flat0.dtype), vec)}
+        return HostExecutable(fn, args.get(kind, (vec,)), p)
+
+    return _CACHE.get_or_make(key, build)
 
 
 class HostProblem:
@@ -167,10 +161,11 @@ class HostProblem:
 
     Attributes:
       x0: the flat float64 starting point.
-      n_f, n_g: objective and gradient evaluations actually computed (one compiled call
-        of value-and-gradient counts one of each).
+      n_f, n_g, n_h: objective, gradient and Hessian (or Hessian-product) evaluations
+        actually computed (one compiled call of value-and-gradient counts one of each).
+      bad: how many evaluations of "f", "the gradient" and "the Hessian" were not finite.
       nonfinite: True once any evaluation returned a NaN or infinite value.
-      last_finite: (x, f) of the last evaluation with a finite value, or None.
+      last_finite: (x, f) of the last evaluation with a finite value (and gradient), or None.
     """
 
     def __init__(self, problem: OptimizationProblem, p_weak: tuple[bool, ...] | None = None):
@@ -199,6 +194,8 @@ class HostProblem:
         self._fg: HostCall | None = None
         self.n_f = 0
         self.n_g = 0
+        self.n_h = 0
+        self.bad = {"f": 0, "the gradient": 0, "the Hessian": 0}
         self.nonfinite = False
         self.last_finite: tuple[np.ndarray, float] | None = None
         self._memo_x: np.ndarray | None = None
@@ -220,7 +217,17 @@ class HostProblem:
         if finite:
             self.last_finite = (np.array(x, dtype=np.float64), f)
         else:
-            self.nonfinite = True
+            self._bad("f")
+
+    def _bad(self, what: str) -> None:
+        self.bad[what] += 1
+        self.nonfinite = True
+
+    def nonfinite_note(self) -> str:
+        """E.g. "f was not finite at 3 of 57 evaluations" ("" when every value was finite)."""
+        totals = {"f": self.n_f, "the gradient": self.n_g, "the Hessian": self.n_h}
+        return "; ".join(f"{what} was not finite at {n} of {totals[what]} evaluations"
+                         for what, n in self.bad.items() if n)
 
     # ------------------------------------------------------------------ objective
     def fun(self, x: np.ndarray) -> float:
@@ -242,15 +249,17 @@ class HostProblem:
         xc = np.array(x, dtype=np.float64)
         out = self._fg(xc if self._f64 else xc.astype(self.dtype))[0]
         f = float(out[0])
-        g = out[1:] if self._f64 else out[1:].astype(np.float64)
+        g = out[1:-1] if self._f64 else out[1:-1].astype(np.float64)
         self.n_f += 1
         self.n_g += 1
-        # f alone: a non-finite gradient sends the next point to NaN, whose f is caught; a
-        # numpy reduction over g would cost a quarter of a small problem's evaluation
-        if math.isfinite(f):
-            self.last_finite = (xc, f)
+        # out[-1] is max|g|, computed in the compiled call: a host reduction over g would
+        # cost a quarter of a small problem's evaluation.
+        if not math.isfinite(f):
+            self._bad("f")
+        elif not math.isfinite(float(out[-1])):
+            self._bad("the gradient")
         else:
-            self.nonfinite = True
+            self.last_finite = (xc, f)
         self._memo_x = xc
         self._memo_fg = (f, g)
         return f, g
@@ -276,15 +285,36 @@ class HostProblem:
             return self.last_finite[1]
         return self.fun_and_grad(x)[0] if use_gradient else self.fun(x)
 
+    def peek(self, x: np.ndarray, gradient: bool = True) -> tuple[float, np.ndarray | None]:
+        """(f(x), grad f(x)) for optsolve's own records (history, the gtol check), counted
+        nowhere: the memo when it holds x, else one evaluation. Without ``gradient`` (the
+        derivative-free methods) the gradient is None and only f is evaluated."""
+        x = np.asarray(x, dtype=np.float64)
+        if gradient and self._memo_x is not None and np.array_equal(self._memo_x, x):
+            return self._memo_fg
+        if gradient:
+            self.prepare(("fg",))
+            out = self._fg(x if self._f64 else x.astype(self.dtype))[0]
+            return float(out[0]), np.asarray(out[1:-1], dtype=np.float64)
+        self.prepare(("f",))
+        return float(self._exe["f"](self._x(x))[0]), None
+
     def hessp(self, x: np.ndarray, v: np.ndarray) -> np.ndarray:
         """Hessian-vector product (forward over reverse)."""
         self.prepare(("hessp",))
-        return np.asarray(self._exe["hessp"](self._x(x), self._x(v))[0], dtype=np.float64)
+        return self._checked_hessian(self._exe["hessp"](self._x(x), self._x(v))[0])
 
     def hess(self, x: np.ndarray) -> np.ndarray:
         """The dense Hessian."""
         self.prepare(("hess",))
-        return np.asarray(self._exe["hess"](self._x(x))[0], dtype=np.float64)
+        return self._checked_hessian(self._exe["hess"](self._x(x))[0])
+
+    def _checked_hessian(self, out: np.ndarray) -> np.ndarray:
+        self.n_h += 1
+        out = np.asarray(out, dtype=np.float64)
+        if not np.all(np.isfinite(out)):
+            self._bad("the Hessian")
+        return out
 
     # ---------------------------------------------------------------- constraints
     def cons(self, x: np.ndarray) -> np.ndarray:

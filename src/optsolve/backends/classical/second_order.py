@@ -13,12 +13,13 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from optsolve.backends.classical import (
+from optsolve.backends.classical.descent import (
     ClassicalAlgorithm, DescentSolver, Flat, _default_linesearch, check_positive, default_gtol,
     register, tiny_step,
 )
-from optsolve.backends.iterative import Objective, Step
-from optsolve.backends.linesearch import Backtracking
+from optsolve.backends.native.protocol import Step, SteppingSolver
+from optsolve.backends.native.objective import Objective
+from optsolve.backends.classical.linesearch import Backtracking
 from optsolve.solve_api.problem import OptimizationProblem
 from optsolve.solve_api.pytree import pytree_dataclass, static_field
 
@@ -182,9 +183,7 @@ class _TRState(NamedTuple):
     radius: Array
 
 
-class _TrustRegionSolver:
-    detect_stall = False
-
+class _TrustRegionSolver(SteppingSolver):
     def __init__(self, alg: "TrustRegion", problem: OptimizationProblem):
         self.alg = alg
         self.problem = problem
@@ -276,9 +275,7 @@ class _AdaHessianState(NamedTuple):
     key: Array
 
 
-class _AdaHessianSolver:
-    detect_stall = False
-
+class _AdaHessianSolver(SteppingSolver):
     def __init__(self, alg: "AdaHessian", problem: OptimizationProblem):
         self.alg = alg
 

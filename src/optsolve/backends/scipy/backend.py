@@ -8,7 +8,7 @@ are class attributes that ``solve``'s central checks and the "use one of these" 
 read; ``ScipyMinimize("BFGS")`` returns an instance of ``ScipyMinimize(method='BFGS')``,
 a subclass of :class:`ScipyMinimize`.
 
-Derivatives come from JAX (:mod:`.scipy_compiled`): one compiled value-and-gradient
+Derivatives come from JAX (:mod:`optsolve.backends.scipy.compiled`): one compiled value-and-gradient
 evaluation per point (scipy's ``jac=True``), ``hessp`` for Newton-CG, trust-ncg,
 trust-krylov and trust-constr, the dense ``hess`` for dogleg and trust-exact, constraint
 Jacobians for SLSQP and trust-constr and the Lagrangian's Hessian for trust-constr;
@@ -24,34 +24,40 @@ method has one (for Newton-CG, which has none, and the trust-region methods, who
 after each iteration, stopping scipy through
 ``StopIteration`` in ``callback(intermediate_result)`` (scipy >= 1.11) or, for TNC, shgo
 and direct, whose callbacks cannot stop them, by an exception optsolve catches.
-Numerical trouble (NaN/inf) gives FAILURE with the last finite iterate, never an exception;
-a run that ends outside the constraints or bounds (by more than
-``scipy_run.FEASIBILITY_TOL``, relative) is INFEASIBLE. The run itself is in
-:mod:`.scipy_run`, the method tables in :mod:`.scipy_options` and :mod:`.scipy_retcodes`.
+A non-finite f, gradient or Hessian at any evaluation gives FAILURE with the last finite
+iterate (never SUCCESS or MAXITERS, never an exception), and ``Solution.detail`` says how
+often; a run that ends outside the constraints or bounds (by more than
+``scipy_run.FEASIBILITY_TOL``, relative) is INFEASIBLE. ``Solution.detail`` is scipy's
+message, then optsolve's notes where it stopped the run or changed the code. The run itself
+is in :mod:`optsolve.backends.scipy.run` (optsolve's per-iteration side in :mod:`optsolve.backends.scipy.monitor`), the
+method tables in :mod:`optsolve.backends.scipy.options` and :mod:`optsolve.backends.scipy.retcodes`.
 
 Inside ``jax.jit`` / ``jax.vmap`` the run goes through ``jax.pure_callback``
 (``vmap_method="sequential"``: one scipy run per batch element); ``Solution.original``
-(scipy's OptimizeResult) cannot cross a trace and is None there.
+(scipy's OptimizeResult) and ``detail`` cannot cross a trace and are None there, and
+``history=True`` is refused (the history's length is only known at the end of the run).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from optsolve.backends.scipy_options import (
+from optsolve.backends.scipy.options import (
     GLOBAL_SPECS, MINIMIZE_SPECS, MethodSpec, canonical_method, check_options, methods_with,
 )
-from optsolve.backends.scipy_run import run_host
+from optsolve.backends.scipy.run import run_host
 from optsolve.solve_api.algorithm import Algorithm
+from optsolve.solve_api.cache import BoundedCache
 from optsolve.solve_api.options import SolveOptions
 from optsolve.solve_api.problem import OptimizationProblem
 from optsolve.solve_api.pytree import tree_spec, freeze, is_traced, thaw
 from optsolve.solve_api.registry import register_algorithm, register_backend
-from optsolve.solve_api.solution import Solution, Stats
+from optsolve.solve_api.solution import History, Solution, Stats
 
 PyTree = Any
 
@@ -61,6 +67,8 @@ class _ScipyAlgorithm(Algorithm):
 
     family: ClassVar[str] = "scipy"
     stops_by_itself: ClassVar[bool] = True
+    resumable: ClassVar[bool] = True  # a warm start from sol.x (scipy keeps no state)
+    records_history: ClassVar[bool] = True  # eager solves only
     jittable: ClassVar[bool] = True
     vmappable: ClassVar[bool] = True
     spec: ClassVar[MethodSpec]
@@ -109,7 +117,11 @@ class _ScipyAlgorithm(Algorithm):
         return {k: thaw(v) for k, v in self._options}
 
     def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError(f"{type(self).__name__} is immutable; build a new one instead.")
+        raise AttributeError(f"{type(self).__name__} is immutable; use .replace({name}=...).")
+
+    def replace(self, **changes: Any) -> "_ScipyAlgorithm":
+        """A copy with some scipy options changed (checked like a new construction)."""
+        return type(self)(**{**self.options, **changes})
 
     def __repr__(self) -> str:
         args = "".join(f", {k}={v!r}" for k, v in self.options.items())
@@ -140,8 +152,22 @@ class ScipyMinimize(_ScipyAlgorithm):
     trust-constr; :class:`optsolve.Constraint` s to COBYLA, COBYQA, SLSQP and
     trust-constr. A run that ends outside them by more than ``FEASIBILITY_TOL`` (1e-6,
     relative to max(1, |bound|)) is INFEASIBLE. The callback runs after each iteration
-    (COBYQA: after each evaluation, as scipy calls it). ``Solution.original`` is scipy's
-    ``OptimizeResult`` (None inside ``jax.jit`` / ``jax.vmap``). Reference: Nocedal &
+    (COBYQA: after each evaluation, as scipy calls it, so that an iteration of COBYQA is
+    an evaluation and ``maxiters`` its ``maxfev``). ``Solution.original`` is scipy's
+    ``OptimizeResult`` (None inside ``jax.jit`` / ``jax.vmap``).
+
+    SUCCESS means a tolerance holds at the returned point: the user's, or scipy's default
+    when the user gave none. When ``solve(gtol=...)`` is given without ``ftol``, L-BFGS-B's
+    own ftol test is turned off (ftol=0) so that gtol decides; where scipy still reports
+    success on a test of its own (an xtol, ftol or xrtol the user did not ask for) and the
+    gradient's projected infinity norm at the returned point exceeds gtol, the code is
+    STALLED and ``Solution.detail`` names scipy's reason and the norm reached.
+
+    ``history=True`` records f and the projected gradient inf-norm (NaN for
+    derivative-free methods) at x0 and after each iteration, eager solves only.
+    ``resume=sol`` is a warm start from ``sol.x``: scipy's internal state (L-BFGS memory,
+    simplex) is not kept; the counts add the earlier run's. ``progress=True`` advances the
+    bar about every maxiters // 100 iterations and at the end. Reference: Nocedal &
     Wright, *Numerical Optimization* (2006), and scipy.optimize.minimize's documentation
     per method.
 
@@ -166,7 +192,16 @@ class ScipyGlobal(_ScipyAlgorithm):
         constraints and JAX derivatives.
 
     Local searches (dual_annealing, shgo, differential_evolution's polish, basinhopping)
-    get JAX gradients. Reference: scipy.optimize's global optimization documentation.
+    get JAX gradients; shgo's is scipy's own default (SLSQP, ftol 1e-12). basinhopping
+    takes bounds, constraints and a gradient exactly when its local method does
+    (:meth:`capabilities`). An iteration is what scipy's callback reports: a generation of
+    differential_evolution (before its polish), a hop of basinhopping, an iteration of
+    direct after its first two (which divide the box). ``history=True`` records f at each
+    (the best point so far, or the hop's local minimum) except for dual_annealing and shgo,
+    whose callbacks run per new minimum and per local-search iteration. ``resume=sol`` is a
+    warm start from ``sol.x`` (scipy's internal state, population or annealing schedule,
+    is not kept), and the counts add up. Reference: scipy.optimize's global optimization
+    documentation.
 
     Example:
       >>> prob = OptimizationProblem(f, jnp.zeros(5), bounds=(-5.12, 5.12))
@@ -175,6 +210,16 @@ class ScipyGlobal(_ScipyAlgorithm):
 
     _kind = "global"
     _classes: ClassVar[dict[str, type]] = {}
+
+    def capabilities(self) -> dict[str, Any]:
+        """The class's traits; basinhopping's bounds, constraints and gradient are its
+        local method's (it passes them on, and only evaluates f otherwise)."""
+        caps = super().capabilities()
+        if type(self).spec.key == "basinhopping":
+            local = self.options["local"].capabilities()
+            for trait in ("takes_bounds", "takes_constraints", "needs_gradient"):
+                caps[trait] = local[trait]
+        return caps
 
 
 def _make_class(base: type, spec: MethodSpec) -> type:
@@ -186,6 +231,9 @@ def _make_class(base: type, spec: MethodSpec) -> type:
         "needs_hessian": spec.hessian is not None,
         "takes_bounds": spec.takes_bounds,
         "takes_constraints": spec.takes_constraints,
+        # dual_annealing calls its callback per new best minimum and shgo per iteration of
+        # its local searches: neither shows an iterate per iteration it counts.
+        "records_history": spec.callback_per_iteration,
         "__doc__": f"{base_name} with method={spec.name!r}: see {base_name}.",
         "__module__": "optsolve",
         "__qualname__": name,
@@ -210,72 +258,83 @@ for _spec in GLOBAL_SPECS.values():
 
 
 def _plain_options(options: SolveOptions) -> dict:
+    """solve's options as Python numbers and flags for the host run (see ``run_host``)."""
     def num(v, kind):
         return None if v is None else kind(np.asarray(v))
     return {"maxiters": num(options.maxiters, int), "maxtime": num(options.maxtime, float),
             "gtol": num(options.gtol, float), "ftol": num(options.ftol, float),
-            "callback": options.callback, "callback_every": options.callback_every}
+            "callback": options.callback, "callback_every": options.callback_every,
+            "progress": bool(options.progress), "history": bool(options.history)}
 
 
-_F_DTYPES: dict = {}
+_F_DTYPES = BoundedCache(1024)
 
 
 def _objective_dtype(problem: OptimizationProblem):
     """f's output dtype; cached per (f, shapes, dtypes): tracing f costs more than scipy's setup."""
-    try:
-        key = (problem.f, tree_spec(problem.x0), tree_spec(problem.p), jax.config.jax_enable_x64)
-        hash(key)
-    except TypeError:
-        key = None
-    if key is None or key not in _F_DTYPES:
+    def trace():
         x_spec = jax.tree_util.tree_map(
             lambda l: jax.ShapeDtypeStruct(np.shape(l), jnp.result_type(l)), problem.x0)
         p_spec = jax.tree_util.tree_map(
             lambda l: jax.ShapeDtypeStruct(
                 np.shape(l), jnp.result_type(l),
                 weak_type=bool(getattr(jax.typeof(l), "weak_type", False))), problem.p)
-        dtype = jax.eval_shape(problem.f, x_spec, p_spec).dtype
-        if key is None:
-            return dtype
-        if len(_F_DTYPES) > 1024:
-            _F_DTYPES.clear()
-        _F_DTYPES[key] = dtype
-    return _F_DTYPES[key]
+        return jax.eval_shape(problem.f, x_spec, p_spec).dtype
+
+    try:
+        key = (problem.f, tree_spec(problem.x0), tree_spec(problem.p), jax.config.jax_enable_x64)
+    except TypeError:
+        return trace()
+    return _F_DTYPES.get_or_make(key, trace)
 
 
 def solve_scipy(problem: OptimizationProblem, algorithm: _ScipyAlgorithm,
-                options: SolveOptions) -> Solution:
-    """Run a scipy-family algorithm; through ``jax.pure_callback`` when inputs are traced."""
+                options: SolveOptions, loop: Any = None) -> Solution:
+    """Run a scipy-family algorithm; through ``jax.pure_callback`` when inputs are traced.
+    ``loop`` is unused: scipy's iterations run on the host (no algorithm here unrolls)."""
     _check_early(problem, algorithm, options)
     f_dtype = _objective_dtype(problem)
+    resume = options.resume
+    if resume is not None:
+        # A warm start: scipy keeps no state between runs, only the point carries over.
+        problem = problem.replace(x0=resume.x)
     if not is_traced(problem, options):
-        x, fun, code, nit, nfev, njev, result, host = run_host(
-            problem, algorithm, _plain_options(options))
+        run = run_host(problem, algorithm, _plain_options(options))
         # One transfer for x's leaves and the objective.
-        x_tree, objective = jax.device_put((host.unravel_numpy(x), np.asarray(fun, f_dtype)))
-        return Solution(
-            x=x_tree, objective=objective, retcode=code,
-            stats=Stats(iterations=nit, f_evals=nfev, grad_evals=njev, time=None),
-            original=result,
+        x_tree, objective = jax.device_put((run.host.unravel_numpy(run.x),
+                                            np.asarray(run.fun, f_dtype)))
+        history = None if run.history is None else History(*run.history)
+        solution = Solution(
+            x=x_tree, objective=objective, retcode=run.code,
+            stats=Stats(iterations=run.nit, f_evals=run.nfev, grad_evals=run.njev, time=None),
+            original=run.result, history=history, detail=run.detail,
         )
-    return _solve_traced(problem, algorithm, options, f_dtype)
+    else:
+        solution = _solve_traced(problem, algorithm, options, f_dtype)
+    return solution if resume is None else _add_counts(solution, resume.stats)
+
+
+def _add_counts(solution: Solution, earlier: Stats) -> Solution:
+    """``solution`` with the earlier run's iterations and evaluations added to its own."""
+    def add(now, before):
+        if now is None or before is None:
+            return now
+        if isinstance(now, int):  # eager: both concrete
+            return now + int(before)
+        return now + jnp.asarray(before).astype(now.dtype)
+    stats = solution.stats
+    return dataclasses.replace(solution, stats=Stats(
+        iterations=add(stats.iterations, earlier.iterations),
+        f_evals=add(stats.f_evals, earlier.f_evals),
+        grad_evals=add(stats.grad_evals, earlier.grad_evals), time=None))
 
 
 def _check_early(problem: OptimizationProblem, algorithm: _ScipyAlgorithm,
                  options: SolveOptions) -> None:
     """Errors known before running (so they are plain Python errors even under jit)."""
     spec = algorithm.spec
-    gtol_spec = spec
-    if spec.key == "basinhopping":
-        local = algorithm.options["local"]
-        gtol_spec = local.spec
-        for what, trait, given in (("bounds", "takes_bounds", problem.has_bounds),
-                                   ("constraints", "takes_constraints", problem.constraints)):
-            if given and not getattr(local.spec, trait):
-                raise ValueError(
-                    f"solve: ScipyGlobal(method='basinhopping') passes the {what} to its "
-                    f"local method, but local={local!r} does not take {what}. Use a local "
-                    f"method that does: {', '.join(methods_with(trait))}.")
+    # (basinhopping's bounds and constraints are checked centrally: see capabilities())
+    gtol_spec = algorithm.options["local"].spec if spec.key == "basinhopping" else spec
     if options.gtol is not None and not (gtol_spec.native_gtol or gtol_spec.key == "newton-cg"):
         why = "it uses no gradient" if not gtol_spec.needs_gradient else "it has no gradient test"
         raise ValueError(
@@ -292,6 +351,12 @@ def _check_early(problem: OptimizationProblem, algorithm: _ScipyAlgorithm,
 
 
 def _solve_traced(problem, algorithm, options, f_dtype) -> Solution:
+    """The host run inside ``jax.pure_callback``: x, objective, retcode and counts only."""
+    if options.history:
+        raise ValueError(
+            f"solve: history=True with {type(algorithm).__name__} needs an eager solve (outside "
+            "jax.jit / jax.vmap): scipy runs on the host and its number of iterations, the "
+            "history's length, is only known at the end.")
     spec = algorithm.spec
     p_leaves = jax.tree_util.tree_leaves(problem.p)
     p_weak = tuple(bool(getattr(jax.typeof(l), "weak_type", False))
@@ -310,10 +375,10 @@ def _solve_traced(problem, algorithm, options, f_dtype) -> Solution:
     def host_fn(prob, opts):
         plain = _plain_options(opts)
         plain.update(static_options)
-        x, fun, code, nit, nfev, njev, _, host = run_host(prob, algorithm, plain, p_weak)
-        xs = jax.tree_util.tree_leaves(host.unravel_numpy(x))
-        ints = [nit, nfev] + ([njev] if has_njev else [])
-        return (*xs, np.asarray(fun, f_dtype), np.asarray(int(code), np.int32),
+        run = run_host(prob, algorithm, plain, p_weak)
+        xs = jax.tree_util.tree_leaves(run.host.unravel_numpy(run.x))
+        ints = [run.nit, run.nfev] + ([run.njev] if has_njev else [])
+        return (*xs, np.asarray(run.fun, f_dtype), np.asarray(int(run.code), np.int32),
                 *(np.asarray(i, np.int32) for i in ints))
 
     out = jax.pure_callback(host_fn, tuple(shapes), problem, options, vmap_method="sequential")

@@ -2,10 +2,10 @@
 nonlinear conjugate gradients.
 
 A method is composed, optimistix-style, of a *descent direction* hook, a pluggable line
-search (:mod:`.linesearch`) and an *update* hook that refreshes the curvature model
+search (:mod:`optsolve.backends.classical.linesearch`) and an *update* hook that refreshes the curvature model
 (quasi-Newton memory, CG's previous direction) after the step. :class:`DescentSolver` does
 the composition once; each algorithm supplies the hooks. Everything runs inside the one
-compiled loop of :mod:`.iterative`, which owns stopping, the non-finite check and counts.
+compiled loop of :mod:`optsolve.backends.native.driver`, which owns stopping, the non-finite check and counts.
 
 Solvers work on the flattened iterate (``jax.flatten_util.ravel_pytree``), so any pytree
 ``x0`` works; a single array costs no copy.
@@ -19,8 +19,10 @@ import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
-from optsolve.backends.iterative import Objective, Step, run_iterative
-from optsolve.backends.linesearch import Backtracking, LineSearch, Zoom, check_linesearch
+from optsolve.backends.native.chunked import run_iterative
+from optsolve.backends.native.protocol import Step, SteppingSolver
+from optsolve.backends.native.objective import Objective
+from optsolve.backends.classical.linesearch import Backtracking, LineSearch, Zoom, check_linesearch
 from optsolve.solve_api.algorithm import Algorithm
 from optsolve.solve_api.options import SolveOptions
 from optsolve.solve_api.problem import OptimizationProblem
@@ -54,6 +56,9 @@ class ClassicalAlgorithm(Algorithm):
     stops_by_itself: ClassVar[bool] = True
     extra_options: ClassVar[tuple[str, ...]] = ("xtol",)
     default_maxiters: ClassVar[int] = 1000
+    resumable: ClassVar[bool] = True
+    records_history: ClassVar[bool] = True
+    compiled_driver: ClassVar[bool] = True
 
 
 class Flat:
@@ -96,7 +101,7 @@ class DescentState(NamedTuple):
     retry: Array       # the last search failed along a model direction: use steepest descent
 
 
-class DescentSolver:
+class DescentSolver(SteppingSolver):
     """One iteration of a line-search method (Nocedal & Wright, ch. 3): direction, safeguard,
     line search, model update. Subclasses implement ``init_model``, ``direction``,
     ``update_model`` and may override ``initial_step``.
@@ -106,8 +111,6 @@ class DescentSolver:
     is steepest descent); along steepest descent it means STALLED (values flat at rounding
     level) or FAILURE (otherwise).
     """
-
-    detect_stall = False
 
     def __init__(self, algorithm: Algorithm, problem: OptimizationProblem):
         self.alg = algorithm
@@ -139,7 +142,7 @@ class DescentSolver:
         """First trial step: 1, or ``1/|d|_2`` for an unscaled steepest-descent step."""
         return jnp.where(steepest, 1.0 / jnp.maximum(jnp.linalg.norm(d), 1e-30), 1.0)
 
-    # -- protocol of iterative.py
+    # -- the SteppingSolver protocol
     def init(self, objective: Objective, x: PyTree, f: Array, g: PyTree) -> DescentState:
         xf, gf = Flat.ravel(x), Flat.ravel(g)
         zero = jnp.zeros((), self.dtype)
@@ -182,9 +185,10 @@ def tiny_step(s: Array, x: Array) -> Array:
 
 
 def solve_classical(problem: OptimizationProblem, algorithm: Algorithm,
-                    options: SolveOptions) -> Solution:
-    """Run a classical algorithm: one compiled loop (see :mod:`.iterative`)."""
-    return run_iterative(_make_solver, problem, algorithm, options)
+                    options: SolveOptions, loop: Any = None) -> Solution:
+    """Run a classical algorithm: one compiled loop (see :mod:`optsolve.backends.native.driver`),
+    in the ``loop`` the adjoint chose."""
+    return run_iterative(_make_solver, problem, algorithm, options, loop)
 
 
 def _make_solver(algorithm: Algorithm, problem: OptimizationProblem):

@@ -1,11 +1,12 @@
 """One scipy run on concrete inputs: scipy called with JAX derivatives, optsolve's
-per-iteration tests (ftol, maxtime, the callback, ...), and the result mapped to a
-ReturnCode. Used by :mod:`.scipy_backend` directly, or from inside ``jax.pure_callback``.
+per-iteration tests (:mod:`optsolve.backends.scipy.monitor`), and the result mapped to a ReturnCode with
+optsolve's own rules on top of scipy's status (non-finite values, feasibility, the user's
+gtol). Used by :mod:`optsolve.backends.scipy.backend` directly, or from inside ``jax.pure_callback``.
 """
 
 from __future__ import annotations
 
-import time
+import dataclasses
 import warnings
 from typing import Any
 
@@ -14,10 +15,12 @@ import numpy as np
 import scipy.optimize as so
 from scipy.optimize import Bounds, NonlinearConstraint, OptimizeResult
 
-from optsolve.backends.scipy_compiled import HostProblem
-from optsolve.backends.scipy_options import MINIMIZE_SPECS, MethodSpec
-from optsolve.backends.scipy_retcodes import global_retcode, minimize_retcode
-from optsolve.solve_api.host import wants_grad_norm
+from optsolve.backends.scipy.compiled import HostProblem
+from optsolve.backends.scipy.monitor import Monitor, Stop, projected_grad_norm
+from optsolve.backends.scipy.options import MINIMIZE_SPECS, MethodSpec
+from optsolve.backends.scipy.retcodes import (
+    budget_option, global_retcode, minimize_retcode, scipy_message, stopped_by_own_gtol,
+)
 from optsolve.solve_api.problem import OptimizationProblem
 from optsolve.solve_api.returncode import ReturnCode
 
@@ -25,107 +28,6 @@ from optsolve.solve_api.returncode import ReturnCode
 # max(1, |bound|): looser than the methods' own tolerances (COBYLA's catol = sqrt(eps),
 # trust-constr's 1e-8), so a converged run is never reported INFEASIBLE by accident.
 FEASIBILITY_TOL = 1e-6
-
-
-class _Stop(Exception):
-    """Raised from a callback that cannot stop scipy otherwise; caught around the run."""
-
-
-class _Monitor:
-    """optsolve's per-iteration tests: ftol, gtol (where optsolve runs it), maxiters
-    (where counted by optsolve), maxtime and the user's callback; tracks the last
-    finite iterate. ``reason`` is why it stopped the run (None when it did not).
-    """
-
-    def __init__(self, host: HostProblem, options: dict, spec: MethodSpec,
-                 own_maxiters: int | None, own_gtol: float | None, bounds=None):
-        self.host, self.spec, self.bounds = host, spec, bounds
-        self.callback = options["callback"]
-        self.every = options["callback_every"]
-        self.pass_grad_norm = self.callback is not None and wants_grad_norm(self.callback)
-        self.ftol = None if spec.native_ftol else options["ftol"]
-        self.gtol = own_gtol
-        self.maxiters = own_maxiters
-        self.deadline = (None if options["maxtime"] is None
-                         else time.perf_counter() + options["maxtime"])
-        self.k = 0
-        self.prev_f: float | None = None
-        self.prev_x: np.ndarray | None = None
-        self.last: tuple[np.ndarray, float] | None = None
-        self.reason: ReturnCode | None = None
-
-    @property
-    def needed(self) -> bool:
-        """Whether scipy must call the monitor: a per-iteration test or callback is on, or the
-        method does not count its iterations (COBYLA reports no ``nit``). Otherwise scipy runs
-        without a callback, which costs ~15 us an iteration for nothing."""
-        return (self.callback is not None or self.ftol is not None or self.gtol is not None
-                or self.maxiters is not None or self.deadline is not None
-                or self.spec.key == "cobyla")
-
-    def record(self, x: np.ndarray, f: float) -> bool:
-        """Account one iteration at (x, f); True when the run must stop."""
-        self.k += 1
-        x = np.array(x, dtype=np.float64)
-        if np.isfinite(f) and np.all(np.isfinite(x)):
-            self.last = (x, float(f))
-        # The user's callback sees every (every-th) iteration, the last one included; the
-        # tests then decide in the compiled driver's order (iterative.py): convergence,
-        # the callback's request, maxiters, maxtime.
-        stop = False
-        if self.callback is not None and self.k % self.every == 0:
-            extra = (self._grad_norm(x),) if self.pass_grad_norm else ()
-            stop = bool(self.callback(self.k, self.host.unravel_numpy(x), np.float64(f), *extra))
-        converged = False
-        # Only an iteration that moved x tests ftol: Nelder-Mead's best vertex or a rejected
-        # trust-region step leave f unchanged without any convergence.
-        moved = self.prev_x is not None and bool(np.any(x != self.prev_x))
-        if self.ftol is not None and self.prev_f is not None and moved:
-            scale = max(abs(self.prev_f), abs(f), 1.0)
-            converged = abs(self.prev_f - f) <= self.ftol * scale
-        if not converged and self.gtol is not None:
-            converged = bool(np.max(np.abs(self.host.grad(x))) <= self.gtol)
-        self.prev_f = float(f)
-        self.prev_x = x
-        if converged:
-            self.reason = ReturnCode.SUCCESS
-        elif stop:
-            self.reason = ReturnCode.TERMINATED
-        elif self.maxiters is not None and self.k >= self.maxiters:
-            self.reason = ReturnCode.MAXITERS
-        elif self.deadline is not None and time.perf_counter() >= self.deadline:
-            self.reason = ReturnCode.MAXTIME
-        return self.reason is not None
-
-    def _grad_norm(self, x: np.ndarray) -> np.float64:
-        """||grad f(x)||_inf for a four-argument callback (projected onto the bounds); NaN
-        for derivative-free methods, which never compute a gradient."""
-        if not self.spec.needs_gradient:
-            return np.float64(np.nan)
-        g = self.host.grad(x)  # the memo: the iterate is usually the last point evaluated
-        if self.bounds is not None:
-            lo, up = self.bounds
-            g = np.where(((x <= lo) & (g > 0)) | ((x >= up) & (g < 0)), 0.0, g)
-        return np.float64(np.max(np.abs(g), initial=0.0))
-
-    # The callback shapes scipy's methods call.
-    def intermediate(self):
-        def callback(intermediate_result):  # scipy dispatches on this parameter name
-            if self.record(intermediate_result.x, float(intermediate_result.fun)):
-                raise StopIteration
-        return callback
-
-    def x_only(self):
-        def callback(xk):
-            f = self.host.value_at(np.asarray(xk), self.spec.needs_gradient)
-            if self.record(xk, f):
-                raise _Stop
-        return callback
-
-    def x_f_flag(self):
-        def callback(x, f, _context):
-            return self.record(x, float(f))
-        return callback
 
 
 def _flat(tree) -> np.ndarray:
@@ -179,14 +81,9 @@ def _derivative_kwargs(host: HostProblem, spec: MethodSpec) -> dict:
 def _minimize(problem, algorithm, options, host, monitor, bounds) -> OptimizeResult:
     spec = algorithm.spec
     kwargs = _derivative_kwargs(host, spec)
-    scipy_options = dict(algorithm.options)
+    scipy_options = _tolerances(spec, algorithm.options, options["gtol"], options["ftol"])
     if options["maxiters"] is not None and spec.maxiter_name is not None:
-        scipy_options[spec.maxiter_name] = options["maxiters"]
-    if options["gtol"] is not None and spec.native_gtol:
-        scipy_options["gtol"] = options["gtol"]
-    if options["ftol"] is not None and spec.native_ftol:
-        # Same definition: it replaces scipy's default (2.2e-9) instead of adding a test.
-        scipy_options["ftol"] = options["ftol"]
+        scipy_options[spec.maxiter_name] = options["maxiters"] + spec.maxiter_offset
     if bounds is not None:
         kwargs["bounds"] = Bounds(*bounds)
     constraints = _nonlinear_constraint(host, spec)
@@ -202,6 +99,21 @@ def _minimize(problem, algorithm, options, host, monitor, bounds) -> OptimizeRes
                        options=scipy_options, **kwargs)
 
 
+def _tolerances(spec: MethodSpec, method_options: dict, gtol, ftol) -> dict:
+    """The method's scipy options with solve's gtol / ftol where scipy tests them itself."""
+    out = dict(method_options)
+    if gtol is not None and spec.native_gtol:
+        out["gtol"] = gtol
+    if ftol is not None and spec.native_ftol:
+        # Same definition: it replaces scipy's default (2.2e-9) instead of adding a test.
+        out["ftol"] = ftol
+    elif gtol is not None and spec.native_ftol:
+        # The user asked for a gradient test only: scipy's default ftol would end the run
+        # first, with success, at a gradient far above gtol.
+        out["ftol"] = 0.0
+    return out
+
+
 def _start(host: HostProblem, bounds) -> np.ndarray:
     # scipy clips (and some methods warn about) a start outside the bounds; do it openly.
     return host.x0 if bounds is None else np.clip(host.x0, bounds[0], bounds[1])
@@ -212,9 +124,7 @@ def _local_minimizer(host: HostProblem, local_spec: MethodSpec, local_options: d
     kwargs = _derivative_kwargs(host, local_spec)
     kwargs.pop("fun")
     kwargs["method"] = local_spec.name
-    options = dict(local_options)
-    if gtol is not None and local_spec.native_gtol:
-        options["gtol"] = gtol
+    options = _tolerances(local_spec, local_options, gtol, None)
     if options:
         kwargs["options"] = options
     if bounds is not None:
@@ -229,7 +139,7 @@ def _global(problem, algorithm, options, host, monitor, bounds) -> OptimizeResul
     opts = dict(algorithm.options)
     maxiters = options["maxiters"]
     if spec.maxiter_name is not None and maxiters is not None:
-        opts[spec.maxiter_name] = maxiters
+        opts[spec.maxiter_name] = maxiters + spec.maxiter_offset
     if spec.key != "basinhopping" and (bounds is None or not np.all(np.isfinite(bounds))):
         raise ValueError(
             f"solve: ScipyGlobal(method={spec.name!r}) searches a box, so it needs finite "
@@ -267,7 +177,9 @@ def _global(problem, algorithm, options, host, monitor, bounds) -> OptimizeResul
                                  minimizer_kwargs=kwargs, callback=monitor.x_f_flag(), **opts)
     if spec.key == "shgo":
         host.prepare(("fg",))
-        kwargs = {"method": "SLSQP", "jac": host.grad}
+        # scipy's own local search when given no minimizer_kwargs: SLSQP with ftol 1e-12
+        # (its default, 1e-6, stops far from the local minima shgo refines).
+        kwargs = {"method": "SLSQP", "jac": host.grad, "options": {"ftol": 1e-12}}
         if constraints:
             host.prepare(("cj",))
             kwargs["constraints"] = constraints
@@ -291,16 +203,38 @@ def _global(problem, algorithm, options, host, monitor, bounds) -> OptimizeResul
                               local_constraints)
     func = host.fun_and_grad if local_spec.needs_gradient else host.fun
     return so.basinhopping(func, _start(host, bounds), minimizer_kwargs=kwargs,
-                           callback=monitor.x_f_flag(), **opts)
+                           callback=monitor.x_f_flag(skip_first=True), **opts)
+
+
+@dataclasses.dataclass
+class HostRun:
+    """What one scipy run gives back to the backend.
+
+    Attributes:
+      x: the flat float64 point returned; fun: the objective there.
+      code: the ReturnCode; nit, nfev, njev: iterations and evaluations (njev None for
+        derivative-free methods).
+      result: scipy's OptimizeResult; host: the HostProblem (to unravel x).
+      history: (objectives, grad_norms), float64 arrays of length nit + 1, or None.
+      detail: scipy's message, then optsolve's notes where it stopped the run or changed
+        the code.
+    """
+
+    x: np.ndarray
+    fun: float
+    code: ReturnCode
+    nit: int
+    nfev: int
+    njev: int | None
+    result: OptimizeResult
+    host: HostProblem
+    history: tuple[np.ndarray, np.ndarray] | None
+    detail: str
 
 
 def run_host(problem: OptimizationProblem, algorithm: Any, options: dict,
-             p_weak: tuple[bool, ...] | None = None) -> tuple:
-    """Run scipy on concrete inputs.
-
-    Returns:
-      (x_flat float64, objective, ReturnCode, nit, nfev, njev or None, OptimizeResult, host).
-    """
+             p_weak: tuple[bool, ...] | None = None) -> HostRun:
+    """Run scipy on concrete inputs (``options``: ``scipy_backend._plain_options``)."""
     spec = algorithm.spec
     host = HostProblem(problem, p_weak)
     bounds = _bounds(problem)
@@ -308,8 +242,30 @@ def run_host(problem: OptimizationProblem, algorithm: Any, options: dict,
     # Newton-CG has no gradient test; the trust-region methods test the 2-norm (>= the
     # infinity norm solve's gtol means), so optsolve tests the infinity norm itself.
     own_gtol = options["gtol"] if (spec.key == "newton-cg" or spec.gtol_2norm) else None
-    monitor = _Monitor(host, options, spec, own_maxiters, own_gtol, bounds)
+    monitor = Monitor(host, options, spec, own_maxiters, own_gtol, bounds)
     runner = _minimize if algorithm._kind == "minimize" else _global
+    result = _run(runner, problem, algorithm, options, host, monitor, bounds)
+    notes = [scipy_message(result)]
+    # L-BFGS-B's ftol is the user's when given: its success is then the user's test too.
+    gtol = None if spec.native_ftol and options["ftol"] is not None else options["gtol"]
+    x, fun, code = _outcome(algorithm, result, monitor, host, bounds, gtol, notes)
+    nit = result.get("nit")
+    if nit is None or monitor.reason is not None or spec.monitor_counts:
+        nit = monitor.k  # what the callback saw: scipy's nit counts otherwise here
+    nfev = int(result.get("nfev", host.n_f))
+    njev = None
+    if spec.needs_gradient:
+        njev = int(result["njev"]) if result.get("njev") is not None else host.n_g
+    monitor.finish(int(nit), fun)
+    history = None if monitor.objectives is None else monitor.history(x, fun)
+    detail = "; ".join(n for n in notes if n)
+    return HostRun(x, fun, code, int(nit), nfev, njev, result, host, history, detail)
+
+
+def _run(runner, problem, algorithm, options, host: HostProblem, monitor: Monitor,
+         bounds) -> OptimizeResult:
+    """scipy's result, or optsolve's own where it stopped the run or scipy raised on
+    numerical trouble (sets ``monitor.reason`` then). The user's exceptions propagate."""
     caught: list[warnings.WarningMessage] = []
     try:
         # scipy's run-time warnings (a failed line search, ...) are what its status and
@@ -317,14 +273,18 @@ def run_host(problem: OptimizationProblem, algorithm: Any, options: dict,
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             result = runner(problem, algorithm, options, host, monitor, bounds)
-    except _Stop:
+    except Stop:
         result = _own_result(monitor, host, "stopped by optsolve: " + monitor.reason.message)
     except (ValueError, TypeError) as err:
-        if not host.nonfinite:
+        # scipy's own complaint about NaN/inf values becomes FAILURE; anything else, and
+        # anything the user's callback raised, propagates.
+        if not host.nonfinite or monitor.user_raised:
             raise
         result = _own_result(monitor, host, f"scipy raised {type(err).__name__}: {err}")
         monitor.reason = ReturnCode.FAILURE
     except (ArithmeticError, np.linalg.LinAlgError) as err:
+        if monitor.user_raised:
+            raise
         result = _own_result(monitor, host, f"scipy raised {type(err).__name__}: {err}")
         monitor.reason = ReturnCode.FAILURE
     except KeyboardInterrupt:
@@ -332,7 +292,20 @@ def run_host(problem: OptimizationProblem, algorithm: Any, options: dict,
         result = _own_result(monitor, host, "interrupted (KeyboardInterrupt)")
         monitor.reason = ReturnCode.INTERRUPTED
     result["warnings"] = [str(w.message) for w in caught]
+    return result
 
+
+def _outcome(algorithm, result: OptimizeResult, monitor: Monitor, host: HostProblem, bounds,
+             gtol: float | None, notes: list[str]) -> tuple[np.ndarray, float, ReturnCode]:
+    """(x, f, ReturnCode) of the run; appends optsolve's reasons to ``notes``.
+
+    Rules on top of scipy's status, in order: a stop optsolve requested wins; a non-finite
+    evaluation anywhere in the run turns SUCCESS / MAXITERS / STALLED into FAILURE (with
+    the last finite iterate); constraints violated at the end give INFEASIBLE; a success
+    on a test of scipy's own at a gradient above ``gtol`` (the user's, None where every
+    test scipy runs is one the user set) is STALLED.
+    """
+    spec = algorithm.spec
     x = np.asarray(result.x, dtype=np.float64)
     fun = float(np.asarray(result.fun))
     if monitor.reason is not None:
@@ -349,23 +322,40 @@ def run_host(problem: OptimizationProblem, algorithm: Any, options: dict,
         code = ReturnCode.FAILURE
         last = monitor.last or host.last_finite
         x, fun = (last if last is not None else (host.x0, fun))
-    elif host.nonfinite and code in (ReturnCode.MAXITERS, ReturnCode.STALLED):
-        # NaN/inf trial points kept scipy from converging: numerical trouble, not a budget.
-        code = ReturnCode.FAILURE
-    elif (bounds is not None or host.constraints) and code != ReturnCode.TERMINATED:
+    if host.nonfinite:
+        notes.append(host.nonfinite_note())
+        if code in (ReturnCode.SUCCESS, ReturnCode.MAXITERS, ReturnCode.STALLED):
+            code = ReturnCode.FAILURE
+    elif (bounds is not None or host.constraints) and code != ReturnCode.TERMINATED \
+            and host.violation(x, bounds) > FEASIBILITY_TOL:
         # Violated constraints at the end outrank why the method stopped (a failed line
         # search on incompatible constraints is SLSQP's usual way to say it).
-        if host.violation(x, bounds) > FEASIBILITY_TOL:
-            code = ReturnCode.INFEASIBLE
-    nit = int(result.get("nit", monitor.k) if result.get("nit") is not None else monitor.k)
-    nfev = int(result.get("nfev", host.n_f))
-    njev = None
-    if spec.needs_gradient:
-        njev = int(result["njev"]) if "njev" in result and result["njev"] is not None else host.n_g
-    return x, fun, code, nit, nfev, njev, result, host
+        code = ReturnCode.INFEASIBLE
+    elif code == ReturnCode.SUCCESS and gtol is not None and monitor.reason is None \
+            and not host.constraints and not stopped_by_own_gtol(spec.key, result):
+        code = _gtol_holds(x, host, bounds, gtol, notes)
+    if code == ReturnCode.MAXITERS:
+        option = budget_option(spec.key, result)
+        if option is not None and option != spec.maxiter_name:
+            notes.append(f"scipy's evaluation budget `{option}` ended the run, not maxiters: "
+                         f"raise it with {type(algorithm).__name__.split('(')[0]}("
+                         f"{spec.name!r}, {option}=...)")
+    return x, fun, code
 
 
-def _own_result(monitor: _Monitor, host: HostProblem, message: str) -> OptimizeResult:
+def _gtol_holds(x: np.ndarray, host: HostProblem, bounds, gtol: float,
+                notes: list[str]) -> ReturnCode:
+    """SUCCESS if the user's gtol holds at x (projected inf-norm), else STALLED with a note."""
+    g = host.peek(x)[1]
+    norm = projected_grad_norm(x, g, bounds)
+    if norm <= gtol:
+        return ReturnCode.SUCCESS
+    notes.append(f"scipy's own convergence test stopped it; gradient inf-norm {norm:.3g} > "
+                 f"gtol {gtol:.3g}")
+    return ReturnCode.STALLED
+
+
+def _own_result(monitor: Monitor, host: HostProblem, message: str) -> OptimizeResult:
     x, f = monitor.last or host.last_finite or (host.x0, np.nan)
     return OptimizeResult(x=x, fun=f, nit=monitor.k, nfev=host.n_f, njev=host.n_g,
                           success=False, status=None, message=message)

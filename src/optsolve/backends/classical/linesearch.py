@@ -273,9 +273,8 @@ class Zoom:
 
         # The first trial outside the loop, tested alone: it ends most quasi-Newton searches
         # (unit step), and then neither the bracket's update nor the loop (its carry's
-        # set-up copies included) runs (optsolve.LBFGS, measured in two steps: chained
-        # Rosenbrock n=100 3.79 -> 3.44 -> 3.29 ms, extended n=1000 1.42 -> 1.09 -> 1.05 ms;
-        # compiling takes ~0.1 s longer, the trial being compiled twice).
+        # set-up copies included) runs; compiling takes longer, the trial being compiled
+        # twice.
         first = probe(a0)
         wolfe_at_once = tests(f0, a0, first[1], first[3])[2]
 

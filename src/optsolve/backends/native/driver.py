@@ -1,0 +1,247 @@
+"""The compiled driver shared by the JAX-native backends (optax family, classical methods).
+
+A backend supplies a *solver*, an instance of one of two abstract shapes:
+
+- :class:`SteppingSolver` (``init`` / ``step``): a step returns the new iterate with its
+  value and gradient (line-search methods compute them anyway);
+- :class:`GradientStepSolver` (``init`` / ``update``): an update needs only the gradient at
+  the current iterate, which the driver evaluates first (the optax loop's shape: evaluating
+  at the top of the loop, not carrying the gradient across iterations, keeps it as fast as
+  a hand-written ``fori_loop``).
+
+The driver owns everything else, once for all of them: the loop, the non-finite check that
+keeps the last finite iterate, the stopping tests (maxiters, gtol, ftol, xtol, maxtime; the
+projected gradient where the problem has bounds), the user's callback and progress bar,
+the history, resuming, the reason a run stopped and evaluation counts. Each loop is built
+as its parts (a first carry, a body, the Solution of a carry), so that the same body runs
+as one ``lax.while_loop`` under the caller's transformations, in interruptible chunks for an
+eager call (:mod:`optsolve.backends.native.chunked`), or in the loop the adjoint hands over
+(:mod:`optsolve.solve_api.loops`: a checkpointed scan when the solution is differentiated by
+unrolling).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from optsolve.backends.native.objective import Objective, all_finite
+from optsolve.backends.native.protocol import (
+    GradientStepSolver, NativeSolver, SteppingSolver, Update,
+)
+from optsolve.backends.native.rules import (
+    INT, TRIAL_NONFINITE, BaseCounts, Checks, Converged, Record, Rules, base_counts,
+    empty_record, history_of, record_at, select, start_point, true_,
+)
+from optsolve.solve_api.loops import Loop as LoopRunner
+from optsolve.solve_api.loops import while_loop
+from optsolve.solve_api.options import SolveOptions
+from optsolve.solve_api.problem import OptimizationProblem
+from optsolve.solve_api.returncode import RUNNING, ReturnCode
+from optsolve.solve_api.solution import Solution, Stats
+
+PyTree = Any
+
+
+class Loop(NamedTuple):
+    """A run as its parts: ``init()`` the first carry, ``body(carry)`` one iteration (a
+    no-op once the carry's status is not RUNNING is not required: callers test ``running``),
+    ``finish(carry)`` the Solution. Every carry has ``status`` and ``iteration`` fields."""
+
+    init: Callable[[], Any]
+    body: Callable[[Any], Any]
+    finish: Callable[[Any], Solution]
+
+
+def running(carry: Any) -> jax.Array:
+    return carry.status == RUNNING
+
+
+class _Carry(NamedTuple):
+    x: PyTree
+    f: jax.Array
+    g: PyTree
+    state: PyTree
+    iteration: jax.Array
+    f_evals: jax.Array
+    grad_evals: jax.Array
+    status: jax.Array
+    reason: jax.Array
+    t_start: jax.Array
+    record: Record | None
+    base: BaseCounts
+
+
+def _stepping_loop(solver: SteppingSolver, objective: Objective, problem: OptimizationProblem,
+                   options: SolveOptions) -> Loop:
+    """The loop for solvers whose steps return the new point's value and gradient."""
+    rules = Rules(options, solver, problem.bounds)
+
+    def init() -> _Carry:
+        start = start_point(problem, options,
+                       lambda x: solver.init(objective, x, *objective.value_and_grad(x)))
+        x0 = start.x
+        f0, g0 = objective.value_and_grad(x0)
+        state0 = solver.init(objective, x0, f0, g0) if start.state is None else start.state
+        false = jnp.zeros((), bool)
+        at_maxiters = rules.maxiters <= 0
+        # maxiters=0 returns x0 with MAXITERS, even where it already meets a tolerance.
+        converged = Converged(*(c & ~at_maxiters for c in
+                                 rules.converged(x0, f0, g0, x0, f0, False)))
+        checks = Checks(all_finite(f0), all_finite(g0), true_(), false, converged, false, false,
+                         at_maxiters, false)
+        status, reason = checks.verdict()
+        record0 = record_at(empty_record(options, f0.dtype), 0, f0, rules.grad_norm(x0, g0))
+        one = jnp.ones((), INT)
+        return _Carry(x0, f0, g0, state0, jnp.zeros((), INT), one, one, status, reason,
+                      rules.start_time(f0), record0, base_counts(start))
+
+    def body(carry: _Carry) -> _Carry:
+        step = solver.step(objective, carry.x, carry.f, carry.g, carry.state)
+        f_ok, g_ok, x_ok = all_finite(step.f), all_finite(step.g), all_finite(step.x)
+        ok = f_ok & g_ok & x_ok & ~step.failed
+        if solver.select_state:
+            x, f, g, state = select(ok, (step.x, step.f, step.g, step.state),
+                                     (carry.x, carry.f, carry.g, carry.state))
+        else:
+            x, f, g = select(ok, (step.x, step.f, step.g), (carry.x, carry.f, carry.g))
+            state = step.state
+        iteration = carry.iteration + ok.astype(INT)
+        stalled = jnp.zeros((), bool)
+        if solver.detect_stall:
+            same = jax.tree_util.tree_map(lambda a, b: jnp.all(a == b), step.x, carry.x)
+            stalled = jnp.all(jnp.stack(jax.tree_util.tree_leaves(same)))
+        if step.stalled is not None:
+            stalled |= step.stalled
+        stop = rules.callback_stop((carry.status == RUNNING) & ok, iteration, x, f, g)
+        checks = Checks(f_ok, g_ok, x_ok, step.failed,
+                         rules.converged(x, f, g, carry.x, carry.f, True), stalled, stop,
+                         iteration >= rules.maxiters, rules.out_of_time(f, carry.t_start))
+        status, reason = checks.verdict()
+        record = record_at(carry.record, iteration, f, rules.grad_norm(x, g), keep=ok)
+        return _Carry(x, f, g, state, iteration, carry.f_evals + step.f_evals.astype(INT),
+                      carry.grad_evals + step.grad_evals.astype(INT), status, reason,
+                      carry.t_start, record, carry.base)
+
+    def finish(final: _Carry) -> Solution:
+        start = final.base
+        return Solution(
+            x=final.x, objective=final.f, retcode=final.status,
+            stats=Stats(iterations=start.iterations + final.iteration,
+                        f_evals=start.f_evals + final.f_evals,
+                        grad_evals=start.grad_evals + final.grad_evals, time=None),
+            original=final.state, state=final.state, history=history_of(final.record),
+            reason=final.reason,
+        )
+
+    return Loop(init, body, finish)
+
+
+class _GradientCarry(NamedTuple):
+    x: PyTree          # the iterate to evaluate next
+    state: PyTree
+    x_last: PyTree     # the last evaluated finite iterate, and its value
+    f_last: jax.Array
+    iteration: jax.Array  # index of x in this run
+    f_evals: jax.Array
+    grad_evals: jax.Array
+    status: jax.Array
+    reason: jax.Array
+    t_start: jax.Array
+    record: Record | None
+    base: BaseCounts
+
+
+def _gradient_loop(solver: GradientStepSolver, objective: Objective,
+                   problem: OptimizationProblem, options: SolveOptions) -> Loop:
+    """The loop for solvers that need only the gradient at the current iterate."""
+    rules = Rules(options, solver, problem.bounds)
+
+    def init() -> _GradientCarry:
+        start = start_point(problem, options, lambda x: solver.init(objective, x))
+        x0 = start.x
+        state0 = solver.init(objective, x0) if start.state is None else start.state
+        f_dtype = jax.eval_shape(objective.value, x0).dtype
+        zero = jnp.zeros((), INT)
+        return _GradientCarry(x0, state0, x0, jnp.zeros((), f_dtype), zero, zero, zero,
+                              jnp.asarray(RUNNING, INT), zero, rules.start_time(zero),
+                              empty_record(options, f_dtype), base_counts(start))
+
+    def body(carry: _GradientCarry) -> _GradientCarry:
+        x, k = carry.x, carry.iteration
+        f, g = objective.value_and_grad(x)
+        f_ok, g_ok = all_finite(f), all_finite(g)
+        ok = f_ok & g_ok
+        has_prev = k > 0
+        stop = rules.callback_stop(ok & has_prev, k, x, f, g)
+        false = jnp.zeros((), bool)
+        # x is finite here: an update to a non-finite x shows as a non-finite f first.
+        converged = rules.converged(x, f, g, carry.x_last, carry.f_last, has_prev)
+        # maxiters=0 returns x0 with MAXITERS, even where it already meets a tolerance.
+        no_steps = rules.maxiters <= 0
+        converged = Converged(*(c & ~no_steps for c in converged))
+        checks = Checks(f_ok, g_ok, true_(), false, converged, false,
+                         stop, k >= rules.maxiters, rules.out_of_time(f, carry.t_start))
+        status, reason = checks.verdict()
+        is_running = status == RUNNING
+        zero = jnp.zeros((), INT)
+        upd = lax.cond(is_running, lambda: solver.update(objective, x, f, g, carry.state),
+                       lambda: Update(x, carry.state, zero, zero, jnp.zeros((), bool)))
+        x_next, state, f_evals, grad_evals = upd.x, upd.state, upd.f_evals, upd.grad_evals
+        # A failed update ends the run at x, which counts as completed (finish subtracts
+        # the failing step, so the counter takes one more).
+        status = jnp.where(upd.failed, int(ReturnCode.FAILURE), status).astype(INT)
+        reason = jnp.where(upd.failed, TRIAL_NONFINITE, reason).astype(INT)
+        # x0 is kept even when f(x0) is not finite: there is no earlier iterate to return.
+        x_last, f_last = select(ok | (k == 0), (x, f), (carry.x_last, carry.f_last))
+        record = carry.record
+        if record is not None:
+            record = record_at(record, k, f, rules.grad_norm(x, g), keep=ok)
+        return _GradientCarry(x_next, state, x_last, f_last,
+                              k + (is_running | upd.failed).astype(INT),
+                              carry.f_evals + 1 + f_evals.astype(INT),
+                              carry.grad_evals + 1 + grad_evals.astype(INT), status, reason,
+                              carry.t_start, record, carry.base)
+
+    def finish(final: _GradientCarry) -> Solution:
+        start = final.base
+        failed = final.status == int(ReturnCode.FAILURE)
+        # On failure x_last is the previous iterate, one update before the failing one.
+        iterations = jnp.where(failed & (final.iteration > 0), final.iteration - 1,
+                               final.iteration)
+        return Solution(
+            x=final.x_last, objective=final.f_last, retcode=final.status,
+            stats=Stats(iterations=start.iterations + iterations,
+                        f_evals=start.f_evals + final.f_evals,
+                        grad_evals=start.grad_evals + final.grad_evals, time=None),
+            original=final.state, state=final.state, history=history_of(final.record),
+            reason=final.reason,
+        )
+
+    return Loop(init, body, finish)
+
+
+def build_loop(make_solver: Callable[[Any, OptimizationProblem], NativeSolver],
+               problem: OptimizationProblem, algorithm: Any, options: SolveOptions) -> Loop:
+    """The parts of the run of ``make_solver(algorithm, problem)`` (inside a trace)."""
+    objective = Objective.from_problem(problem)
+    solver = make_solver(algorithm, problem)
+    if isinstance(solver, GradientStepSolver):
+        return _gradient_loop(solver, objective, problem, options)
+    if isinstance(solver, SteppingSolver):
+        return _stepping_loop(solver, objective, problem, options)
+    raise TypeError(f"optsolve: {type(solver).__name__} is not a SteppingSolver or a "
+                    "GradientStepSolver.")
+
+
+def run_whole(make_solver, problem: OptimizationProblem, algorithm: Any,
+              options: SolveOptions, loop: LoopRunner | None = None) -> Solution:
+    """The whole run in the caller's trace, in the loop the adjoint chose (a while loop by
+    default; :class:`~optsolve.solve_api.loops.CheckpointedScan` when unrolling)."""
+    parts = build_loop(make_solver, problem, algorithm, options)
+    loop = while_loop if loop is None else loop
+    return parts.finish(loop(running, parts.body, parts.init()))

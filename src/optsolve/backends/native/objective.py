@@ -1,0 +1,82 @@
+"""What the JAX-native solvers evaluate: the objective with ``p`` bound, and the measures of
+a gradient the driver and the solvers share (finiteness, infinity norm, projected gradient)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from optsolve.solve_api.problem import OptimizationProblem
+
+PyTree = Any
+
+
+class Objective:
+    """``f`` with ``p`` bound: what solvers evaluate. Built inside the trace.
+
+    Args:
+      f: ``f(x, p) -> scalar``.
+      p: the hyperparameters.
+      grad: optional user gradient ``grad(x, p)``; replaces ``jax.grad(f)``.
+      hvp: optional user Hessian-vector product ``hvp(x, v, p)``; replaces
+        forward-over-reverse differentiation of the gradient.
+    """
+
+    def __init__(self, f: Callable[[PyTree, PyTree], jax.Array], p: PyTree,
+                 grad: Callable[[PyTree, PyTree], PyTree] | None = None,
+                 hvp: Callable[[PyTree, PyTree, PyTree], PyTree] | None = None):
+        self.f = f
+        self.p = p
+        self.user_grad = grad
+        self.user_hvp = hvp
+
+    @classmethod
+    def from_problem(cls, problem: OptimizationProblem) -> "Objective":
+        """The objective of ``problem``, honouring its optional ``grad`` and ``hvp``."""
+        return cls(problem.f, problem.p, problem.grad, problem.hvp)
+
+    def value(self, x: PyTree) -> jax.Array:
+        return self.f(x, self.p)
+
+    def grad(self, x: PyTree) -> PyTree:
+        if self.user_grad is not None:
+            return self.user_grad(x, self.p)
+        return jax.grad(self.f)(x, self.p)
+
+    def value_and_grad(self, x: PyTree) -> tuple[jax.Array, PyTree]:
+        if self.user_grad is not None:
+            return self.f(x, self.p), self.user_grad(x, self.p)
+        return jax.value_and_grad(self.f)(x, self.p)
+
+    def hvp(self, x: PyTree, v: PyTree) -> PyTree:
+        """Hessian-vector product: the user's ``hvp`` if given, else forward-over-reverse
+        differentiation of the gradient (the user's gradient where given)."""
+        if self.user_hvp is not None:
+            return self.user_hvp(x, v, self.p)
+        return jax.jvp(self.grad, (x,), (v,))[1]
+
+
+def all_finite(tree: PyTree) -> jax.Array:
+    """True when every entry of every leaf of ``tree`` is finite."""
+    leaves = jax.tree_util.tree_leaves(tree)
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(leaf)) for leaf in leaves]))
+
+
+def inf_norm(tree: PyTree) -> jax.Array:
+    """The largest absolute entry over all leaves of ``tree``."""
+    leaves = jax.tree_util.tree_leaves(tree)
+    dtype = jnp.result_type(*leaves)
+    return jnp.max(jnp.stack([jnp.max(jnp.abs(leaf)).astype(dtype) for leaf in leaves]))
+
+
+def projected_gradient(x: PyTree, g: PyTree, bounds: tuple[PyTree, PyTree] | None) -> PyTree:
+    """``P(x - g) - x`` for the box ``bounds`` (``-g`` without bounds), the stationarity
+    measure of bound-constrained problems (its inf-norm is L-BFGS-B's ``pgtol`` test)."""
+    if bounds is None:
+        return g
+    lower, upper = bounds
+    return jax.tree_util.tree_map(lambda xx, gg, lo, up: xx - jnp.clip(xx - gg, lo, up),
+                                  x, g, lower, upper)

@@ -1,0 +1,90 @@
+"""The solver protocol of the JAX-native driver: what a backend implements (an abstract
+base class with explicit methods and fields), and what a step returns."""
+
+from __future__ import annotations
+
+import abc
+from typing import Any, ClassVar, NamedTuple
+
+import jax
+
+from optsolve.backends.native.objective import Objective
+
+PyTree = Any
+
+
+class Step(NamedTuple):
+    """One solver step: the new iterate with its value and gradient, and what it cost."""
+
+    x: PyTree
+    f: jax.Array
+    g: PyTree
+    state: PyTree
+    f_evals: jax.Array
+    grad_evals: jax.Array
+    failed: jax.Array  # the solver's own failure (e.g. a failed line search)
+    # The solver's own "no further progress is possible" (e.g. a line search that finds no
+    # decrease at rounding level); None means never.
+    stalled: jax.Array | None = None
+
+
+class NativeSolver(abc.ABC):
+    """What every JAX-native solver tells the driver, beyond its methods.
+
+    Attributes:
+      detect_stall: report STALLED when a step leaves x unchanged (False for ML
+        optimizers, where a zero step is legitimate: a warm-up schedule at 0).
+      select_state: on a failed step, keep the previous state (True), or the step's own
+        state when it is itself fit to keep (finite, its model reset), which spares a
+        select over large states (quasi-Newton memories) every iteration.
+      default_gtol: the gtol used when ``solve`` got none (None: no gradient test).
+      default_maxiters: likewise for maxiters (None: no limit).
+    """
+
+    detect_stall: ClassVar[bool] = False
+    select_state: ClassVar[bool] = True
+    default_gtol: float | None = None
+    default_maxiters: int | None = None
+
+
+class SteppingSolver(NativeSolver):
+    """A solver whose step returns the new iterate's value and gradient."""
+
+    @abc.abstractmethod
+    def init(self, objective: Objective, x: PyTree, f: jax.Array, g: PyTree) -> PyTree:
+        """The state at the first iterate ``x`` (value ``f``, gradient ``g``)."""
+
+    @abc.abstractmethod
+    def step(self, objective: Objective, x: PyTree, f: jax.Array, g: PyTree,
+             state: PyTree) -> Step:
+        """One iteration from ``x``."""
+
+
+class GradientStepSolver(NativeSolver):
+    """A solver whose update needs only the gradient at the current iterate.
+
+    The driver evaluates ``f`` and its gradient at each iterate, checks them, then calls
+    ``update``; nothing is carried across iterations but the iterate and the state.
+    """
+
+    @abc.abstractmethod
+    def init(self, objective: Objective, x: PyTree) -> PyTree:
+        """The state at the first iterate ``x``."""
+
+    @abc.abstractmethod
+    def update(self, objective: Objective, x: PyTree, f: jax.Array, g: PyTree,
+               state: PyTree) -> "Update":
+        """The next iterate and state, with what the update cost and whether it failed."""
+
+
+class Update(NamedTuple):
+    """A gradient step's result: the next iterate and state, the evaluations of f and of
+    the gradient the update made itself (a value-only line search's trials) beyond the
+    driver's one, and whether its line search met non-finite values (the run then fails,
+    keeping the current iterate)."""
+
+    x: PyTree
+    state: PyTree
+    f_evals: jax.Array
+    grad_evals: jax.Array
+    failed: jax.Array

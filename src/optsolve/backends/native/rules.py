@@ -1,0 +1,215 @@
+"""The stopping rules of the JAX-native driver, decided once for every solver: convergence
+(gtol, ftol, xtol), non-finite values, stalls, the callback and progress bar, maxiters and
+maxtime, the reason a run stopped; where a run starts (resume) and its history record."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from optsolve.backends.native.objective import inf_norm, projected_gradient
+from optsolve.backends.native.protocol import NativeSolver
+from optsolve.solve_api.host import call_user_callback, clock, report_progress, wants_grad_norm
+from optsolve.solve_api.options import SolveOptions
+from optsolve.solve_api.problem import OptimizationProblem
+from optsolve.solve_api.returncode import RUNNING, ReturnCode
+from optsolve.solve_api.solution import History
+
+PyTree = Any
+INT = jnp.int32
+
+# Reason codes (optsolve.solve_api.returncode.REASONS).
+(GTOL, FTOL, XTOL, F_NONFINITE, G_NONFINITE, X_NONFINITE, LS_FAILED, STALLED_STEP,
+ TRIAL_NONFINITE) = range(1, 10)
+
+
+def select(pred: jax.Array, on_true: PyTree, on_false: PyTree) -> PyTree:
+    return jax.tree_util.tree_map(lambda a, b: jnp.where(pred, a, b), on_true, on_false)
+
+
+class Converged(NamedTuple):
+    gtol: jax.Array
+    ftol: jax.Array
+    xtol: jax.Array
+
+    def any(self) -> jax.Array:
+        return self.gtol | self.ftol | self.xtol
+
+
+class Rules:
+    """The stopping tests of one run, built at trace time from the options and the solver."""
+
+    def __init__(self, options: SolveOptions, solver: NativeSolver, bounds):
+        self.options = options
+        self.gtol = options.gtol if options.gtol is not None else solver.default_gtol
+        self.xtol = options.get("xtol")
+        maxiters = options.maxiters if options.maxiters is not None else solver.default_maxiters
+        self.maxiters = jnp.asarray(
+            maxiters if maxiters is not None else jnp.iinfo(INT).max, INT)
+        self.bounds = bounds
+
+    def grad_norm(self, x, g) -> jax.Array:
+        return inf_norm(projected_gradient(x, g, self.bounds))
+
+    def converged(self, x, f, g, x_prev, f_prev, has_prev) -> Converged:
+        """gtol on the (projected) gradient; ftol and xtol against the previous iterate."""
+        false = jnp.zeros((), bool)
+        by_g = by_f = by_x = false
+        if self.gtol is not None:
+            by_g = self.grad_norm(x, g) <= self.gtol
+        if self.options.ftol is not None:
+            # Only a step that moved x tests ftol: a rejected trust-region step, or a zero
+            # update (a warm-up schedule at 0), leaves f unchanged without converging.
+            moved = jnp.any(jnp.stack([jnp.any(a != b) for a, b in zip(
+                jax.tree_util.tree_leaves(x), jax.tree_util.tree_leaves(x_prev))]))
+            scale = jnp.maximum(jnp.maximum(jnp.abs(f_prev), jnp.abs(f)), 1.0)
+            by_f = has_prev & moved & (jnp.abs(f_prev - f) <= self.options.ftol * scale)
+        if self.xtol is not None:
+            # Only a step that moved x counts: a rejected trust-region step is not convergence.
+            dx = inf_norm(jax.tree_util.tree_map(jnp.subtract, x, x_prev))
+            by_x = has_prev & (dx > 0) & (dx <= self.xtol * jnp.maximum(inf_norm(x), 1.0))
+        return Converged(by_g, by_f, by_x)
+
+    def callback_stop(self, due, iteration, x, f, g) -> jax.Array:
+        """Run the user's callback (and the progress bar) where due; True = stop."""
+        callback, progress = self.options.callback, self.options.progress
+        if callback is None and not progress:
+            return jnp.zeros((), bool)
+        stop = jnp.zeros((), bool)
+        if callback is not None:
+            due_cb = due & (iteration % self.options.callback_every == 0)
+            with_norm = wants_grad_norm(callback)
+            # stop_gradient: a host call has no derivative, and an unrolled loop is differentiated
+            args = lax.stop_gradient(
+                (due_cb, iteration, x, f) + ((self.grad_norm(x, g),) if with_norm else ()))
+            stop = lax.cond(due_cb, lambda: call_user_callback(callback, *args),
+                            lambda: jnp.zeros((), bool))
+        if progress:
+            every = jnp.maximum(self.maxiters // 100, 1) if self.options.maxiters is not None \
+                else self.options.callback_every
+            due_bar = due & ((iteration % every == 0) | (iteration >= self.maxiters))
+            args = lax.stop_gradient((due_bar, iteration, f, self.grad_norm(x, g)))
+            stop |= lax.cond(due_bar, lambda: report_progress(*args), lambda: jnp.zeros((), bool))
+        return stop
+
+    def start_time(self, token) -> jax.Array:
+        if self.options.maxtime is None:
+            return jnp.zeros((), jnp.result_type(float))
+        return clock(lax.stop_gradient(token))
+
+    def out_of_time(self, token, t_start) -> jax.Array:
+        if self.options.maxtime is None:
+            return jnp.zeros((), bool)
+        return clock(lax.stop_gradient(token)) - t_start >= self.options.maxtime
+
+
+class Checks(NamedTuple):
+    """What one iteration found, in the order the status is decided."""
+
+    f_finite: jax.Array
+    g_finite: jax.Array
+    x_finite: jax.Array
+    failed: jax.Array
+    converged: Converged
+    stalled: jax.Array
+    stop: jax.Array
+    at_maxiters: jax.Array
+    out_of_time: jax.Array
+
+    @property
+    def ok(self) -> jax.Array:
+        return self.f_finite & self.g_finite & self.x_finite & ~self.failed
+
+    def verdict(self) -> tuple[jax.Array, jax.Array]:
+        """(status, reason code): failure first, then convergence, a stall, the callback's
+        stop, maxiters and maxtime; RUNNING when none holds."""
+        conv = self.converged
+        status = jnp.select(
+            [~self.ok, conv.any(), self.stalled, self.stop, self.at_maxiters, self.out_of_time],
+            [int(ReturnCode.FAILURE), int(ReturnCode.SUCCESS), int(ReturnCode.STALLED),
+             int(ReturnCode.TERMINATED), int(ReturnCode.MAXITERS), int(ReturnCode.MAXTIME)],
+            RUNNING).astype(INT)
+        reason = jnp.select(
+            [~self.f_finite, ~self.g_finite, ~self.x_finite, self.failed,
+             conv.gtol, conv.ftol, conv.xtol, self.stalled],
+            [F_NONFINITE, G_NONFINITE, X_NONFINITE, LS_FAILED, GTOL, FTOL, XTOL, STALLED_STEP],
+            0).astype(INT)
+        return status, reason
+
+
+def true_() -> jax.Array:
+    return jnp.ones((), bool)
+
+
+class StartPoint(NamedTuple):
+    """Where a run starts: x0 and zero counters, or an earlier run's end (``resume``)."""
+
+    x: PyTree
+    state: PyTree | None
+    iterations: jax.Array
+    f_evals: jax.Array
+    grad_evals: jax.Array
+
+
+def start_point(problem: OptimizationProblem, options: SolveOptions,
+           init: Callable[[PyTree], PyTree]) -> StartPoint:
+    """Where the run starts. ``resume``'s state is checked against ``init(x)``'s structure
+    (traced only for that); a resume point without a state (a scipy run's, or one that
+    stopped before any step) warm-starts from its x with a fresh state."""
+    zero = jnp.zeros((), INT)
+    resume = options.resume
+    if resume is None:
+        return StartPoint(problem.x0, None, zero, zero, zero)
+    if resume.state is not None:
+        expected = jax.tree_util.tree_structure(jax.eval_shape(init, resume.x))
+        given = jax.tree_util.tree_structure(resume.state)
+        if expected != given:
+            raise ValueError(
+                "solve: `resume` holds an optimizer state of structure "
+                f"{given}, but this algorithm's state has structure {expected}; resume with "
+                "the algorithm that produced it."
+            )
+    stats = resume.stats
+    count = lambda v: jnp.asarray(0 if v is None else v, INT)
+    return StartPoint(resume.x, resume.state, count(stats.iterations), count(stats.f_evals),
+                  count(stats.grad_evals))
+
+
+class BaseCounts(NamedTuple):
+    """The counts of the run a resumed run continues (zero for a fresh one)."""
+
+    iterations: jax.Array
+    f_evals: jax.Array
+    grad_evals: jax.Array
+
+
+def base_counts(start: StartPoint) -> BaseCounts:
+    return BaseCounts(start.iterations, start.f_evals, start.grad_evals)
+
+
+class Record(NamedTuple):
+    objective: jax.Array
+    grad_norm: jax.Array
+
+
+def empty_record(options: SolveOptions, dtype) -> Record | None:
+    if not options.history:
+        return None
+    empty = jnp.full((options.history,), jnp.nan, dtype)
+    return Record(empty, empty)
+
+
+def record_at(record: Record | None, index, f, gnorm, keep=True) -> Record | None:
+    if record is None:
+        return None
+    index = jnp.where(keep, index, record.objective.shape[0])  # out of range: dropped
+    return Record(record.objective.at[index].set(f, mode="drop"),
+                   record.grad_norm.at[index].set(gnorm.astype(f.dtype), mode="drop"))
+
+
+def history_of(record: Record | None) -> History | None:
+    return None if record is None else History(record.objective, record.grad_norm)

@@ -1,0 +1,4 @@
+"""The scipy family: scipy.optimize's local and global methods, evaluated on the host with
+JAX derivatives; one row of a method table per method."""
+
+from optsolve.backends.scipy import backend  # noqa: F401  (registration)

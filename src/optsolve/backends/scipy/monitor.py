@@ -1,0 +1,199 @@
+"""optsolve's side of a scipy run, called from scipy's callback after each iteration.
+
+The :class:`Monitor` runs the tests scipy does not (ftol, the infinity-norm gtol where
+scipy's differs, maxiters where scipy counts evaluations, maxtime, the user's callback),
+records the history, advances the progress bar and counts the iterations where scipy's
+``nit`` is not optsolve's count (``MethodSpec.monitor_counts``).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from optsolve.backends.scipy.compiled import HostProblem
+from optsolve.backends.scipy.options import MethodSpec
+from optsolve.solve_api.host import advance_progress, progress_every, wants_grad_norm
+from optsolve.solve_api.returncode import ReturnCode
+
+
+class Stop(Exception):
+    """Raised from a callback that cannot stop scipy otherwise; caught around the run."""
+
+
+def projected_grad_norm(x: np.ndarray, g: np.ndarray, bounds) -> float:
+    """``||x - P(x - g)||_inf`` for the box ``bounds`` (``||g||_inf`` without bounds): the
+    stationarity measure of the JAX-native driver and of L-BFGS-B's ``pgtol`` test."""
+    if bounds is not None:
+        g = x - np.clip(x - g, bounds[0], bounds[1])
+    return float(np.max(np.abs(g), initial=0.0))
+
+
+class Monitor:
+    """optsolve's per-iteration tests, history and progress; tracks the last finite iterate.
+
+    Args:
+      host: the problem as scipy sees it.
+      options: the plain options dict of the solve (see ``scipy_backend._plain_options``).
+      spec: the method's spec.
+      own_maxiters: maxiters where optsolve counts them, else None.
+      own_gtol: gtol where optsolve tests the infinity norm itself, else None.
+      bounds: the flat (lower, upper) bounds, or None.
+
+    Attributes:
+      k: iterations seen (callback calls).
+      last: (x, f) of the last finite iterate seen, or None.
+      reason: why the monitor stopped the run, or None.
+      user_raised: the user's callback raised (its exception must reach the user).
+      objectives, grad_norms: the history (f and projected gradient inf-norm at x0 and
+        each iterate) when ``options["history"]``, else None.
+    """
+
+    def __init__(self, host: HostProblem, options: dict, spec: MethodSpec,
+                 own_maxiters: int | None, own_gtol: float | None, bounds=None):
+        self.host, self.spec, self.bounds = host, spec, bounds
+        self.callback = options["callback"]
+        self.every = options["callback_every"]
+        self.pass_grad_norm = self.callback is not None and wants_grad_norm(self.callback)
+        self.ftol = None if spec.native_ftol else options["ftol"]
+        self.gtol = own_gtol
+        self.maxiters = own_maxiters
+        self.deadline = (None if options["maxtime"] is None
+                         else time.perf_counter() + options["maxtime"])
+        self.progress = bool(options.get("progress"))
+        self.progress_every = progress_every(options["maxiters"])
+        self.k = 0
+        self.prev_f: float | None = None
+        self.prev_x: np.ndarray | None = None
+        self.last: tuple[np.ndarray, float] | None = None
+        self.reason: ReturnCode | None = None
+        self.user_raised = False
+        self.objectives: list[float] | None = None
+        self.grad_norms: list[float] | None = None
+        if options.get("history"):
+            f0, g0 = host.peek(host.x0, spec.needs_gradient)
+            self.objectives = [f0]
+            self.grad_norms = [self._norm_of(host.x0, g0)]
+
+    @property
+    def needed(self) -> bool:
+        """Whether scipy must call the monitor: a per-iteration test, callback, history or
+        progress bar is on, or optsolve counts the method's iterations (COBYLA reports no
+        ``nit``; see ``MethodSpec.monitor_counts``). Otherwise scipy runs without one."""
+        return (self.callback is not None or self.ftol is not None or self.gtol is not None
+                or self.maxiters is not None or self.deadline is not None
+                or self.objectives is not None or self.progress
+                or self.spec.key == "cobyla" or self.spec.monitor_counts)
+
+    def record(self, x: np.ndarray, f: float) -> bool:
+        """Account one iteration at (x, f); True when the run must stop."""
+        self.k += 1
+        x = np.array(x, dtype=np.float64)
+        if np.isfinite(f) and np.all(np.isfinite(x)):
+            self.last = (x, float(f))
+        grad_norm = None
+        if self.objectives is not None:
+            grad_norm = self.grad_norm(x)
+            self.objectives.append(float(f))
+            self.grad_norms.append(grad_norm)
+        if self.progress and self.spec.callback_per_iteration \
+                and self.k % self.progress_every == 0:
+            advance_progress(self.k, f, grad_norm)
+        # The user's callback sees every (every-th) iteration, the last one included; the
+        # tests then decide in the compiled driver's order (iterative.py): convergence,
+        # the callback's request, maxiters, maxtime.
+        stop = False
+        if self.callback is not None and self.k % self.every == 0:
+            extra = ((self.grad_norm(x) if grad_norm is None else grad_norm,)
+                     if self.pass_grad_norm else ())
+            try:
+                stop = bool(self.callback(self.k, self.host.unravel_numpy(x), np.float64(f),
+                                          *extra))
+            except Exception:
+                self.user_raised = True  # so that it propagates, whatever its type
+                raise
+        converged = self._converged(x, float(f))
+        if converged:
+            self.reason = ReturnCode.SUCCESS
+        elif stop:
+            self.reason = ReturnCode.TERMINATED
+        elif self.maxiters is not None and self.k >= self.maxiters:
+            self.reason = ReturnCode.MAXITERS
+        elif self.deadline is not None and time.perf_counter() >= self.deadline:
+            self.reason = ReturnCode.MAXTIME
+        return self.reason is not None
+
+    def _converged(self, x: np.ndarray, f: float) -> bool:
+        """optsolve's own ftol and gtol tests at the new iterate."""
+        converged = False
+        # Only an iteration that moved x tests ftol: Nelder-Mead's best vertex or a rejected
+        # trust-region step leave f unchanged without any convergence.
+        moved = self.prev_x is not None and bool(np.any(x != self.prev_x))
+        if self.ftol is not None and self.prev_f is not None and moved:
+            scale = max(abs(self.prev_f), abs(f), 1.0)
+            converged = abs(self.prev_f - f) <= self.ftol * scale
+        if not converged and self.gtol is not None:
+            converged = bool(np.max(np.abs(self.host.grad(x))) <= self.gtol)
+        self.prev_f = f
+        self.prev_x = x
+        return converged
+
+    def history(self, x: np.ndarray, fun: float) -> tuple[np.ndarray, np.ndarray]:
+        """(objectives, grad_norms) as float64 arrays, the last entry at the returned point
+        (x, fun): differential_evolution's polish, direct's and basinhopping's best point
+        and SLSQP's accepted iterate at maxiters differ from the last point the callback
+        saw."""
+        objectives = np.asarray(self.objectives, np.float64)
+        grad_norms = np.asarray(self.grad_norms, np.float64)
+        if self.k > 0 and (self.last is None or not np.array_equal(self.last[0], x)):
+            objectives[-1] = fun
+            grad_norms[-1] = self.grad_norm(x)
+        return objectives, grad_norms
+
+    def finish(self, iterations: int, objective: float) -> None:
+        """The bar's last update, to the run's final iteration count."""
+        if self.progress:
+            advance_progress(iterations, objective, None)
+
+    def grad_norm(self, x: np.ndarray) -> float:
+        """The projected gradient's inf-norm at x; NaN for derivative-free methods, which
+        never compute a gradient."""
+        if not self.spec.needs_gradient:
+            return float("nan")
+        return self._norm_of(x, self.host.peek(x, True)[1])
+
+    def _norm_of(self, x: np.ndarray, g: np.ndarray | None) -> float:
+        if g is None or not self.spec.needs_gradient:
+            return float("nan")
+        return projected_grad_norm(x, g, self.bounds)
+
+    # The callback shapes scipy's methods call.
+    def intermediate(self):
+        """``callback(intermediate_result)``: StopIteration stops scipy."""
+        def callback(intermediate_result):  # scipy dispatches on this parameter name
+            if self.record(intermediate_result.x, float(intermediate_result.fun)):
+                raise StopIteration
+        return callback
+
+    def x_only(self):
+        """``callback(xk)`` (TNC, shgo, direct): optsolve's own exception stops scipy."""
+        def callback(xk):
+            f = self.host.value_at(np.asarray(xk), self.spec.needs_gradient)
+            if self.record(xk, f):
+                raise Stop
+        return callback
+
+    def x_f_flag(self, skip_first: bool = False):
+        """``callback(x, f, flag)`` (basinhopping, dual_annealing): True stops scipy.
+
+        ``skip_first``: basinhopping calls it once before its first iteration, with the
+        minimum of the initial local search; that call is no iteration."""
+        calls = [0]
+
+        def callback(x, f, _context):
+            calls[0] += 1
+            if skip_first and calls[0] == 1:
+                return False
+            return self.record(x, float(f))
+        return callback

@@ -1,0 +1,391 @@
+"""The contract every algorithm keeps: every registered algorithm class x every shared rule.
+
+The cases are data: one entry per registered class (how to build it, whether its problems
+need a box). A registered class without a case fails ``test_every_registered_class_has_a_case``.
+A rule applies where the algorithm's capabilities (``Algorithm.capabilities()``, the table
+``solve`` checks) say it can; where they say it cannot, the rule checks the error instead.
+References: the objective's value recomputed at the returned point, x0 itself, and for
+resume the uninterrupted run (N then M steps equal N + M).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import signal
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import optsolve
+from optsolve import OptimizationProblem, ReturnCode, solve
+from optsolve.solve_api.registry import algorithm_classes
+from compile_count import count_compilations
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """How the matrix builds one algorithm class and the problems it takes."""
+
+    make: Callable[[], Any]
+    box: bool = False          # its problems need finite bounds (scipy's global methods)
+    iterations: int = 12       # a budget that leaves the test problem unconverged
+    stop_at: int = 3           # the iteration a callback stops at (dual_annealing calls it
+                               # once per new best minimum, not once per iteration)
+
+
+def _rosenbrock(x, p):
+    return jnp.sum(p * (x[1:] - x[:-1] ** 2) ** 2 + (1 - x[:-1]) ** 2)
+
+
+def _nan_ahead(x, p):
+    # finite for x[0] <= 1e-5 only: any step from 0 towards the minimum (3, 3) meets NaN
+    return jnp.where(x[0] > 1e-5, jnp.nan, jnp.sum((x - 3.0) ** 2))
+
+
+X0 = jnp.array([-1.2, 1.0])
+BOX = (-2.0, 2.0)
+
+
+# Arguments some optax factories need beyond a learning rate.
+_OPTAX_KWARGS = {"NoisySGD": {"key": jax.random.key(0)}}
+
+
+def _optax_case(cls) -> Case:
+    import inspect
+    params = inspect.signature(cls.factory).parameters
+    kwargs = {"learning_rate": 1e-3} if "learning_rate" in params else {}
+    kwargs.update(_OPTAX_KWARGS.get(cls.__name__, {}))
+    return Case(lambda: cls(**kwargs))
+
+
+def _cases() -> dict[type, Case]:
+    cases: dict[type, Case] = {}
+    for cls in algorithm_classes():
+        if issubclass(cls, optsolve.OptaxAlgorithm):
+            cases[cls] = _optax_case(cls)
+    cases[optsolve.OptaxTransform] = Case(lambda: optsolve.OptaxTransform(optax.chain(
+        optax.clip_by_global_norm(1.0), optax.scale_by_adam(), optax.scale(-1e-3))))
+    cases[optsolve.ParameterGroups] = Case(lambda: optsolve.ParameterGroups(
+        {"a": optsolve.Adam(1e-3), "b": optsolve.SGD(1e-3)}, labels=lambda path: "a"))
+    for cls in (optsolve.GradientDescent, optsolve.NonlinearCG, optsolve.LBFGS, optsolve.BFGS,
+                optsolve.Newton, optsolve.TrustRegion):
+        cases[cls] = Case(cls, iterations=3)
+    cases[optsolve.AdaHessian] = Case(lambda: optsolve.AdaHessian(0.01))
+    for cls in algorithm_classes():
+        if issubclass(cls, (optsolve.ScipyMinimize, optsolve.ScipyGlobal)):
+            method = cls.spec.name
+            box = issubclass(cls, optsolve.ScipyGlobal) and method != "basinhopping"
+            base = optsolve.ScipyMinimize if issubclass(cls, optsolve.ScipyMinimize) \
+                else optsolve.ScipyGlobal
+            options = {"rng": 0} if method in ("differential_evolution", "dual_annealing",
+                                               "basinhopping") else {}
+            cases[cls] = Case(lambda base=base, method=method, options=options:
+                              base(method, **options), box=box, iterations=3,
+                              stop_at=1 if method == "dual_annealing" else 3)
+    return cases
+
+
+CASES = _cases()
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:`optimistic_adam` is deprecated:DeprecationWarning")
+CLASSES = list(CASES)
+
+
+class _Callback:
+    """One callback object for the rules that need one (a callback is static: sharing it
+    shares the compiled loop). ``behave(i)`` is set by each test."""
+
+    def __init__(self):
+        self.seen: list[int] = []
+        self.behave: Callable[[int], Any] = lambda i: None
+
+    def __call__(self, i, x, f):
+        self.seen.append(i)
+        return self.behave(i)
+
+    def reset(self, behave):
+        self.seen, self.behave = [], behave
+        return self
+
+
+CALLBACK = _Callback()
+
+
+def _id(cls) -> str:
+    return cls.__name__
+
+
+def _problem(cls, f=_rosenbrock, x0=X0, p=10.0, bounds=None) -> OptimizationProblem:
+    if bounds is None and CASES[cls].box:
+        bounds = BOX
+    return OptimizationProblem(f, x0, p, bounds=bounds)
+
+
+def _caps(cls) -> dict:
+    return CASES[cls].make().capabilities()
+
+
+def _leaves(tree):
+    def array(leaf):
+        if jax.dtypes.issubdtype(jnp.result_type(leaf), jax.dtypes.extended):
+            leaf = jax.random.key_data(leaf)  # a PRNG key in an optimizer's state
+        return np.asarray(leaf)
+    return [array(leaf) for leaf in jax.tree_util.tree_leaves(tree)]
+
+
+def test_every_registered_class_has_a_case():
+    missing = [c.__name__ for c in algorithm_classes() if c not in CASES]
+    assert not missing, f"registered algorithm classes without a contract case: {missing}"
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=_id)
+def test_solution_fields_and_eager_types(cls):
+    prob = _problem(cls)
+    sol = solve(prob, CASES[cls].make(), maxiters=CASES[cls].iterations)
+    assert isinstance(sol.retcode, ReturnCode)
+    assert isinstance(sol.stats.iterations, int) and isinstance(sol.stats.f_evals, int)
+    assert sol.stats.grad_evals is None or isinstance(sol.stats.grad_evals, int)
+    assert isinstance(sol.stats.time, float)
+    assert jax.tree_util.tree_structure(sol.x) == jax.tree_util.tree_structure(X0)
+    np.testing.assert_allclose(sol.objective, _rosenbrock(sol.x, 10.0), rtol=1e-12, atol=1e-14)
+    assert isinstance(sol.message, str) and sol.message.startswith(sol.retcode.message)
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=_id)
+def test_maxiters_zero_returns_x0_unchanged(cls):
+    sol = solve(_problem(cls), CASES[cls].make(), maxiters=0)
+    assert sol.retcode == ReturnCode.MAXITERS
+    np.testing.assert_array_equal(sol.x, X0)
+    np.testing.assert_allclose(sol.objective, _rosenbrock(X0, 10.0), rtol=1e-15)
+    assert sol.stats.iterations == 0
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=_id)
+def test_callback_stop_counts_completed_iterations(cls):
+    stop_at = CASES[cls].stop_at
+    callback = CALLBACK.reset(lambda i: i >= stop_at)
+    alg = CASES[cls].make()
+    sol = solve(_problem(cls), alg, maxiters=50, callback=callback, gtol=_gtol(alg))
+    assert sol.retcode == ReturnCode.TERMINATED, sol.message
+    assert sol.stats.iterations == callback.seen[-1] == stop_at
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=_id)
+def test_exception_in_callback_propagates_unchanged(cls):
+    class Boom(Exception):
+        pass
+
+    def behave(i):
+        if i >= 2:
+            raise Boom("raised by the user's callback")
+
+    alg = CASES[cls].make()
+    with pytest.raises(Boom, match="raised by the user's callback"):
+        solve(_problem(cls), alg, maxiters=50, callback=CALLBACK.reset(behave), gtol=_gtol(alg))
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=_id)
+def test_nonfinite_values_fail_with_the_last_finite_iterate(cls):
+    prob = _problem(cls, f=_nan_ahead, x0=jnp.zeros(2), p=None)
+    alg = CASES[cls].make()
+    if issubclass(cls, optsolve.OptaxAlgorithm) and "learning_rate" in alg.hyperparams:
+        alg = alg.replace(learning_rate=0.5)  # big enough to step into the NaN region
+    sol = solve(prob, alg, maxiters=200)
+    assert sol.retcode in (ReturnCode.FAILURE, ReturnCode.STALLED), sol.message
+    assert np.all(np.isfinite(np.asarray(sol.x))) and np.isfinite(sol.objective)
+    np.testing.assert_allclose(sol.objective, _nan_ahead(sol.x, None), rtol=1e-12)
+    assert "finite" in sol.message or sol.retcode == ReturnCode.STALLED, sol.message
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=_id)
+def test_x0_outside_the_bounds_is_projected(cls):
+    prob = _problem(cls, x0=jnp.array([-3.0, 0.5]), bounds=BOX)
+    alg = CASES[cls].make()
+    if not alg.capabilities()["takes_bounds"]:
+        with pytest.raises(ValueError, match="does not support bounds.*LBFGS"):
+            solve(prob, alg, maxiters=5)
+        return
+    with pytest.warns(UserWarning, match="x0 lies outside the bounds"):
+        sol = solve(prob, alg, maxiters=5)
+    x = np.asarray(sol.x)
+    assert np.all(x >= -2.0) and np.all(x <= 2.0)
+    assert sol.retcode != ReturnCode.FAILURE, sol.message
+    with pytest.warns(UserWarning, match="x0 lies outside the bounds"):
+        start = solve(prob, alg, maxiters=0)
+    np.testing.assert_array_equal(start.x, [-2.0, 0.5])
+
+
+def _assert_progress_reached(err: str, iterations: int, total: int) -> None:
+    assert re.search(rf"\b{iterations}/{total}\b", err), err[-300:]
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=_id)
+def test_history_records_every_iterate_and_the_bar_reaches_it(cls, capsys):
+    """Two rules, one run (so one compilation): ``history=True`` records f and the gradient
+    norm at every iterate, x0 first; ``progress=True`` advances the bar to the iterations."""
+    prob, alg, budget = _problem(cls), CASES[cls].make(), CASES[cls].iterations
+    if not alg.capabilities()["records_history"]:
+        with pytest.raises(ValueError, match="does not record a history"):
+            solve(prob, alg, maxiters=5, history=True)
+        sol = solve(prob, alg, maxiters=budget, progress=True)
+        _assert_progress_reached(capsys.readouterr().err, sol.stats.iterations, budget)
+        return
+    sol = solve(prob, alg, maxiters=budget, history=True, progress=True)
+    _assert_progress_reached(capsys.readouterr().err, sol.stats.iterations, budget)
+    objective = np.asarray(sol.history.objective)
+    grad_norm = np.asarray(sol.history.grad_norm)
+    k = sol.stats.iterations
+    assert objective.shape == grad_norm.shape and objective.shape[0] >= k + 1
+    np.testing.assert_allclose(objective[0], _rosenbrock(X0, 10.0), rtol=1e-15)
+    np.testing.assert_allclose(objective[k], sol.objective, rtol=1e-12)
+    assert np.all(np.isfinite(objective[: k + 1]))
+    assert np.all(np.isnan(objective[k + 1:]))
+    if _caps(cls)["needs_gradient"]:
+        g = jax.grad(_rosenbrock)(X0, 10.0)
+        if prob.bounds is not None:
+            g = X0 - jnp.clip(X0 - g, *BOX)
+        np.testing.assert_allclose(grad_norm[0], jnp.max(jnp.abs(g)), rtol=1e-12)
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=_id)
+def test_resume_continues_the_run(cls):
+    prob, alg = _problem(cls), CASES[cls].make()
+    caps = alg.capabilities()
+    if not caps["resumable"]:
+        first = solve(prob, alg, maxiters=2)
+        with pytest.raises(ValueError, match="cannot resume"):
+            solve(prob, alg, maxiters=2, resume=first)
+        return
+    n, m = 2, CASES[cls].iterations
+    first = solve(prob, alg, maxiters=n)
+    second = solve(prob, alg, maxiters=m, resume=first)
+    assert second.stats.iterations == first.stats.iterations + (
+        second.stats.iterations - first.stats.iterations)
+    if caps["compiled_driver"]:
+        whole = solve(prob, alg, maxiters=n + m)
+        for a, b in zip(_leaves(whole.x), _leaves(second.x)):
+            np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
+        for a, b in zip(_leaves(whole.state), _leaves(second.state)):
+            np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
+        assert second.stats.iterations == whole.stats.iterations
+    else:  # a warm start: scipy from first.x, the counts added
+        again = solve(prob.replace(x0=first.x), alg, maxiters=m)
+        np.testing.assert_allclose(second.x, again.x, rtol=1e-12)
+        assert second.stats.iterations == first.stats.iterations + again.stats.iterations
+        assert second.stats.f_evals == first.stats.f_evals + again.stats.f_evals
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=_id)
+def test_no_recompilation_for_new_numbers(cls):
+    prob, alg = _problem(cls), CASES[cls].make()
+    solve(prob, alg, maxiters=CASES[cls].iterations)
+    # every real-valued hyperparameter (integer leaves, such as a PRNG key, are kept)
+    scaled = jax.tree_util.tree_map(
+        lambda v: v * 0.5 if jnp.issubdtype(jnp.result_type(v), jnp.floating) else v, alg)
+    moved = X0 + 0.1
+    with count_compilations() as counter:
+        solve(prob.replace(p=11.0, x0=moved), scaled, maxiters=CASES[cls].iterations - 1)
+    assert counter.count == 0
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=_id)
+def test_float32_in_float32_out(cls):
+    prob = _problem(cls, x0=X0.astype(jnp.float32), p=jnp.float32(10.0))
+    sol = solve(prob, CASES[cls].make(), maxiters=CASES[cls].iterations)
+    assert np.asarray(sol.x).dtype == np.float32
+    assert np.isfinite(sol.objective)
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=_id)
+def test_jit_and_vmap_agree_with_eager(cls):
+    prob, alg = _problem(cls), CASES[cls].make()
+    caps, k = alg.capabilities(), CASES[cls].iterations
+    eager = solve(prob, alg, maxiters=k)
+    run = lambda p: solve(prob.replace(p=p), alg, maxiters=k).x
+    if caps["jittable"] and caps["vmappable"]:  # both at once: one compilation
+        xs = jax.jit(jax.vmap(run))(jnp.array([10.0, 10.0]))
+        np.testing.assert_allclose(xs, np.stack([eager.x] * 2), rtol=1e-10, atol=1e-12)
+    elif caps["jittable"]:
+        np.testing.assert_allclose(jax.jit(run)(10.0), eager.x, rtol=1e-10, atol=1e-12)
+    elif caps["vmappable"]:
+        xs = jax.vmap(run)(jnp.array([10.0, 10.0]))
+        np.testing.assert_allclose(xs, np.stack([eager.x] * 2), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=_id)
+def test_keyboard_interrupt_returns_the_last_completed_iterate(cls):
+    prob, alg = _problem(cls), CASES[cls].make()
+    # every iteration reaches the host and sleeps there, so the run lasts
+    slow_callback = CALLBACK.reset(lambda i: time.sleep(0.002))
+
+    # compiled (and scipy's evaluations prepared) first: the signal must find the run itself
+    solve(prob, alg, maxiters=2, callback=slow_callback, gtol=_gtol(alg))
+    done = threading.Event()
+    timer = threading.Timer(0.3, lambda: done.is_set() or os.kill(os.getpid(), signal.SIGINT))
+    started = time.perf_counter()
+    timer.start()
+    try:
+        sol = solve(prob, alg, maxiters=10 ** 7, callback=slow_callback,
+                    gtol=_gtol(alg))
+    finally:
+        done.set()
+        timer.cancel()
+    assert time.perf_counter() - started < 5.0
+    if sol.retcode != ReturnCode.INTERRUPTED:  # ended by itself before the signal came
+        assert time.perf_counter() - started < 0.4, sol.message
+        return
+    assert sol.stats.iterations >= 1
+    assert np.all(np.isfinite(np.asarray(sol.x)))
+    np.testing.assert_allclose(sol.objective, _rosenbrock(sol.x, 10.0), rtol=1e-12, atol=1e-14)
+
+
+def _gtol(alg) -> float | None:
+    """gtol=0 (no convergence by the gradient test), where the algorithm takes a gtol; the
+    callback rules share it, and so one compiled loop."""
+    takes = not isinstance(alg, (optsolve.ScipyMinimize, optsolve.ScipyGlobal)) or (
+        alg.spec.native_gtol)
+    return 0.0 if takes else None
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=_id)
+def test_replace_returns_a_new_algorithm_and_names_the_valid_fields(cls):
+    alg = CASES[cls].make()
+    same = alg.replace()
+    assert type(same) is type(alg) and same is not alg
+    assert jax.tree_util.tree_structure(same) == jax.tree_util.tree_structure(alg)
+    with pytest.raises(TypeError, match="not_a_hyperparameter"):
+        alg.replace(not_a_hyperparameter=1.0)
+    with pytest.raises(AttributeError, match="immutable|frozen|cannot assign"):
+        alg.not_a_hyperparameter = 1.0
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=_id)
+def test_unrolled_adjoint_runs_exactly_where_the_catalog_says(cls):
+    prob, alg = _problem(cls), CASES[cls].make()
+    unrolled = optsolve.UnrolledAdjoint()
+    if not alg.capabilities()["unrollable"]:
+        with pytest.raises(ValueError, match="cannot be differentiated by unrolling"):
+            solve(prob, alg, maxiters=3, adjoint=unrolled)
+        return
+    # the same iterates as the while loop (derivatives: tests/test_adjoint.py)
+    x = solve(prob, alg, maxiters=3, adjoint=unrolled).x
+    np.testing.assert_allclose(x, solve(prob, alg, maxiters=3).x, rtol=1e-12, atol=1e-14)
+
+
+def test_a_transformation_ending_in_a_line_search_is_not_unrollable():
+    with_search = optsolve.OptaxTransform(optax.chain(
+        optax.sgd(1.0), optax.scale_by_backtracking_linesearch(max_backtracking_steps=5)))
+    assert not with_search.capabilities()["unrollable"]
+    assert not optsolve.OptaxLBFGS().capabilities()["unrollable"]
+    with pytest.raises(ValueError, match="OptaxTransform cannot be differentiated by unrolling"):
+        solve(_problem(optsolve.OptaxTransform), with_search, maxiters=3,
+              adjoint=optsolve.UnrolledAdjoint())
