@@ -30,6 +30,7 @@ from optsolve.solve_api.problem import OptimizationProblem
 from optsolve.solve_api.pytree import is_traced, pytree_dataclass, static_field
 from optsolve.solve_api.returncode import ReturnCode
 from optsolve.solve_api.solution import Solution
+from optsolve.solve_api.stationarity import free_mask
 
 PyTree = Any
 Run = Callable[..., Solution]  # run(problem, algorithm, options[, loop=...])
@@ -104,21 +105,6 @@ def _cg(matvec: Callable[[PyTree], PyTree], b: PyTree, tol: Any,
     return v, products
 
 
-def _free_mask(problem: OptimizationProblem, x: PyTree, g: PyTree) -> PyTree | None:
-    """1 where a coordinate is free, 0 where a bound is active (it carries no sensitivity)."""
-    if problem.bounds is None:
-        return None
-    lower, upper = problem.bounds
-
-    def mask(xi, gi, lo, up):
-        scale = 1e-8 * jnp.maximum(1.0, jnp.abs(xi))
-        at_lower = (xi - lo <= scale) & (gi >= 0)
-        at_upper = (up - xi <= scale) & (gi <= 0)
-        return jnp.where(at_lower | at_upper, 0.0, 1.0).astype(jnp.result_type(xi))
-
-    return jax.tree_util.tree_map(mask, x, g, lower, upper)
-
-
 @pytree_dataclass
 class ImplicitAdjoint:
     """Implicit differentiation of x*(p) = argmin_x f(x, p) (the default adjoint).
@@ -170,7 +156,7 @@ class ImplicitAdjoint:
         """dx = -H^{-1} (d/dp grad_x f) p_dot at the solution ``x``, on the free coordinates."""
         grad_fn = problem.grad if problem.grad is not None else jax.grad(problem.f)
         g, rhs = jax.jvp(lambda p: grad_fn(x, p), (problem.p,), (p_dot,))
-        mask = _free_mask(problem, x, g)
+        mask = free_mask(x, g, problem.bounds)
         user_hvp = problem.hvp
 
         if user_hvp is not None:

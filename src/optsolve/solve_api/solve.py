@@ -21,6 +21,7 @@ from optsolve.solve_api.pytree import is_traced, replace
 from optsolve.solve_api.registry import algorithm_classes, as_algorithm, backend_for
 from optsolve.solve_api.returncode import ReturnCode
 from optsolve.solve_api.solution import History, Solution, Stats
+from optsolve.solve_api.stationarity import stationarity
 
 
 def _solve_on_data(problem, algorithm, opts, data, batch_size, key, epochs) -> Solution:
@@ -139,9 +140,7 @@ def _no_iterations(problem: OptimizationProblem, opts) -> Solution:
     x = problem.x0 if resume is None else resume.x
     if opts.history:
         f, g = jax.value_and_grad(problem.f)(x, problem.p)
-        norm = jnp.max(jnp.stack([jnp.max(jnp.abs(leaf)) for leaf in jax.tree_util.tree_leaves(
-            jax.tree_util.tree_map(lambda xx, gg, lo, up: xx - jnp.clip(xx - gg, lo, up),
-                                   x, g, *problem.bounds) if problem.bounds is not None else g)]))
+        norm = stationarity(x, g, problem.bounds)
         history = History(jnp.reshape(f, (1,)), jnp.reshape(norm, (1,)).astype(f.dtype))
     else:
         f, history = problem.f(x, problem.p), None

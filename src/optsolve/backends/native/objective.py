@@ -1,5 +1,6 @@
 """What the JAX-native solvers evaluate: the objective with ``p`` bound, and the measures of
-a gradient the driver and the solvers share (finiteness, infinity norm, projected gradient)."""
+a gradient the driver and the solvers share (finiteness, infinity norm; the projected
+gradient is :mod:`optsolve.solve_api.stationarity`'s)."""
 
 from __future__ import annotations
 
@@ -70,13 +71,3 @@ def inf_norm(tree: PyTree) -> jax.Array:
     leaves = jax.tree_util.tree_leaves(tree)
     dtype = jnp.result_type(*leaves)
     return jnp.max(jnp.stack([jnp.max(jnp.abs(leaf)).astype(dtype) for leaf in leaves]))
-
-
-def projected_gradient(x: PyTree, g: PyTree, bounds: tuple[PyTree, PyTree] | None) -> PyTree:
-    """``P(x - g) - x`` for the box ``bounds`` (``-g`` without bounds), the stationarity
-    measure of bound-constrained problems (its inf-norm is L-BFGS-B's ``pgtol`` test)."""
-    if bounds is None:
-        return g
-    lower, upper = bounds
-    return jax.tree_util.tree_map(lambda xx, gg, lo, up: xx - jnp.clip(xx - gg, lo, up),
-                                  x, g, lower, upper)

@@ -11,12 +11,13 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from optsolve.backends.native.objective import inf_norm, projected_gradient
+from optsolve.backends.native.objective import inf_norm
 from optsolve.backends.native.protocol import NativeSolver
 from optsolve.solve_api.host import call_user_callback, clock, report_progress, wants_grad_norm
 from optsolve.solve_api.options import SolveOptions
 from optsolve.solve_api.problem import OptimizationProblem
 from optsolve.solve_api.returncode import RUNNING, ReturnCode
+from optsolve.solve_api.stationarity import stationarity
 from optsolve.solve_api.solution import History
 
 PyTree = Any
@@ -53,7 +54,7 @@ class Rules:
         self.bounds = bounds
 
     def grad_norm(self, x, g) -> jax.Array:
-        return inf_norm(projected_gradient(x, g, self.bounds))
+        return stationarity(x, g, self.bounds)
 
     def converged(self, x, f, g, x_prev, f_prev, has_prev) -> Converged:
         """gtol on the (projected) gradient; ftol and xtol against the previous iterate."""

@@ -16,18 +16,11 @@ from optsolve.backends.scipy.compiled import HostProblem
 from optsolve.backends.scipy.options import MethodSpec
 from optsolve.solve_api.host import advance_progress, progress_every, wants_grad_norm
 from optsolve.solve_api.returncode import ReturnCode
+from optsolve.solve_api.stationarity import stationarity
 
 
 class Stop(Exception):
     """Raised from a callback that cannot stop scipy otherwise; caught around the run."""
-
-
-def projected_grad_norm(x: np.ndarray, g: np.ndarray, bounds) -> float:
-    """``||x - P(x - g)||_inf`` for the box ``bounds`` (``||g||_inf`` without bounds): the
-    stationarity measure of the JAX-native driver and of L-BFGS-B's ``pgtol`` test."""
-    if bounds is not None:
-        g = x - np.clip(x - g, bounds[0], bounds[1])
-    return float(np.max(np.abs(g), initial=0.0))
 
 
 class Monitor:
@@ -166,7 +159,7 @@ class Monitor:
     def _norm_of(self, x: np.ndarray, g: np.ndarray | None) -> float:
         if g is None or not self.spec.needs_gradient:
             return float("nan")
-        return projected_grad_norm(x, g, self.bounds)
+        return stationarity(x, g, self.bounds, xp=np)
 
     # The callback shapes scipy's methods call.
     def intermediate(self):

@@ -16,13 +16,14 @@ import scipy.optimize as so
 from scipy.optimize import Bounds, NonlinearConstraint, OptimizeResult
 
 from optsolve.backends.scipy.compiled import HostProblem
-from optsolve.backends.scipy.monitor import Monitor, Stop, projected_grad_norm
+from optsolve.backends.scipy.monitor import Monitor, Stop
 from optsolve.backends.scipy.options import MINIMIZE_SPECS, MethodSpec
 from optsolve.backends.scipy.retcodes import (
     budget_option, global_retcode, minimize_retcode, scipy_message, stopped_by_own_gtol,
 )
 from optsolve.solve_api.problem import OptimizationProblem
 from optsolve.solve_api.returncode import ReturnCode
+from optsolve.solve_api.stationarity import stationarity
 
 # Constraints (and bounds) count as violated at the end beyond this, relative to
 # max(1, |bound|): looser than the methods' own tolerances (COBYLA's catol = sqrt(eps),
@@ -347,7 +348,7 @@ def _gtol_holds(x: np.ndarray, host: HostProblem, bounds, gtol: float,
                 notes: list[str]) -> ReturnCode:
     """SUCCESS if the user's gtol holds at x (projected inf-norm), else STALLED with a note."""
     g = host.peek(x)[1]
-    norm = projected_grad_norm(x, g, bounds)
+    norm = stationarity(x, g, bounds, xp=np)
     if norm <= gtol:
         return ReturnCode.SUCCESS
     notes.append(f"scipy's own convergence test stopped it; gradient inf-norm {norm:.3g} > "
