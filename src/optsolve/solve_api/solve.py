@@ -96,13 +96,16 @@ def _eager(solution: Solution, elapsed: float, interrupted: bool = False) -> Sol
     def count(value):
         return None if value is None else int(value)
     stats = solution.stats
-    retcode, reason = ReturnCode(int(solution.retcode)), count(solution.reason)
+    # one transfer for the scalars, not one each
+    code, reason, iterations, f_evals, grad_evals = jax.device_get(
+        (solution.retcode, solution.reason, stats.iterations, stats.f_evals, stats.grad_evals))
+    retcode, reason = ReturnCode(int(code)), count(reason)
     if interrupted and retcode in (ReturnCode.TERMINATED, ReturnCode.MAXTIME):
         retcode, reason = ReturnCode.INTERRUPTED, None
     return replace(
         solution, retcode=retcode, reason=reason,
-        stats=replace(stats, iterations=count(stats.iterations), f_evals=count(stats.f_evals),
-                      grad_evals=count(stats.grad_evals), time=elapsed))
+        stats=replace(stats, iterations=count(iterations), f_evals=count(f_evals),
+                      grad_evals=count(grad_evals), time=elapsed))
 
 
 def _check_adjoint(adjoint: Any) -> Any:

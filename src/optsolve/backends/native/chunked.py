@@ -1,8 +1,9 @@
 """Running the compiled driver: whole inside the caller's trace, in chunks for an eager call.
 
-An eager ``solve`` runs the loop of :mod:`optsolve.backends.native.driver` as a sequence of calls of one compiled
-function, each advancing the carry by a budget of iterations (a few at first, then about a
-quarter of a second's worth, measured on the previous chunk). Between chunks Python runs,
+An eager ``solve`` runs the loop of :mod:`optsolve.backends.native.driver` as a sequence of
+calls of one compiled function, each advancing the carry by a budget of iterations (256 at
+first for up to 10^4 variables, 16 beyond, then about a quarter of a second's worth,
+measured on the previous chunk). Between chunks Python runs,
 so a KeyboardInterrupt is seen within one chunk: the chunk in flight finishes (nothing keeps
 computing afterwards) and its carry comes back as a Solution with ``INTERRUPTED``. The first
 call starts from a zero carry of the right structure and initialises it inside the compiled
@@ -28,7 +29,9 @@ from optsolve.solve_api.pytree import is_traced, replace, tree_spec
 from optsolve.solve_api.returncode import RUNNING, ReturnCode
 from optsolve.solve_api.solution import Solution
 
-_FIRST_BUDGET = 16        # iterations of the first chunk: most small solves end in it
+# Iterations of the first chunk: small problems (most of which end within it) take more, so
+# that they run in one call; large ones, whose iterations may each take long, take few.
+_FIRST_BUDGET_SMALL, _FIRST_BUDGET_LARGE, _SMALL_SIZE = 256, 16, 10_000
 _CHUNK_SECONDS = 0.25     # what later chunks aim at: the longest wait for a Ctrl-C
 _TEMPLATES = BoundedCache(64)
 
@@ -74,11 +77,16 @@ def _interrupted(solution: Solution) -> Solution:
     return replace(solution, retcode=ReturnCode.INTERRUPTED, reason=None)
 
 
-def _first_chunk(make_solver, problem, algorithm, options):
+def _first_budget(problem: OptimizationProblem) -> int:
+    size = sum(np.size(leaf) for leaf in jax.tree_util.tree_leaves(problem.x0))
+    return _FIRST_BUDGET_SMALL if size <= _SMALL_SIZE else _FIRST_BUDGET_LARGE
+
+
+def _first_chunk(make_solver, problem, algorithm, options, budget):
     template = _template(make_solver, problem, algorithm, options)
     try:
         return _chunk_compiled(make_solver, problem, algorithm, options, True, template,
-                               _FIRST_BUDGET)
+                               budget)
     except TypeError:
         # A cached template of another structure (module state changed since, or JAX's
         # caches were cleared): build it anew once; a second failure is the real error.
@@ -87,18 +95,19 @@ def _first_chunk(make_solver, problem, algorithm, options):
         _TEMPLATES.clear()
         template = _template(make_solver, problem, algorithm, options)
         return _chunk_compiled(make_solver, problem, algorithm, options, True, template,
-                               _FIRST_BUDGET)
+                               budget)
 
 
 def _run_chunks(make_solver, problem, algorithm, options) -> Solution:
     carry = None
-    first, budget = True, _FIRST_BUDGET
+    first, budget = True, _first_budget(problem)
     solution = None  # the last completed chunk's
     try:
         while True:
             started = time.perf_counter()
             if first:
-                carry, solution_in_flight = _first_chunk(make_solver, problem, algorithm, options)
+                carry, solution_in_flight = _first_chunk(make_solver, problem, algorithm,
+                                                         options, budget)
             else:
                 carry, solution_in_flight = _chunk_compiled(make_solver, problem, algorithm,
                                                             options, False, carry, budget)
