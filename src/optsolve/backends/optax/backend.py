@@ -52,12 +52,8 @@ def _factory_signature(factory: Callable[..., Any]) -> inspect.Signature:
     return inspect.signature(factory)
 
 
-class OptaxAlgorithm(Algorithm):
-    """An optax optimizer as an optsolve algorithm (base of the generated classes).
-
-    Hyperparameters are the optax factory's arguments, readable as attributes
-    (``Adam(1e-3).learning_rate``); ``replace(**changes)`` returns a new algorithm.
-    """
+class OptaxFamily(Algorithm):
+    """The capability traits every optax-family algorithm shares (its base class)."""
 
     family: ClassVar[str] = "optax"
     unrollable: ClassVar[bool] = True
@@ -65,6 +61,15 @@ class OptaxAlgorithm(Algorithm):
     records_history: ClassVar[bool] = True
     takes_data: ClassVar[bool] = True
     compiled_driver: ClassVar[bool] = True
+
+
+class OptaxAlgorithm(OptaxFamily):
+    """An optax optimizer as an optsolve algorithm (base of the generated classes).
+
+    Hyperparameters are the optax factory's arguments, readable as attributes
+    (``Adam(1e-3).learning_rate``); ``replace(**changes)`` returns a new algorithm.
+    """
+
     factory: ClassVar[Callable[..., optax.GradientTransformation]]
     schedulable: ClassVar[frozenset[str]] = frozenset()
     native_schedules: ClassVar[frozenset[str]] = frozenset()
@@ -198,7 +203,7 @@ def make_optax_algorithm(factory: Callable[..., optax.GradientTransformation], n
     return cls
 
 
-class OptaxTransform(Algorithm):
+class OptaxTransform(OptaxFamily):
     """A raw ``optax.GradientTransformation`` (chains, clipping, masks, line searches).
 
     The transformation is static: it is a closure, so a new transformation object means a
@@ -206,12 +211,6 @@ class OptaxTransform(Algorithm):
     hyperparameters without recompiling.
     """
 
-    family: ClassVar[str] = "optax"
-    unrollable: ClassVar[bool] = True
-    resumable: ClassVar[bool] = True
-    records_history: ClassVar[bool] = True
-    takes_data: ClassVar[bool] = True
-    compiled_driver: ClassVar[bool] = True
 
     def __init__(self, transformation: optax.GradientTransformation):
         if not isinstance(transformation, optax.GradientTransformation):

@@ -7,21 +7,21 @@ group's learning rate does not recompile.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar
+from typing import Any
 
 import jax
 import optax
 
-from optsolve.backends.optax.backend import OptaxAlgorithm, solve_optax
+from optsolve.backends.optax.backend import OptaxAlgorithm, OptaxFamily, solve_optax
 from optsolve.solve_api.pytree import freeze, thaw
-from optsolve.solve_api.algorithm import Algorithm, check_replace
+from optsolve.solve_api.algorithm import check_replace
 from optsolve.solve_api.registry import register_algorithm, register_backend
 
 PyTree = Any
 Group = OptaxAlgorithm | optax.GradientTransformation | None
 
 
-class ParameterGroups(Algorithm):
+class ParameterGroups(OptaxFamily):
     """Route each part of ``x`` to its own algorithm, by a label per leaf.
 
     Args:
@@ -36,13 +36,6 @@ class ParameterGroups(Algorithm):
       ...     {"body": optsolve.Adam(1e-4), "head": optsolve.SGD(1e-2), "frozen": None},
       ...     labels=lambda path: "head" if "head" in path else "body")
     """
-
-    family: ClassVar[str] = "optax"
-    unrollable: ClassVar[bool] = True
-    resumable: ClassVar[bool] = True
-    records_history: ClassVar[bool] = True
-    takes_data: ClassVar[bool] = True
-    compiled_driver: ClassVar[bool] = True
 
     def __init__(self, groups: Mapping[str, Group], labels: Callable[[str], str] | PyTree):
         if not isinstance(groups, Mapping) or not groups:
