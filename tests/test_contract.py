@@ -27,6 +27,7 @@ import pytest
 
 import optsolve
 from optsolve import OptimizationProblem, ReturnCode, solve
+from optsolve.solve_api import host
 from optsolve.solve_api.registry import algorithm_classes
 from compile_count import count_compilations
 
@@ -46,9 +47,12 @@ def _rosenbrock(x, p):
     return jnp.sum(p * (x[1:] - x[:-1] ** 2) ** 2 + (1 - x[:-1]) ** 2)
 
 
-def _nan_ahead(x, p):
-    # finite for x[0] <= 1e-5 only: any step from 0 towards the minimum (3, 3) meets NaN
-    return jnp.where(x[0] > 1e-5, jnp.nan, jnp.sum((x - 3.0) ** 2))
+def _objective(x, p):
+    """Rosenbrock scaled by |p|; for p < 0 with a NaN region just ahead of x0 (x[0] beyond
+    -1.2 + 1e-5), which any step towards the minimum enters. One objective for every rule,
+    so that the rules share compiled loops."""
+    nan_ahead = (p < 0) & (x[0] > -1.2 + 1e-5)
+    return jnp.where(nan_ahead, jnp.nan, _rosenbrock(x, jnp.abs(p)))
 
 
 X0 = jnp.array([-1.2, 1.0])
@@ -124,7 +128,7 @@ def _id(cls) -> str:
     return cls.__name__
 
 
-def _problem(cls, f=_rosenbrock, x0=X0, p=10.0, bounds=None) -> OptimizationProblem:
+def _problem(cls, f=_objective, x0=X0, p=10.0, bounds=None) -> OptimizationProblem:
     if bounds is None and CASES[cls].box:
         bounds = BOX
     return OptimizationProblem(f, x0, p, bounds=bounds)
@@ -195,14 +199,14 @@ def test_exception_in_callback_propagates_unchanged(cls):
 
 @pytest.mark.parametrize("cls", CLASSES, ids=_id)
 def test_nonfinite_values_fail_with_the_last_finite_iterate(cls):
-    prob = _problem(cls, f=_nan_ahead, x0=jnp.zeros(2), p=None)
+    prob = _problem(cls, p=-10.0)
     alg = CASES[cls].make()
     if issubclass(cls, optsolve.OptaxAlgorithm) and "learning_rate" in alg.hyperparams:
         alg = alg.replace(learning_rate=0.5)  # big enough to step into the NaN region
     sol = solve(prob, alg, maxiters=200)
     assert sol.retcode in (ReturnCode.FAILURE, ReturnCode.STALLED), sol.message
     assert np.all(np.isfinite(np.asarray(sol.x))) and np.isfinite(sol.objective)
-    np.testing.assert_allclose(sol.objective, _nan_ahead(sol.x, None), rtol=1e-12)
+    np.testing.assert_allclose(sol.objective, _objective(sol.x, -10.0), rtol=1e-12)
     assert "finite" in sol.message or sol.retcode == ReturnCode.STALLED, sol.message
 
 
@@ -330,7 +334,13 @@ def test_keyboard_interrupt_returns_the_last_completed_iterate(cls):
     # compiled (and scipy's evaluations prepared) first: the signal must find the run itself
     solve(prob, alg, maxiters=2, callback=slow_callback, gtol=_gtol(alg))
     done = threading.Event()
-    timer = threading.Timer(0.3, lambda: done.is_set() or os.kill(os.getpid(), signal.SIGINT))
+
+    def interrupt():
+        # only while the solve runs: a Ctrl-C after it would stop the test session itself
+        if not done.is_set() and host._CATCHING[0]:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    timer = threading.Timer(0.3, interrupt)
     started = time.perf_counter()
     timer.start()
     try:
@@ -340,8 +350,10 @@ def test_keyboard_interrupt_returns_the_last_completed_iterate(cls):
         done.set()
         timer.cancel()
     assert time.perf_counter() - started < 5.0
-    if sol.retcode != ReturnCode.INTERRUPTED:  # ended by itself before the signal came
-        assert time.perf_counter() - started < 0.4, sol.message
+    if sol.retcode != ReturnCode.INTERRUPTED:
+        # it ended by itself (before the signal, or within the chunk the signal came in):
+        # never a stop that the interrupt caused but did not report
+        assert sol.retcode not in (ReturnCode.TERMINATED, ReturnCode.MAXTIME), sol.message
         return
     assert sol.stats.iterations >= 1
     assert np.all(np.isfinite(np.asarray(sol.x)))
