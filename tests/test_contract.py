@@ -272,8 +272,6 @@ def test_resume_continues_the_run(cls):
     n, m = 2, CASES[cls].iterations
     first = solve(prob, alg, maxiters=n)
     second = solve(prob, alg, maxiters=m, resume=first)
-    assert second.stats.iterations == first.stats.iterations + (
-        second.stats.iterations - first.stats.iterations)
     if caps["compiled_driver"]:
         whole = solve(prob, alg, maxiters=n + m)
         for a, b in zip(_leaves(whole.x), _leaves(second.x)):

@@ -48,9 +48,9 @@ PyTree = Any
 
 
 class Loop(NamedTuple):
-    """A run as its parts: ``init()`` the first carry, ``body(carry)`` one iteration (a
-    no-op once the carry's status is not RUNNING is not required: callers test ``running``),
-    ``finish(carry)`` the Solution. Every carry has ``status`` and ``iteration`` fields."""
+    """A run as its parts: ``init()`` the first carry, ``body(carry)`` one iteration (run
+    only while ``running(carry)``: the loops test it), ``finish(carry)`` the Solution. Every
+    carry has ``status`` and ``iteration`` fields."""
 
     init: Callable[[], Any]
     body: Callable[[Any], Any]
