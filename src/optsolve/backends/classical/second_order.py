@@ -11,7 +11,6 @@ from typing import Any, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
 from optsolve.backends.classical.descent import (
     ClassicalAlgorithm, DescentSolver, Flat, _default_linesearch, check_positive, default_gtol,
@@ -20,6 +19,7 @@ from optsolve.backends.classical.descent import (
 from optsolve.backends.native.protocol import Step, SteppingSolver
 from optsolve.backends.native.objective import Objective
 from optsolve.backends.classical.linesearch import Backtracking
+from optsolve.solve_api.linear_solve import CGStatus, cg
 from optsolve.solve_api.problem import OptimizationProblem
 from optsolve.solve_api.pytree import pytree_dataclass, static_field
 
@@ -38,46 +38,15 @@ def _cg_maxiter(alg: Any, n: int) -> int:
 
 # ----------------------------------------------------------------------------- Newton-CG
 
-class _CGCarry(NamedTuple):
-    j: Array
-    z: Array
-    r: Array
-    d: Array
-    rr: Array
-    done: Array
-    negative: Array  # negative curvature met at the first CG step
-
-
 class _NewtonSolver(DescentSolver):
     def direction(self, model, x, g, state, flat):
-        hvp = flat.hvp_at(x)
-        tol = _forcing(g, self.alg.cg_rtol)
-        maxiter = _cg_maxiter(self.alg, self.n)
-
-        def cond(c: _CGCarry):
-            return ~c.done & (c.j < maxiter)
-
-        def body(c: _CGCarry) -> _CGCarry:
-            Bd = hvp(c.d)
-            dBd = jnp.vdot(c.d, Bd)
-            # Negative or zero curvature: stop with the current iterate (N&W Algorithm 7.1).
-            curv_bad = ~(dBd > 0)
-            a = c.rr / dBd
-            z = c.z + a * c.d
-            r = c.r + a * Bd
-            rr = jnp.vdot(r, r)
-            d = -r + (rr / c.rr) * c.d
-            converged = jnp.sqrt(rr) <= tol
-            keep = lambda new, old: jnp.where(curv_bad, old, new)
-            return _CGCarry(c.j + 1, keep(z, c.z), keep(r, c.r), keep(d, c.d), keep(rr, c.rr),
-                            curv_bad | converged, curv_bad & (c.j == 0))
-
-        z0 = jnp.zeros_like(g)
-        c = lax.while_loop(cond, body, _CGCarry(jnp.zeros((), jnp.int32), z0, g, -g,
-                                                jnp.vdot(g, g), jnp.zeros((), bool),
-                                                jnp.zeros((), bool)))
-        # Indefinite at the first CG step: fall back to steepest descent.
-        return jnp.where(c.negative, -g, c.z), c.negative
+        # Truncated CG on H p = -g, at least one iteration so p is never 0; negative
+        # curvature at the first one gives -g (N&W Algorithm 7.1).
+        res = cg(flat.hvp_at(x), -g, atol=_forcing(g, self.alg.cg_rtol),
+                 maxiter=_cg_maxiter(self.alg, self.n), negative_curvature="steepest",
+                 test_start=False)
+        steepest = (res.status == CGStatus.NEGATIVE_CURVATURE) & (res.iterations == 0)
+        return res.x, steepest
 
     def initial_step(self, state, f, g, d, steepest):
         return jnp.where(steepest, 1.0 / jnp.maximum(jnp.linalg.norm(d), 1e-30), 1.0)
@@ -124,59 +93,20 @@ def _check_cg_maxiter(owner: str, value: Any) -> None:
 
 # ------------------------------------------------------------------------- trust region
 
-def _to_boundary(z: Array, d: Array, radius: Array) -> Array:
-    """The tau >= 0 with ``|z + tau d| = radius``."""
-    zd, dd, zz = jnp.vdot(z, d), jnp.vdot(d, d), jnp.vdot(z, z)
-    return (-zd + jnp.sqrt(jnp.maximum(zd * zd + dd * (radius * radius - zz), 0.0))) / dd
-
-
-class _SteihaugCarry(NamedTuple):
-    j: Array
-    z: Array
-    r: Array
-    d: Array
-    rr: Array
-    model: Array  # m(z) - f = g.z + z.Hz/2, tracked incrementally
-    done: Array
-    boundary: Array
-
-
 def steihaug_cg(hvp, g: Array, radius: Array, tol: Array,
                 maxiter: int) -> tuple[Array, Array, Array]:
     """Approximately minimise ``g.p + p.Hp/2`` subject to ``|p| <= radius`` by CG, stopping
-    at the boundary or at negative curvature (Steihaug 1983; Nocedal & Wright Algorithm 7.2).
+    at the boundary or at negative curvature (Steihaug 1983; Nocedal & Wright Algorithm 7.2):
+    :func:`cg` on ``H p = -g`` with a trust radius, at least one iteration.
 
     Returns:
       (p, predicted change of the model m(p) - m(0) (<= 0), whether p is on the boundary).
     """
-
-    def cond(c):
-        return ~c.done & (c.j < maxiter)
-
-    def body(c: _SteihaugCarry) -> _SteihaugCarry:
-        Bd = hvp(c.d)
-        dBd = jnp.vdot(c.d, Bd)
-        rd = jnp.vdot(c.r, c.d)
-        a = c.rr / dBd
-        z_int = c.z + a * c.d
-        outside = ~(dBd > 0) | (jnp.vdot(z_int, z_int) >= radius * radius)
-        tau = _to_boundary(c.z, c.d, radius)
-        z_b = c.z + tau * c.d
-        model_b = c.model + tau * rd + 0.5 * tau * tau * dBd
-        r = c.r + a * Bd
-        rr = jnp.vdot(r, r)
-        model_int = c.model - 0.5 * a * c.rr
-        d = -r + (rr / c.rr) * c.d
-        sel = lambda b, i: jnp.where(outside, b, i)
-        return _SteihaugCarry(c.j + 1, sel(z_b, z_int), sel(c.r, r), sel(c.d, d),
-                              sel(c.rr, rr), sel(model_b, model_int),
-                              outside | (jnp.sqrt(rr) <= tol), outside)
-
-    zero = jnp.zeros((), g.dtype)
-    c = lax.while_loop(cond, body, _SteihaugCarry(
-        jnp.zeros((), jnp.int32), jnp.zeros_like(g), g, -g, jnp.vdot(g, g), zero,
-        jnp.zeros((), bool), jnp.zeros((), bool)))
-    return c.z, c.model, c.boundary
+    res = cg(hvp, -g, atol=tol, maxiter=maxiter, radius=radius,
+             negative_curvature="boundary", test_start=False)
+    boundary = ((res.status == CGStatus.BOUNDARY)
+                | (res.status == CGStatus.NEGATIVE_CURVATURE))
+    return res.x, res.model, boundary
 
 
 class _TRState(NamedTuple):
