@@ -239,11 +239,14 @@ def test_callback_sees_steps_with_grad_norm_and_stops():
     sol = solve(prob, optsolve.Adam(0.05), data=batches() * 3, callback=callback, callback_every=2)
     assert sol.retcode == ReturnCode.TERMINATED and int(sol.stats.iterations) == 4
     assert [s for s, _, _ in seen] == [2, 4]
-    x3 = hand_loop(optax.adam(0.05), prob, batches()[:3])
-    g = jax.grad(batch_loss)(x3, prob.p, batches()[3])
+    # step k pairs x_k (after k updates) with its loss and gradient on batch k, as a
+    # full-batch run pairs x_k with f(x_k); the stop returns that x_k
+    x4 = hand_loop(optax.adam(0.05), prob, batches()[:4])
+    g = jax.grad(batch_loss)(x4, prob.p, batches()[4])
     expected_norm = max(float(jnp.max(jnp.abs(l))) for l in jax.tree_util.tree_leaves(g))
-    np.testing.assert_allclose(seen[-1][1], batch_loss(x3, prob.p, batches()[3]), rtol=1e-12)
+    np.testing.assert_allclose(seen[-1][1], batch_loss(x4, prob.p, batches()[4]), rtol=1e-12)
     np.testing.assert_allclose(seen[-1][2], expected_norm, rtol=1e-12)
+    assert_close(sol.x, x4, rtol=1e-12)
 
 
 def test_history_is_the_batch_losses_and_resume_continues():
@@ -273,3 +276,32 @@ def test_data_errors():
         solve(prob, optax.lbfgs(), data=batches())
     with pytest.raises(TypeError, match=r"`data` must be an iterable of batches"):
         solve(prob, optsolve.Adam(0.05), data=3.0)
+
+
+def test_data_path_runs_the_full_batch_step():
+    # the same batch at every step is a full-batch run: one driver, so x, the history, the
+    # callback's arguments and the counts agree exactly
+    prob = make_problem()
+    whole = (FEATURES, LABELS)
+    full = OptimizationProblem(lambda x, p: batch_loss(x, p, whole), prob.x0, prob.p)
+    seen = {"data": [], "full": []}
+
+    def recorder(path):
+        def callback(step, x, loss, grad_norm):
+            seen[path].append((step, float(loss), float(grad_norm)))
+        return callback
+
+    on_data = solve(prob, optsolve.Adam(0.05), data=[whole] * 20, history=True,
+                    callback=recorder("data"))
+    on_full = solve(full, optsolve.Adam(0.05), maxiters=20, history=True,
+                    callback=recorder("full"))
+    assert on_data.retcode == on_full.retcode == ReturnCode.MAXITERS
+    assert on_data.stats.iterations == on_full.stats.iterations == 20
+    assert_close(on_data.x, on_full.x, rtol=1e-12)
+    assert_close(on_data.state, on_full.state, rtol=1e-12)
+    # the full-batch run evaluates x_20 too (its stopping test); the data run has no batch 21
+    np.testing.assert_allclose(on_data.history.objective, on_full.history.objective[:20],
+                               rtol=1e-12)
+    np.testing.assert_allclose(on_data.history.grad_norm, on_full.history.grad_norm[:20],
+                               rtol=1e-12)
+    assert seen["data"] == seen["full"][:19] and len(seen["data"]) == 19

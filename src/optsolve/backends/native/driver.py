@@ -34,7 +34,7 @@ from optsolve.backends.native.protocol import (
     GradientStepSolver, NativeSolver, SteppingSolver, Update,
 )
 from optsolve.backends.native.rules import (
-    INT, TRIAL_NONFINITE, BaseCounts, Checks, Converged, Record, Rules, base_counts,
+    INT, TRIAL_NONFINITE, X_NONFINITE, BaseCounts, Checks, Converged, Record, Rules, base_counts,
     empty_record, history_of, record_at, select, start_point, true_,
 )
 from optsolve.solve_api.loops import Loop as LoopRunner
@@ -142,10 +142,10 @@ def _stepping_loop(solver: SteppingSolver, objective: Objective, problem: Optimi
 
 
 class _GradientCarry(NamedTuple):
-    x: PyTree          # the iterate to evaluate next
+    x: PyTree          # the iterate to evaluate next (the last evaluated one once stopped)
     state: PyTree
-    x_last: PyTree     # the last evaluated finite iterate, and its value
-    f_last: jax.Array
+    x_prev: PyTree     # the iterate evaluated before x (updated only by running steps, so
+    f_last: jax.Array  # a failure keeps the last good one); the last finite value
     iteration: jax.Array  # index of x in this run
     f_evals: jax.Array
     grad_evals: jax.Array
@@ -156,12 +156,22 @@ class _GradientCarry(NamedTuple):
     base: BaseCounts
 
 
-def _gradient_loop(solver: GradientStepSolver, objective: Objective,
-                   problem: OptimizationProblem, options: SolveOptions) -> Loop:
-    """The loop for solvers that need only the gradient at the current iterate."""
+class StreamLoop(NamedTuple):
+    """A gradient-step run whose objective may change at every step (a minibatch each):
+    ``init(objective)`` the first carry (``objective`` gives shapes and the first state),
+    ``step(carry, objective)`` one iteration, ``finish(carry)`` the Solution. A carry that
+    is still RUNNING when the data run out finishes at its latest iterate."""
+
+    init: Callable[[Objective], Any]
+    step: Callable[[Any, Objective], Any]
+    finish: Callable[[Any], Solution]
+
+
+def _gradient_parts(solver: GradientStepSolver, problem: OptimizationProblem,
+                    options: SolveOptions, stream: bool) -> StreamLoop:
     rules = Rules(options, solver, problem.bounds)
 
-    def init() -> _GradientCarry:
+    def init(objective: Objective) -> _GradientCarry:
         start = start_point(problem, options, lambda x: solver.init(objective, x))
         x0 = start.x
         state0 = solver.init(objective, x0) if start.state is None else start.state
@@ -171,7 +181,7 @@ def _gradient_loop(solver: GradientStepSolver, objective: Objective,
                               jnp.asarray(RUNNING, INT), zero, rules.start_time(zero),
                               empty_record(options, f_dtype), base_counts(start))
 
-    def body(carry: _GradientCarry) -> _GradientCarry:
+    def step(carry: _GradientCarry, objective: Objective) -> _GradientCarry:
         x, k = carry.x, carry.iteration
         f, g = objective.value_and_grad(x)
         f_ok, g_ok = all_finite(f), all_finite(g)
@@ -180,7 +190,7 @@ def _gradient_loop(solver: GradientStepSolver, objective: Objective,
         stop = rules.callback_stop(ok & has_prev, k, x, f, g)
         false = jnp.zeros((), bool)
         # x is finite here: an update to a non-finite x shows as a non-finite f first.
-        converged = rules.converged(x, f, g, carry.x_last, carry.f_last, has_prev)
+        converged = rules.converged(x, f, g, carry.x_prev, carry.f_last, has_prev)
         # maxiters=0 returns x0 with MAXITERS, even where it already meets a tolerance.
         no_steps = rules.maxiters <= 0
         converged = Converged(*(c & ~no_steps for c in converged))
@@ -189,40 +199,76 @@ def _gradient_loop(solver: GradientStepSolver, objective: Objective,
         status, reason = checks.verdict()
         is_running = status == RUNNING
         zero = jnp.zeros((), INT)
-        upd = lax.cond(is_running, lambda: solver.update(objective, x, f, g, carry.state),
-                       lambda: Update(x, carry.state, zero, zero, jnp.zeros((), bool)))
-        x_next, state, f_evals, grad_evals = upd.x, upd.state, upd.f_evals, upd.grad_evals
+        # x_prev moves only in the running branch: a stop keeps the previous good iterate
+        # without a select over every parameter at every step.
+        upd, x_prev = lax.cond(
+            is_running, lambda: (solver.update(objective, x, f, g, carry.state), x),
+            lambda: (Update(x, carry.state, zero, zero, jnp.zeros((), bool)), carry.x_prev))
         # A failed update ends the run at x, which counts as completed (finish subtracts
         # the failing step, so the counter takes one more).
         status = jnp.where(upd.failed, int(ReturnCode.FAILURE), status).astype(INT)
         reason = jnp.where(upd.failed, TRIAL_NONFINITE, reason).astype(INT)
-        # x0 is kept even when f(x0) is not finite: there is no earlier iterate to return.
-        x_last, f_last = select(ok | (k == 0), (x, f), (carry.x_last, carry.f_last))
+        # x0's value is kept even when it is not finite: there is no earlier iterate.
+        f_last = jnp.where(ok | (k == 0), f, carry.f_last)
         record = carry.record
         if record is not None:
             record = record_at(record, k, f, rules.grad_norm(x, g), keep=ok)
-        return _GradientCarry(x_next, state, x_last, f_last,
+        return _GradientCarry(upd.x, upd.state, x_prev, f_last,
                               k + (is_running | upd.failed).astype(INT),
-                              carry.f_evals + 1 + f_evals.astype(INT),
-                              carry.grad_evals + 1 + grad_evals.astype(INT), status, reason,
-                              carry.t_start, record, carry.base)
+                              carry.f_evals + 1 + upd.f_evals.astype(INT),
+                              carry.grad_evals + 1 + upd.grad_evals.astype(INT), status,
+                              reason, carry.t_start, record, carry.base)
 
     def finish(final: _GradientCarry) -> Solution:
         start = final.base
         failed = final.status == int(ReturnCode.FAILURE)
-        # On failure x_last is the previous iterate, one update before the failing one.
-        iterations = jnp.where(failed & (final.iteration > 0), final.iteration - 1,
-                               final.iteration)
+        status, reason = final.status, final.reason
+        if stream:
+            # On data a non-finite loss or gradient condemns the batch, not the iterate:
+            # x is kept where finite (it came from a finite update), else the one before.
+            x_ok = all_finite(final.x)
+            keep_x = x_ok | (final.iteration == 0)
+            x, iterations = select(keep_x, (final.x, final.iteration),
+                                   (final.x_prev, final.iteration - 1))
+            status = jnp.where(x_ok, status, int(ReturnCode.FAILURE)).astype(INT)
+            reason = jnp.where(x_ok | failed, reason, X_NONFINITE).astype(INT)
+        else:
+            # On failure x_prev is the previous iterate, one update before the failing one;
+            # a run still going (a chunk's end) gives its last evaluated iterate.
+            earlier = failed | (final.status == RUNNING)
+            back = earlier & (final.iteration > 0)
+            x = select(earlier, final.x_prev, final.x)
+            iterations = jnp.where(back, final.iteration - 1, final.iteration)
         return Solution(
-            x=final.x_last, objective=final.f_last, retcode=final.status,
+            x=x, objective=final.f_last, retcode=status,
             stats=Stats(iterations=start.iterations + iterations,
                         f_evals=start.f_evals + final.f_evals,
                         grad_evals=start.grad_evals + final.grad_evals, time=None),
             original=final.state, state=final.state, history=history_of(final.record),
-            reason=final.reason,
+            reason=reason,
         )
 
-    return Loop(init, body, finish)
+    return StreamLoop(init, step, finish)
+
+
+def _gradient_loop(solver: GradientStepSolver, objective: Objective,
+                   problem: OptimizationProblem, options: SolveOptions) -> Loop:
+    """The loop for solvers that need only the gradient at the current iterate."""
+    parts = _gradient_parts(solver, problem, options, stream=False)
+    return Loop(lambda: parts.init(objective), lambda carry: parts.step(carry, objective),
+                parts.finish)
+
+
+def stream_loop(solver: NativeSolver, problem: OptimizationProblem,
+                options: SolveOptions) -> StreamLoop:
+    """The parts of a run on data (training on minibatches), for a gradient-step solver."""
+    if not isinstance(solver, GradientStepSolver):
+        raise ValueError(
+            "solve: this transformation ends in a line search, which needs one deterministic "
+            "objective; training on `data` takes update-only transformations "
+            "(optsolve.Adam, optax.chain of plain transforms, ...)."
+        )
+    return _gradient_parts(solver, problem, options, stream=True)
 
 
 def build_loop(make_solver: Callable[[Any, OptimizationProblem], NativeSolver],

@@ -91,7 +91,7 @@ class Rules:
                             lambda: jnp.zeros((), bool))
         if progress:
             every = jnp.maximum(self.maxiters // 100, 1) if self.options.maxiters is not None \
-                else self.options.callback_every
+                else self.options.progress_every
             due_bar = due & ((iteration % every == 0) | (iteration >= self.maxiters))
             args = lax.stop_gradient((due_bar, iteration, f, self.grad_norm(x, g)))
             stop |= lax.cond(due_bar, lambda: report_progress(*args), lambda: jnp.zeros((), bool))
@@ -193,23 +193,33 @@ def base_counts(start: StartPoint) -> BaseCounts:
 
 
 class Record(NamedTuple):
+    """The history: the value and gradient norm at iterates ``first``, ``first + 1``, ...
+    (``first`` is not 0 in the chunk of a run on data that records only its own steps)."""
+
     objective: jax.Array
     grad_norm: jax.Array
+    first: jax.Array | None = None  # None: 0
 
 
-def empty_record(options: SolveOptions, dtype) -> Record | None:
+def empty_record(options: SolveOptions, dtype, length: int | None = None,
+                 first: jax.Array | None = None) -> Record | None:
+    """An all-NaN record of ``length`` entries (default ``options.history``), or None
+    without a history."""
     if not options.history:
         return None
-    empty = jnp.full((options.history,), jnp.nan, dtype)
-    return Record(empty, empty)
+    empty = jnp.full((options.history if length is None else length,), jnp.nan, dtype)
+    return Record(empty, empty, first)
 
 
 def record_at(record: Record | None, index, f, gnorm, keep=True) -> Record | None:
     if record is None:
         return None
+    if record.first is not None:
+        index = index - record.first
     index = jnp.where(keep, index, record.objective.shape[0])  # out of range: dropped
     return Record(record.objective.at[index].set(f, mode="drop"),
-                   record.grad_norm.at[index].set(gnorm.astype(f.dtype), mode="drop"))
+                   record.grad_norm.at[index].set(gnorm.astype(f.dtype), mode="drop"),
+                   record.first)
 
 
 def history_of(record: Record | None) -> History | None:

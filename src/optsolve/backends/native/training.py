@@ -9,12 +9,12 @@ Two ways to feed data, one compiled loop either way:
 - in-memory arrays with ``batch_size`` (and ``key`` to shuffle): each epoch is one compiled
   call, a permutation of the data then a while loop over its batches.
 
-Steps are not guarded one by one (a select over every parameter and state leaf costs as much
-as the step itself on small models): the loop leaves at a non-finite loss or at the
-callback's stop, and a chunk reports whether its last iterate is finite. The host keeps each
-chunk's input until its status is read, so on a failure it re-runs the chunk (deterministic)
-up to the last good iterate. A KeyboardInterrupt returns the last completed step with
-``ReturnCode.INTERRUPTED``.
+Each step is the shared driver's gradient step on that step's batch
+(:func:`optsolve.backends.native.driver.stream_loop`), so the callback, the progress bar,
+the history, the non-finite checks and the counts are those of every JAX-native run. A
+non-finite loss or gradient ends the run with FAILURE at the latest finite iterate (the batch
+is to blame, not the iterate, which came from a finite update). A KeyboardInterrupt returns
+the last completed step with ``ReturnCode.INTERRUPTED``.
 """
 
 from __future__ import annotations
@@ -22,21 +22,20 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from optsolve.backends.native.training_steps import (
-    INT, Chunk, TrainCarry, chunk_of_batches, epochs_chunk, init_carry, prepared,
+    Chunk, chunk_of_batches, epochs_chunk, init_carry, prepared,
 )
 from optsolve.solve_api.host import interrupt_requested
 from optsolve.solve_api.options import DataSpec, SolveOptions
 from optsolve.solve_api.problem import OptimizationProblem
-from optsolve.solve_api.pytree import tree_spec
+from optsolve.solve_api.pytree import replace, tree_spec
 from optsolve.solve_api.returncode import RUNNING, ReturnCode
-from optsolve.solve_api.solution import History, Solution, Stats
+from optsolve.solve_api.solution import History, Solution
 
 PyTree = Any
 CHUNK = 16  # batches of an iterable run per compiled call
@@ -112,49 +111,22 @@ class _Epochs:
                                                        first, n_epochs, n)
 
 
-class _Settled(NamedTuple):
-    carry: TrainCarry
-    status: int
-
-
-def _settle(carry_in: TrainCarry, run: Callable, chunk: Chunk, records: list) -> _Settled:
-    """Read a dispatched chunk's status; on a failure, re-run it up to the last good iterate.
-
-    The loss at x_j not finite: x_j is kept when it is finite, else x_{j-1} (its loss was
-    finite). The chunk's last iterate not finite: the one before it.
-    """
-    status, executed, x_finite = (int(v) for v in np.asarray(chunk.flags))
-    if chunk.records:
-        records.append(tuple(r[:executed] for r in chunk.records))
-    if status == RUNNING and x_finite:
-        return _Settled(chunk.carry, RUNNING)
-    if status == ReturnCode.TERMINATED:
-        return _Settled(chunk.carry, status)
-    if status == ReturnCode.FAILURE:
-        good = run(carry_in, executed - 1)
-        if not int(good.flags[2]):
-            good = run(carry_in, executed - 2)
-    else:
-        good = run(carry_in, executed - 1)
-    failure = int(ReturnCode.FAILURE)
-    return _Settled(good.carry._replace(steps=chunk.carry.steps,
-                                        status=jnp.asarray(failure, INT)), failure)
-
-
 def run_training(make_solver, problem: OptimizationProblem, algorithm: Any,
                  options: SolveOptions) -> Solution:
     """Train ``algorithm`` on ``options.data``; see the module docstring."""
     spec: DataSpec = options.data
-    loop_options = dataclasses.replace(options, data=None, resume=None)
+    # the host checks maxtime between chunks; the compiled steps need no clock
+    loop_options = dataclasses.replace(options, data=None, maxtime=None, resume=None)
+    # each chunk records its own steps: the first carry holds no record
+    init_options = dataclasses.replace(loop_options, resume=options.resume, history=0)
     limit = int(options.maxiters) if options.maxiters is not None else None
-    records: list = []
     start = time.perf_counter()
 
     if spec.in_memory:
         first = jax.tree_util.tree_map(
             lambda a: jax.ShapeDtypeStruct((spec.batch_size,) + a.shape[1:], a.dtype),
             spec.source)
-        carry = init_carry(make_solver, problem, algorithm, loop_options, first, options.resume)
+        carry = init_carry(make_solver, problem, algorithm, init_options, first)
         slots = 1 if options.maxtime is not None else EPOCH_SLOTS
         source = _Epochs(spec, prepared(epochs_chunk, make_solver, problem, algorithm, loop_options,
                                          spec.batch_size, slots), slots)
@@ -164,34 +136,27 @@ def run_training(make_solver, problem: OptimizationProblem, algorithm: Any,
             first = next(batches)
         except StopIteration:
             raise ValueError("solve: `data` holds no batch.") from None
-        carry = init_carry(make_solver, problem, algorithm, loop_options, first, options.resume)
+        carry = init_carry(make_solver, problem, algorithm, init_options, first)
         source = _IterableChunks(_chain([first], batches),
                                  prepared(chunk_of_batches, make_solver, problem, algorithm,
                                            loop_options))
 
-    pending: list = []   # dispatched chunks whose status was not read yet, oldest first
-    settled = _Settled(carry, RUNNING)
+    chunks: list[Chunk] = []
     dispatched = 0
     interrupted = out_of_time = False
-
-    def settle_oldest() -> _Settled:
-        carry_in, run, chunk = pending[0]
-        result = _settle(carry_in, run, chunk, records)
-        pending.pop(0)
-        return result
-
     try:
-        while settled.status == RUNNING:
+        while True:
             unit = source.next(None if limit is None else limit - dispatched)
             if unit is None:
                 break
             count, run = unit
-            pending.append((carry, run, run(carry, count)))
-            carry = pending[-1][2].carry
+            chunks.append(run(carry, count))
+            carry = chunks[-1].carry
             dispatched += count
-            # one chunk in flight while the previous one's status is read
-            while len(pending) > 1 and settled.status == RUNNING:
-                settled = settle_oldest()
+            # the previous chunk's status is read while this one runs (a chunk after a
+            # stop runs no step)
+            if len(chunks) > 1 and int(chunks[-2].solution.retcode) != RUNNING:
+                break
             if source.interrupted or interrupt_requested():
                 interrupted = True
                 break
@@ -202,25 +167,20 @@ def run_training(make_solver, problem: OptimizationProblem, algorithm: Any,
                 break
     except KeyboardInterrupt:
         interrupted = True
-    while pending and settled.status == RUNNING:
-        settled = settle_oldest()
-    final, status = settled
-    if interrupted and status == RUNNING:
-        status = int(ReturnCode.INTERRUPTED)
-    elif status == RUNNING:
+    if not chunks:
+        raise ValueError("solve: `data` holds no batch.")
+    solution = chunks[-1].solution
+    status = int(solution.retcode)
+    if status == RUNNING:
         # the data or the epochs ran out: the iteration budget was used up
-        status = int(ReturnCode.MAXTIME if out_of_time else ReturnCode.MAXITERS)
+        status = int(ReturnCode.INTERRUPTED if interrupted else
+                     ReturnCode.MAXTIME if out_of_time else ReturnCode.MAXITERS)
     history = None
     if options.history:
-        objective = jnp.concatenate([r[0] for r in records]) if records else None
-        grad_norm = jnp.concatenate([r[1] for r in records]) if records else None
-        history = History(objective, grad_norm)
-    return Solution(
-        x=final.x, objective=final.objective, retcode=ReturnCode(status),
-        stats=Stats(iterations=final.iteration, f_evals=final.steps, grad_evals=final.steps,
-                    time=None),
-        original=final.state, state=final.state, history=history,
-    )
+        executed = jax.device_get([c.executed for c in chunks])
+        history = History(*(jnp.concatenate([c.records[i][:n] for c, n in zip(chunks, executed)])
+                            for i in (0, 1)))
+    return replace(solution, retcode=ReturnCode(status), history=history)
 
 
 def _chain(first: list, rest: Iterable):
