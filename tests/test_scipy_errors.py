@@ -143,8 +143,12 @@ def test_basinhopping_local_method_must_take_the_bounds():
     with pytest.raises(ValueError, match=(
             r"solve: ScipyGlobal\(method='basinhopping'\) does not support bounds\. Either "
             r"remove `bounds` from the problem or use an algorithm that takes them: .*"
-            r"ScipyMinimize\(method='L-BFGS-B'\)")):
+            r"ScipyMinimize\(method='L-BFGS-B'\)")) as raised:
         solve(BOXED, ScipyGlobal("basinhopping", local="BFGS"))
+    # the list names basinhopping only with the condition under which it takes bounds
+    assert ("ScipyGlobal(method='basinhopping') (with a `local` method that takes bounds)"
+            in str(raised.value))
+    assert "ScipyGlobal(method='basinhopping')," not in str(raised.value)
 
 
 def test_basinhopping_local_method_must_take_the_constraints():

@@ -43,6 +43,8 @@ class Algorithm:
       takes_data: trains on ``solve(..., data=...)`` with an objective f(x, p, batch).
       compiled_driver: runs in optsolve's compiled JAX loop, which starts from x0 itself
         (``maxiters=0`` returns its initial state); other backends are not called then.
+      conditional_traits: traits that hold only for some configurations of an instance
+        (see :meth:`capabilities`), each with the condition, which errors list with the name.
     """
 
     family: ClassVar[str] = "abstract"
@@ -59,6 +61,7 @@ class Algorithm:
     records_history: ClassVar[bool] = False
     takes_data: ClassVar[bool] = False
     compiled_driver: ClassVar[bool] = False
+    conditional_traits: ClassVar[dict[str, str]] = {}
 
     @classmethod
     def traits(cls) -> dict[str, Any]:

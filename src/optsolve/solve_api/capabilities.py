@@ -21,7 +21,10 @@ from optsolve.solve_api.registry import algorithm_classes
 
 
 def _names_with(trait: str) -> str:
-    names = [c.__name__ for c in algorithm_classes() if getattr(c, trait)]
+    def name(cls) -> str:
+        condition = cls.conditional_traits.get(trait)
+        return cls.__name__ if condition is None else f"{cls.__name__} ({condition})"
+    names = [name(c) for c in algorithm_classes() if getattr(c, trait)]
     return ", ".join(names) if names else "(none installed)"
 
 

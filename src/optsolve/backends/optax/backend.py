@@ -211,6 +211,7 @@ class OptaxTransform(OptaxFamily):
     hyperparameters without recompiling.
     """
 
+    conditional_traits: ClassVar[dict[str, str]] = {"unrollable": "without a line search"}
 
     def __init__(self, transformation: optax.GradientTransformation):
         if not isinstance(transformation, optax.GradientTransformation):

@@ -234,6 +234,11 @@ def _make_class(base: type, spec: MethodSpec) -> type:
         # dual_annealing calls its callback per new best minimum and shgo per iteration of
         # its local searches: neither shows an iterate per iteration it counts.
         "records_history": spec.callback_per_iteration,
+        "conditional_traits": {
+            trait: f"with a `local` method that {what}"
+            for trait, what in (("takes_bounds", "takes bounds"),
+                                ("takes_constraints", "takes constraints"))
+        } if spec.key == "basinhopping" else {},
         "__doc__": f"{base_name} with method={spec.name!r}: see {base_name}.",
         "__module__": "optsolve",
         "__qualname__": name,
