@@ -353,7 +353,8 @@ def test_keyboard_interrupt_returns_the_last_completed_iterate(cls):
         # never a stop that the interrupt caused but did not report
         assert sol.retcode not in (ReturnCode.TERMINATED, ReturnCode.MAXTIME), sol.message
         return
-    assert sol.stats.iterations >= 1
+    # work was done (a global method's first hop may still be running: 0 iterations)
+    assert sol.stats.f_evals >= 1
     assert np.all(np.isfinite(np.asarray(sol.x)))
     np.testing.assert_allclose(sol.objective, _rosenbrock(sol.x, 10.0), rtol=1e-12, atol=1e-14)
 
