@@ -65,6 +65,8 @@ REASONS = {
     7: "the line search found no acceptable step",
     8: "the step no longer changes x beyond rounding",
     9: "the line search met a non-finite objective or gradient at its trial points",
+    10: "no step short of the non-finite objective or gradient values met at the trial "
+        "points changes x beyond rounding",
 }
 
 

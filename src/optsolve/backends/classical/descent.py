@@ -171,7 +171,7 @@ class DescentSolver(SteppingSolver):
         failed = ~res.decreased & steepest & ~res.stalled
         stalled = (~res.decreased & steepest & res.stalled) | (res.decreased & tiny_step(s, xf))
         return Step(flat.unravel(res.x), res.f, flat.unravel(res.g), new_state, res.evals,
-                    res.evals, failed, stalled)
+                    res.evals, failed, stalled, res.nonfinite)
 
     def steepest_direction(self, x: Array, g: Array, flat: Flat) -> Array:
         return -g

@@ -36,6 +36,7 @@ class LineSearchResult(NamedTuple):
       decreased: a point satisfying the sufficient-decrease (Armijo) condition was found.
       stalled: nothing was accepted and the trial values were indistinguishable from f at
         rounding level: no further progress is possible along this direction.
+      nonfinite: some trial point had a non-finite value or gradient.
     """
 
     x: Array
@@ -45,6 +46,7 @@ class LineSearchResult(NamedTuple):
     evals: Array
     decreased: Array
     stalled: Array
+    nonfinite: Array
 
 
 def _project(x: Array, bounds: tuple[Array, Array] | None) -> Array:
@@ -95,26 +97,28 @@ def backtracking_search(fun: Fun, x: Array, f0: Array, g0: Array, d: Array, alph
         step = xa - x
         slope0 = jnp.vdot(g0, step)
         armijo = (fa <= f0 + c1 * slope0) | _approx_armijo(fa, f0, jnp.vdot(ga, step), slope0, c1)
-        ok = jnp.isfinite(fa) & armijo & jnp.all(jnp.isfinite(ga)) & (slope0 < 0)
-        return xa, fa, ga, ok
+        finite = jnp.isfinite(fa) & jnp.all(jnp.isfinite(ga))
+        ok = finite & armijo & (slope0 < 0)
+        return xa, fa, ga, ok, ~finite
 
     a0 = jnp.asarray(alpha0, dtype)
-    xa, fa, ga, ok = trial(a0)
+    xa, fa, ga, ok, nonfinite = trial(a0)
 
     def cond(c):
         return ~c[5] & (c[0] < max_steps)
 
     def body(c):
-        i, a, *_ = c
+        i, a, *_, seen = c
         a = a * shrink
-        xa, fa, ga, ok = trial(a)
-        return i + 1, a, xa, fa, ga, ok
+        xa, fa, ga, ok, nonfinite = trial(a)
+        return i + 1, a, xa, fa, ga, ok, seen | nonfinite
 
-    i, a, xa, fa, ga, ok = lax.while_loop(cond, body, (jnp.ones((), jnp.int32), a0, xa, fa, ga, ok))
+    i, a, xa, fa, ga, ok, nonfinite = lax.while_loop(
+        cond, body, (jnp.ones((), jnp.int32), a0, xa, fa, ga, ok, nonfinite))
     stalled = ~ok & _is_flat(f0, jnp.vdot(g0, xa - x) / a, a, fa)
     return LineSearchResult(
         jnp.where(ok, xa, x), jnp.where(ok, fa, f0), jnp.where(ok, ga, g0),
-        jnp.where(ok, a, 0.0).astype(dtype), i, ok, stalled,
+        jnp.where(ok, a, 0.0).astype(dtype), i, ok, stalled, nonfinite,
     )
 
 
@@ -162,6 +166,7 @@ class _ZoomCarry(NamedTuple):
     d_hi: Array
     a_last: Array     # the last trial step and its value (for the stall test)
     f_last: Array
+    nonfinite: Array  # some trial had a non-finite value or derivative
 
 
 def _cubic_min(a_lo, f_lo, d_lo, a_hi, f_hi, d_hi):
@@ -219,7 +224,7 @@ class Zoom:
         zero = jnp.zeros((), dtype)
         a0 = jnp.asarray(alpha0, dtype)
         carry0 = _ZoomCarry(jnp.zeros((), jnp.int32), jnp.zeros((), bool), a0, zero, f0,
-                            dphi0, x, g0, inf, inf, zero, a0, inf)
+                            dphi0, x, g0, inf, inf, zero, a0, inf, jnp.zeros((), bool))
 
         def probe(a):
             xa = x + a * d
@@ -269,7 +274,8 @@ class Zoom:
             a_next = jnp.where(bracketing, 2.0 * a, jnp.where(inside, cubic, fallback))
             tiny = ~bracketing & (jnp.abs(width) <= 10 * jnp.finfo(dtype).eps * jnp.abs(a_lo))
             return _ZoomCarry(c.i + 1, wolfe | tiny, a_next, a_lo, f_lo, d_lo, x_lo, g_lo,
-                              a_hi, f_hi, d_hi, a, jnp.where(finite, fa, inf))
+                              a_hi, f_hi, d_hi, a, jnp.where(finite, fa, inf),
+                              c.nonfinite | ~finite)
 
         # The first trial outside the loop, tested alone: it ends most quasi-Newton searches
         # (unit step), and then neither the bracket's update nor the loop (its carry's
@@ -280,17 +286,17 @@ class Zoom:
 
         def accept_first():
             xa, fa, ga, _ = first
-            return xa, fa, ga, a0, jnp.ones((), jnp.int32), a0, fa
+            return xa, fa, ga, a0, jnp.ones((), jnp.int32), a0, fa, jnp.zeros((), bool)
 
         def search_on():
             c = lax.while_loop(cond, lambda c: advance(c, probe(c.a)), advance(carry0, first))
-            return c.x_lo, c.f_lo, c.g_lo, c.a_lo, c.i, c.a_last, c.f_last
+            return c.x_lo, c.f_lo, c.g_lo, c.a_lo, c.i, c.a_last, c.f_last, c.nonfinite
 
-        x_lo, f_lo, g_lo, a_lo, i, a_last, f_last = lax.cond(wolfe_at_once, accept_first,
-                                                             search_on)
+        x_lo, f_lo, g_lo, a_lo, i, a_last, f_last, nonfinite = lax.cond(
+            wolfe_at_once, accept_first, search_on)
         decreased = a_lo > 0
         stalled = ~decreased & _is_flat(f0, dphi0, a_last, f_last)
-        return LineSearchResult(x_lo, f_lo, g_lo, a_lo, i, decreased, stalled)
+        return LineSearchResult(x_lo, f_lo, g_lo, a_lo, i, decreased, stalled, nonfinite)
 
 
 LineSearch = Backtracking | Zoom

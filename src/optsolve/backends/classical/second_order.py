@@ -152,7 +152,7 @@ class _TrustRegionSolver(SteppingSolver):
         go = jnp.where(accept, g_new, gf)
         one = jnp.ones((), jnp.int32)
         return Step(flat.unravel(xo), fo, flat.unravel(go), _TRState(radius), one, one,
-                    jnp.zeros((), bool), stalled)
+                    jnp.zeros((), bool), stalled, ~finite)
 
 
 @register

@@ -118,9 +118,12 @@ def _stepping_loop(solver: SteppingSolver, objective: Objective, problem: Optimi
         if step.stalled is not None:
             stalled |= step.stalled
         stop = rules.callback_stop((carry.status == RUNNING) & ok, iteration, x, f, g)
+        nonfinite_trials = jnp.zeros((), bool) if step.nonfinite_trials is None \
+            else step.nonfinite_trials
         checks = Checks(f_ok, g_ok, x_ok, step.failed,
                          rules.converged(x, f, g, carry.x, carry.f, True), stalled, stop,
-                         iteration >= rules.maxiters, rules.out_of_time(f, carry.t_start))
+                         iteration >= rules.maxiters, rules.out_of_time(f, carry.t_start),
+                         nonfinite_trials)
         status, reason = checks.verdict()
         record = record_at(carry.record, iteration, f, rules.grad_norm(x, g), keep=ok)
         return _Carry(x, f, g, state, iteration, carry.f_evals + step.f_evals.astype(INT),

@@ -26,6 +26,9 @@ class Step(NamedTuple):
     # The solver's own "no further progress is possible" (e.g. a line search that finds no
     # decrease at rounding level); None means never.
     stalled: jax.Array | None = None
+    # Whether the step's trial points (a line search's, a rejected trust-region step) met
+    # non-finite values, so that a failure or a stall names them; None means never.
+    nonfinite_trials: jax.Array | None = None
 
 
 class NativeSolver(abc.ABC):

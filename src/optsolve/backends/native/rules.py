@@ -25,7 +25,7 @@ INT = jnp.int32
 
 # Reason codes (optsolve.solve_api.returncode.REASONS).
 (GTOL, FTOL, XTOL, F_NONFINITE, G_NONFINITE, X_NONFINITE, LS_FAILED, STALLED_STEP,
- TRIAL_NONFINITE) = range(1, 10)
+ TRIAL_NONFINITE, STALLED_NONFINITE) = range(1, 11)
 
 
 def select(pred: jax.Array, on_true: PyTree, on_false: PyTree) -> PyTree:
@@ -120,6 +120,7 @@ class Checks(NamedTuple):
     stop: jax.Array
     at_maxiters: jax.Array
     out_of_time: jax.Array
+    nonfinite_trials: jax.Array | bool = False  # the step's trial points met non-finite values
 
     @property
     def ok(self) -> jax.Array:
@@ -134,10 +135,13 @@ class Checks(NamedTuple):
             [int(ReturnCode.FAILURE), int(ReturnCode.SUCCESS), int(ReturnCode.STALLED),
              int(ReturnCode.TERMINATED), int(ReturnCode.MAXITERS), int(ReturnCode.MAXTIME)],
             RUNNING).astype(INT)
+        nonfinite = jnp.asarray(self.nonfinite_trials)
         reason = jnp.select(
-            [~self.f_finite, ~self.g_finite, ~self.x_finite, self.failed,
-             conv.gtol, conv.ftol, conv.xtol, self.stalled],
-            [F_NONFINITE, G_NONFINITE, X_NONFINITE, LS_FAILED, GTOL, FTOL, XTOL, STALLED_STEP],
+            [~self.f_finite, ~self.g_finite, ~self.x_finite, self.failed & nonfinite,
+             self.failed, conv.gtol, conv.ftol, conv.xtol, self.stalled & nonfinite,
+             self.stalled],
+            [F_NONFINITE, G_NONFINITE, X_NONFINITE, TRIAL_NONFINITE, LS_FAILED, GTOL, FTOL,
+             XTOL, STALLED_NONFINITE, STALLED_STEP],
             0).astype(INT)
         return status, reason
 

@@ -345,7 +345,9 @@ class _OptaxStepper(_OptaxSolver, SteppingSolver):
         # zoom evaluates value and gradient at every trial; backtracking the value, then
         # the gradient once at the accepted point
         grad_evals = jnp.ones((), jnp.int32) if backtracking else trials
-        return Step(x_new, ls.value, ls.grad, new_state, trials, grad_evals, _met_nonfinite(ls))
+        nonfinite = _met_nonfinite(ls)
+        return Step(x_new, ls.value, ls.grad, new_state, trials, grad_evals, nonfinite,
+                    nonfinite_trials=nonfinite)
 
 
 @functools.lru_cache(maxsize=64)
