@@ -203,6 +203,7 @@ def test_non_finite_gradient_with_a_finite_loss_is_a_failure():
         assert not np.all(np.isfinite(expected[2]))  # the unguarded loop ends in NaN
         sol = solve(prob, optsolve.SGD(2 ** 0.5), data=target)
         assert sol.retcode == ReturnCode.FAILURE and int(sol.stats.iterations) == 2
+        assert "not finite" in sol.message, sol.message
         np.testing.assert_allclose(sol.x, expected[1], rtol=1e-12)
         np.testing.assert_allclose(sol.x, [2.0, 2.0], rtol=1e-12)
 
@@ -247,6 +248,11 @@ def test_callback_sees_steps_with_grad_norm_and_stops():
     np.testing.assert_allclose(seen[-1][1], batch_loss(x4, prob.p, batches()[4]), rtol=1e-12)
     np.testing.assert_allclose(seen[-1][2], expected_norm, rtol=1e-12)
     assert_close(sol.x, x4, rtol=1e-12)
+    # the stop returns x_4 with its own optimizer state (the host replays the chunk up to
+    # the stopped step, silently: the callback saw steps 2 and 4 once), so a resumed run
+    # continues exactly
+    rest = solve(prob, optsolve.Adam(0.05), data=batches()[4:6], resume=sol)
+    assert_close(rest.x, hand_loop(optax.adam(0.05), prob, batches()[:6]), rtol=1e-12)
 
 
 def test_history_is_the_batch_losses_and_resume_continues():

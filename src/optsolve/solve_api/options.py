@@ -54,6 +54,8 @@ class SolveOptions:
       progress_every: iterations between the bar's updates on the data path (about 100
         updates a run where the total is known).
       data: a :class:`DataSpec` for training on data, or None.
+      replay: on the data path, a bool array, True while the host replays a chunk of steps
+        up to a stopped step (the callback and progress bar stay silent); None elsewhere.
     """
 
     maxiters: Any = None
@@ -68,6 +70,7 @@ class SolveOptions:
     progress: bool = static_field(default=False)
     progress_every: int = static_field(default=1)
     data: Any = static_field(default=None)
+    replay: Any = None
 
     def get(self, name: str, default: Any = None) -> Any:
         """A backend-specific option's value, or ``default`` when not given."""

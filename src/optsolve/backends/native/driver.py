@@ -163,7 +163,13 @@ class StreamLoop(NamedTuple):
     """A gradient-step run whose objective may change at every step (a minibatch each):
     ``init(objective)`` the first carry (``objective`` gives shapes and the first state),
     ``step(carry, objective)`` one iteration, ``finish(carry)`` the Solution. A carry that
-    is still RUNNING when the data run out finishes at its latest iterate."""
+    is still RUNNING when the data run out finishes at its latest iterate.
+
+    A step always applies its update, even one that stops the run: the carry after a stop
+    holds the stop's status and counts but an iterate one update too far. Running the same
+    steps again up to the stopped one (deterministic) gives its start, x and state; with
+    the stopped carry's status, reason, counts and last value it is the finished run
+    (:func:`stopped_at`)."""
 
     init: Callable[[Objective], Any]
     step: Callable[[Any, Objective], Any]
@@ -187,7 +193,9 @@ def _gradient_parts(solver: GradientStepSolver, problem: OptimizationProblem,
     def step(carry: _GradientCarry, objective: Objective) -> _GradientCarry:
         x, k = carry.x, carry.iteration
         f, g = objective.value_and_grad(x)
-        f_ok, g_ok = all_finite(f), all_finite(g)
+        # On data a non-finite gradient is caught through the iterate its update makes (the
+        # next loss, or finish's check of x): a reduction over g per step costs more there.
+        f_ok, g_ok = all_finite(f), (true_() if stream else all_finite(g))
         ok = f_ok & g_ok
         has_prev = k > 0
         stop = rules.callback_stop(ok & has_prev, k, x, f, g)
@@ -202,11 +210,18 @@ def _gradient_parts(solver: GradientStepSolver, problem: OptimizationProblem,
         status, reason = checks.verdict()
         is_running = status == RUNNING
         zero = jnp.zeros((), INT)
-        # x_prev moves only in the running branch: a stop keeps the previous good iterate
-        # without a select over every parameter at every step.
-        upd, x_prev = lax.cond(
-            is_running, lambda: (solver.update(objective, x, f, g, carry.state), x),
-            lambda: (Update(x, carry.state, zero, zero, jnp.zeros((), bool)), carry.x_prev))
+        if stream:
+            # On data every step updates: a conditional (or a select) per step costs more
+            # than the step's own bookkeeping. The host undoes a stopped step's update by
+            # replaying its chunk up to that step (see StreamLoop).
+            upd, x_prev = solver.update(objective, x, f, g, carry.state), x
+        else:
+            # x_prev moves only in the running branch: a stop keeps the previous good
+            # iterate without a select over every parameter at every step.
+            upd, x_prev = lax.cond(
+                is_running, lambda: (solver.update(objective, x, f, g, carry.state), x),
+                lambda: (Update(x, carry.state, zero, zero, jnp.zeros((), bool)),
+                         carry.x_prev))
         # A failed update ends the run at x, which counts as completed (finish subtracts
         # the failing step, so the counter takes one more).
         status = jnp.where(upd.failed, int(ReturnCode.FAILURE), status).astype(INT)
@@ -216,8 +231,9 @@ def _gradient_parts(solver: GradientStepSolver, problem: OptimizationProblem,
         record = carry.record
         if record is not None:
             record = record_at(record, k, f, rules.grad_norm(x, g), keep=ok)
-        return _GradientCarry(upd.x, upd.state, x_prev, f_last,
-                              k + (is_running | upd.failed).astype(INT),
+        # on data a stopped step (a failed update included) is undone: it counts no update
+        advanced = is_running & ~upd.failed if stream else is_running | upd.failed
+        return _GradientCarry(upd.x, upd.state, x_prev, f_last, k + advanced.astype(INT),
                               carry.f_evals + 1 + upd.f_evals.astype(INT),
                               carry.grad_evals + 1 + upd.grad_evals.astype(INT), status,
                               reason, carry.t_start, record, carry.base)
@@ -260,6 +276,14 @@ def _gradient_loop(solver: GradientStepSolver, objective: Objective,
     parts = _gradient_parts(solver, problem, options, stream=False)
     return Loop(lambda: parts.init(objective), lambda carry: parts.step(carry, objective),
                 parts.finish)
+
+
+def stopped_at(replayed: _GradientCarry, stopped: _GradientCarry) -> _GradientCarry:
+    """The carry of a run on data that stopped: the iterate and state of ``replayed`` (the
+    steps up to the stopped one, run again) with ``stopped``'s outcome."""
+    return replayed._replace(status=stopped.status, reason=stopped.reason,
+                             f_evals=stopped.f_evals, grad_evals=stopped.grad_evals,
+                             f_last=stopped.f_last)
 
 
 def stream_loop(solver: NativeSolver, problem: OptimizationProblem,

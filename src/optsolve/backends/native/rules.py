@@ -80,6 +80,8 @@ class Rules:
         callback, progress = self.options.callback, self.options.progress
         if callback is None and not progress:
             return jnp.zeros((), bool)
+        if self.options.replay is not None:
+            due = due & ~self.options.replay
         stop = jnp.zeros((), bool)
         if callback is not None:
             due_cb = due & (iteration % self.options.callback_every == 0)

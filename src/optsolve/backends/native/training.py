@@ -15,6 +15,12 @@ the history, the non-finite checks and the counts are those of every JAX-native 
 non-finite loss or gradient ends the run with FAILURE at the latest finite iterate (the batch
 is to blame, not the iterate, which came from a finite update). A KeyboardInterrupt returns
 the last completed step with ``ReturnCode.INTERRUPTED``.
+
+Steps are not guarded one by one (a conditional or a select over every parameter and state
+leaf costs more than the rest of a small model's step): a step that stops the run still
+applies its update. The host keeps the last two chunks' inputs; where a step stopped the
+run, it replays that chunk up to the step (deterministic, with the callback and the progress
+bar silent) to recover the step's start, x and optimizer state.
 """
 
 from __future__ import annotations
@@ -22,11 +28,12 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
+from optsolve.backends.native.driver import stopped_at, stream_loop
 from optsolve.backends.native.training_steps import (
     Chunk, chunk_of_batches, epochs_chunk, init_carry, prepared,
 )
@@ -58,8 +65,8 @@ class _IterableChunks:
     """Chunks of up to ``CHUNK`` same-shaped batches from an iterator, padded to ``CHUNK``
     by repeating the last one (padding is never run) so that one compiled call serves all."""
 
-    def __init__(self, batches: Iterator, run_chunk: Callable):
-        self.batches, self.run_chunk = batches, run_chunk
+    def __init__(self, batches: Iterator, runs: tuple[Callable, Callable]):
+        self.batches, self.runs = batches, runs  # (normal, replaying)
         self.held = None          # a batch of another shape than the chunk it was read for
         self.interrupted = False  # Ctrl-C while reading: the batches read so far still run
 
@@ -85,15 +92,15 @@ class _IterableChunks:
         if not group:
             return None
         padded = group + [group[-1]] * (CHUNK - len(group))
-        return len(group), lambda carry, n: self.run_chunk(carry, padded, n)
+        return len(group), lambda carry, n, replay=False: self.runs[replay](carry, padded, n)
 
 
 class _Epochs:
     """Chunks of up to ``EPOCH_SLOTS`` epochs of in-memory data (one epoch with ``maxtime``,
     which the host checks between chunks)."""
 
-    def __init__(self, spec: DataSpec, run_epochs: Callable, slots: int):
-        self.spec, self.run_epochs, self.slots = spec, run_epochs, slots
+    def __init__(self, spec: DataSpec, runs: tuple[Callable, Callable], slots: int):
+        self.spec, self.runs, self.slots = spec, runs, slots  # runs: (normal, replaying)
         self.epoch, self.epochs = 0, spec.epochs if spec.epochs is not None else 1
         size = jax.tree_util.tree_leaves(spec.source)[0].shape[0]
         self.n_batches = size // spec.batch_size
@@ -107,8 +114,14 @@ class _Epochs:
         self.epoch += n_epochs
         count = n_epochs * self.n_batches
         count = count if most is None else min(count, most)
-        return count, lambda carry, n: self.run_epochs(carry, self.spec.source, self.spec.key,
-                                                       first, n_epochs, n)
+        return count, lambda carry, n, replay=False: self.runs[replay](
+            carry, self.spec.source, self.spec.key, first, n_epochs, n)
+
+
+class _Dispatched(NamedTuple):
+    carry_in: Any      # the carry the chunk started from
+    run: Callable      # run(carry, n, replay=False): the chunk's compiled call
+    chunk: Chunk
 
 
 def run_training(make_solver, problem: OptimizationProblem, algorithm: Any,
@@ -116,11 +129,18 @@ def run_training(make_solver, problem: OptimizationProblem, algorithm: Any,
     """Train ``algorithm`` on ``options.data``; see the module docstring."""
     spec: DataSpec = options.data
     # the host checks maxtime between chunks; the compiled steps need no clock
-    loop_options = dataclasses.replace(options, data=None, maxtime=None, resume=None)
+    loop_options = dataclasses.replace(options, data=None, maxtime=None, resume=None,
+                                       replay=jnp.asarray(False))
+    replay_options = dataclasses.replace(loop_options, replay=jnp.asarray(True))
     # each chunk records its own steps: the first carry holds no record
     init_options = dataclasses.replace(loop_options, resume=options.resume, history=0)
     limit = int(options.maxiters) if options.maxiters is not None else None
     start = time.perf_counter()
+
+    def runs(body, *static):
+        # the same compiled function twice: the replay flag is a leaf of the options
+        return tuple(prepared(body, make_solver, problem, algorithm, o, *static)
+                     for o in (loop_options, replay_options))
 
     if spec.in_memory:
         first = jax.tree_util.tree_map(
@@ -128,8 +148,7 @@ def run_training(make_solver, problem: OptimizationProblem, algorithm: Any,
             spec.source)
         carry = init_carry(make_solver, problem, algorithm, init_options, first)
         slots = 1 if options.maxtime is not None else EPOCH_SLOTS
-        source = _Epochs(spec, prepared(epochs_chunk, make_solver, problem, algorithm, loop_options,
-                                         spec.batch_size, slots), slots)
+        source = _Epochs(spec, runs(epochs_chunk, spec.batch_size, slots), slots)
     else:
         batches = iter(_batches(spec))
         try:
@@ -137,11 +156,10 @@ def run_training(make_solver, problem: OptimizationProblem, algorithm: Any,
         except StopIteration:
             raise ValueError("solve: `data` holds no batch.") from None
         carry = init_carry(make_solver, problem, algorithm, init_options, first)
-        source = _IterableChunks(_chain([first], batches),
-                                 prepared(chunk_of_batches, make_solver, problem, algorithm,
-                                           loop_options))
+        source = _IterableChunks(_chain([first], batches), runs(chunk_of_batches))
 
-    chunks: list[Chunk] = []
+    recent: list[_Dispatched] = []   # the last two chunks dispatched
+    records: list[tuple] = []        # with history: each chunk's records and step count
     dispatched = 0
     interrupted = out_of_time = False
     try:
@@ -150,12 +168,15 @@ def run_training(make_solver, problem: OptimizationProblem, algorithm: Any,
             if unit is None:
                 break
             count, run = unit
-            chunks.append(run(carry, count))
-            carry = chunks[-1].carry
+            chunk = run(carry, count)
+            recent = recent[-1:] + [_Dispatched(carry, run, chunk)]
+            if options.history:
+                records.append((chunk.records, chunk.executed))
+            carry = chunk.carry
             dispatched += count
             # the previous chunk's status is read while this one runs (a chunk after a
             # stop runs no step)
-            if len(chunks) > 1 and int(chunks[-2].solution.retcode) != RUNNING:
+            if len(recent) > 1 and int(recent[0].chunk.carry.status) != RUNNING:
                 break
             if source.interrupted or interrupt_requested():
                 interrupted = True
@@ -167,9 +188,10 @@ def run_training(make_solver, problem: OptimizationProblem, algorithm: Any,
                 break
     except KeyboardInterrupt:
         interrupted = True
-    if not chunks:
+    if not recent:
         raise ValueError("solve: `data` holds no batch.")
-    solution = chunks[-1].solution
+    solution = _outcome(recent, prepared(_finish_stopped, make_solver, problem, algorithm,
+                                         loop_options))
     status = int(solution.retcode)
     if status == RUNNING:
         # the data or the epochs ran out: the iteration budget was used up
@@ -177,10 +199,26 @@ def run_training(make_solver, problem: OptimizationProblem, algorithm: Any,
                      ReturnCode.MAXTIME if out_of_time else ReturnCode.MAXITERS)
     history = None
     if options.history:
-        executed = jax.device_get([c.executed for c in chunks])
-        history = History(*(jnp.concatenate([c.records[i][:n] for c, n in zip(chunks, executed)])
+        counts = jax.device_get([n for _, n in records])
+        history = History(*(jnp.concatenate([r[i][:n] for (r, _), n in zip(records, counts)])
                             for i in (0, 1)))
     return replace(solution, retcode=ReturnCode(status), history=history)
+
+
+def _outcome(recent: list[_Dispatched], finish_stopped: Callable) -> Solution:
+    """The run's Solution: the last chunk's, or, where a step stopped the run, the stopped
+    chunk replayed (silently) up to that step, whose update the step had applied."""
+    for dispatched in recent:
+        stopped = dispatched.chunk.carry
+        if int(stopped.status) != RUNNING:
+            steps = int(stopped.iteration) - int(dispatched.carry_in.iteration)
+            replayed = dispatched.run(dispatched.carry_in, steps, True).carry
+            return finish_stopped(replayed, stopped)
+    return recent[-1].chunk.solution
+
+
+def _finish_stopped(solver, problem, options, replayed, stopped) -> Solution:
+    return stream_loop(solver, problem, options).finish(stopped_at(replayed, stopped))
 
 
 def _chain(first: list, rest: Iterable):
