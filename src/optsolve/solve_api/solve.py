@@ -245,7 +245,9 @@ def solve(problem: OptimizationProblem, algorithm: Any, *, maxiters: int | None 
     for name, value in (("batch_size", batch_size), ("key", key), ("epochs", epochs)):
         if value is not None:
             raise ValueError(f"solve: `{name}` is only meaningful together with `data`.")
-    if opts.history == -1 and algorithm.capabilities()["compiled_driver"]:
+    # a class trait (no configuration changes it): read once, not via capabilities()
+    compiled_driver = type(algorithm).compiled_driver
+    if opts.history == -1 and compiled_driver:
         raise ValueError(
             "solve: `history=True` needs `maxiters` as a Python int (the record's length), "
             f"got maxiters={maxiters!r}."
@@ -257,14 +259,13 @@ def solve(problem: OptimizationProblem, algorithm: Any, *, maxiters: int | None 
     backend = backend_for(algorithm)
     traced = is_traced(problem, algorithm, opts)
     if (opts.maxiters is not None and not is_traced(opts.maxiters) and int(opts.maxiters) == 0
-            and not algorithm.capabilities()["compiled_driver"]):
+            and not compiled_driver):
         solution = _no_iterations(problem, opts)
         return solution if traced else _eager(solution, 0.0)
     if traced:
         return adjoint.apply(backend, problem, algorithm, opts)
     start = time.perf_counter()
-    with progress_bar(progress, maxiters), host.HostCalls(
-            algorithm.capabilities()["compiled_driver"]) as calls:
+    with progress_bar(progress, maxiters), host.HostCalls(compiled_driver) as calls:
         solution = jax.block_until_ready(adjoint.apply(backend, problem, algorithm, opts))
         if progress and jnp.ndim(solution.retcode) == 0:
             host.advance_progress(int(solution.stats.iterations), solution.objective)
