@@ -124,9 +124,9 @@ def test_data_in_p_is_copied_once_and_released():
     problem = OptimizationProblem(lambda x, p: jnp.sum((x - p) ** 2), jnp.zeros(6), data)
     first = solve(problem, ScipyMinimize("L-BFGS-B"))
     assert id(data) in host_executable._moved
-    copy = host_executable._moved[id(data)][1]
+    copy = host_executable._moved.peek(id(data))[1]
     second = solve(problem, ScipyMinimize("L-BFGS-B"))
-    assert host_executable._moved[id(data)][1] is copy  # the same private copy, reused
+    assert host_executable._moved.peek(id(data))[1] is copy  # the same private copy, reused
     np.testing.assert_allclose(np.asarray(first.x), np.arange(6.0), atol=1e-6)
     np.testing.assert_allclose(np.asarray(second.x), np.arange(6.0), atol=1e-6)
     # a new array with the same id must never see the old copy
@@ -134,8 +134,22 @@ def test_data_in_p_is_copied_once_and_released():
     del data, problem, first, second
     import gc
     gc.collect()
-    assert key not in host_executable._moved or host_executable._moved[key][0]() is not None
+    assert key not in host_executable._moved or host_executable._moved.peek(key)[0]() is not None
     other = jnp.arange(6.0) * 2
     sol = solve(OptimizationProblem(lambda x, p: jnp.sum((x - p) ** 2), jnp.zeros(6), other),
                 ScipyMinimize("L-BFGS-B"))
     np.testing.assert_allclose(np.asarray(sol.x), 2 * np.arange(6.0), atol=1e-6)
+
+
+def test_bounded_cache_keeps_the_most_recently_used():
+    cache = BoundedCache(2)
+    cache.put("a", 1)
+    cache.put("b", 2)
+    assert cache.get("a") == 1          # a is now the most recent
+    cache.put("c", 3)                   # evicts b, the least recently used
+    assert "b" not in cache and cache.peek("a") == 1 and cache.peek("c") == 3
+    assert cache.peek("c") == 3 and cache.get_or_make("d", lambda: 4) == 4
+    assert "a" not in cache             # peek did not count c as used, get_or_make evicted a
+    cache.discard("c")
+    assert len(cache) == 1 and cache.get("c", "missing") == "missing"
+    assert cache.get_or_make([1], lambda: 5) == 5 and len(cache) == 1  # unhashable: not stored

@@ -34,6 +34,38 @@ class BoundedCache:
         self._entries.move_to_end(key)
         return value
 
+    def get(self, key: Hashable, default: Any = None) -> Any:
+        """The value cached for ``key`` (now the most recently used), or ``default``."""
+        try:
+            self._entries.move_to_end(key)
+        except (KeyError, TypeError):
+            return default
+        return self._entries[key]
+
+    def peek(self, key: Hashable, default: Any = None) -> Any:
+        """The value cached for ``key`` without counting it as used, or ``default``."""
+        try:
+            return self._entries.get(key, default)
+        except TypeError:
+            return default
+
+    def put(self, key: Hashable, value: Any) -> None:
+        """Store ``value`` for ``key`` (unhashable keys are not stored)."""
+        try:
+            self._entries[key] = value
+            self._entries.move_to_end(key)
+        except TypeError:
+            return
+        if len(self._entries) > self.size:
+            self._entries.popitem(last=False)
+
+    def discard(self, key: Hashable) -> None:
+        """Forget ``key`` if it is cached (one dict operation: safe from a weakref callback)."""
+        try:
+            self._entries.pop(key, None)
+        except TypeError:
+            pass
+
     def values(self) -> list:
         """The cached values, least recently used first."""
         return list(self._entries.values())

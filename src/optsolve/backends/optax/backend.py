@@ -13,7 +13,6 @@ Transformations that need more than a gradient (line searches, ``optax.lbfgs``,
 
 from __future__ import annotations
 
-import functools
 import inspect
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -28,6 +27,7 @@ from optsolve.backends.native.protocol import GradientStepSolver, Step, Stepping
 from optsolve.backends.native.objective import Objective
 from optsolve.backends.native.training import run_training
 from optsolve.solve_api.algorithm import Algorithm, check_replace
+from optsolve.solve_api.cache import BoundedCache
 from optsolve.solve_api.options import SolveOptions
 from optsolve.solve_api.problem import OptimizationProblem
 from optsolve.solve_api.pytree import freeze, thaw
@@ -46,10 +46,12 @@ def _is_leaf_value(value: Any) -> bool:
     return isinstance(value, (float, np.floating, np.ndarray, jax.Array))
 
 
-@functools.lru_cache(maxsize=None)
+_SIGNATURES = BoundedCache(1024)  # one per optax factory: a few hundred at most
+
+
 def _factory_signature(factory: Callable[..., Any]) -> inspect.Signature:
     # inspect.signature is slow, and algorithms are built and unflattened on every solve
-    return inspect.signature(factory)
+    return _SIGNATURES.get_or_make(factory, lambda: inspect.signature(factory))
 
 
 class OptaxFamily(Algorithm):
@@ -350,14 +352,18 @@ class _OptaxStepper(_OptaxSolver, SteppingSolver):
                     nonfinite_trials=nonfinite)
 
 
-@functools.lru_cache(maxsize=64)
+_LINESEARCH = BoundedCache(64)
+
+
 def _has_linesearch(tx: optax.GradientTransformation) -> bool:
     """Whether ``tx``'s state holds a line search's (traced once per transformation)."""
-    try:
-        state = jax.eval_shape(tx.init, jnp.zeros((1,)))
-    except Exception:  # noqa: BLE001  (a transformation that needs other params: assume none)
-        return False
-    return _final_linesearch_state(state) is not None
+    def find() -> bool:
+        try:
+            state = jax.eval_shape(tx.init, jnp.zeros((1,)))
+        except Exception:  # noqa: BLE001  (one that needs other params: assume none)
+            return False
+        return _final_linesearch_state(state) is not None
+    return _LINESEARCH.get_or_make(tx, find)
 
 
 def _make_solver(algorithm: OptaxAlgorithm | OptaxTransform,

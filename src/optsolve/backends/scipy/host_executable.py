@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from optsolve.solve_api.cache import BoundedCache
 
 PyTree = Any
 HostCall = Callable[..., list]
@@ -35,8 +36,8 @@ ENABLED = True
 # id(array) -> (weak reference to a JAX array of p, its copy on the private device). JAX
 # arrays are immutable, so identity is enough; copying data from the default device costs
 # more than a small solve's evaluations, and p is usually the same data from solve to solve.
-_moved: OrderedDict = OrderedDict()
 _MOVED_SIZE = 32
+_moved = BoundedCache(_MOVED_SIZE)
 
 
 def _sync_device():
@@ -51,9 +52,9 @@ def _sync_device():
 def _forget(key: int) -> None:
     """Drop the private copy of an array that no longer exists (a weakref callback: no lock,
     single dict operations are atomic)."""
-    hit = _moved.get(key)
+    hit = _moved.peek(key)
     if hit is not None and hit[0]() is None:
-        _moved.pop(key, None)
+        _moved.discard(key)
 
 
 class HostExecutable:
@@ -110,11 +111,8 @@ class HostExecutable:
         with _lock:
             hit = _moved.get(key)
             if hit is not None and hit[0]() is leaf:
-                _moved.move_to_end(key)
                 return hit[1]
         moved = jax.device_put(leaf, self._sharding)
         with _lock:
-            _moved[key] = (weakref.ref(leaf, lambda _, key=key: _forget(key)), moved)
-            while len(_moved) > _MOVED_SIZE:
-                _moved.popitem(last=False)
+            _moved.put(key, (weakref.ref(leaf, lambda _, key=key: _forget(key)), moved))
         return moved
