@@ -20,6 +20,7 @@ import numpy as np
 from jax import lax
 
 from optsolve.backends.native.driver import build_loop, run_whole, running
+from optsolve.backends.native.protocol import GradientStepSolver
 from optsolve.solve_api.cache import BoundedCache
 from optsolve.solve_api.host import interrupt_requested
 from optsolve.solve_api.loops import Loop as LoopRunner
@@ -73,7 +74,18 @@ def _template(make_solver, problem, algorithm, options) -> Any:
     return _TEMPLATES.get_or_make(key, make)
 
 
-def _interrupted(solution: Solution) -> Solution:
+_VALUES = BoundedCache(64)
+
+
+def _interrupted(solution: Solution, make_solver, problem, algorithm) -> Solution:
+    """A run stopped between chunks. A gradient-step run's carry holds x and the state
+    after its last update, whose value is evaluated here (once), so that x, its value and
+    the state belong together and ``resume=`` continues exactly."""
+    if isinstance(make_solver(algorithm, problem), GradientStepSolver):
+        value = _VALUES.get_or_make(problem.f, lambda: jax.jit(problem.f))
+        stats = solution.stats
+        solution = replace(solution, objective=value(solution.x, problem.p),
+                           stats=replace(stats, f_evals=stats.f_evals + 1))
     return replace(solution, retcode=ReturnCode.INTERRUPTED, reason=None)
 
 
@@ -117,18 +129,19 @@ def _run_chunks(make_solver, problem, algorithm, options) -> Solution:
                 # The chunk in flight ends within one chunk's time: wait for it, then stop.
                 status = int(solution_in_flight.retcode)
                 solution = solution_in_flight
-                return solution if status != RUNNING else _interrupted(solution)
+                return solution if status != RUNNING else _interrupted(
+                    solution, make_solver, problem, algorithm)
             solution, first = solution_in_flight, False
             if status != RUNNING:
                 return solution
             if interrupt_requested():
-                return _interrupted(solution)
+                return _interrupted(solution, make_solver, problem, algorithm)
             per_iteration = (time.perf_counter() - started) / budget
             budget = int(min(max(_CHUNK_SECONDS / max(per_iteration, 1e-9), 1), 2 ** 30))
     except KeyboardInterrupt:
         if solution is None:  # during the first compilation: nothing ran yet
             raise
-        return _interrupted(solution)
+        return _interrupted(solution, make_solver, problem, algorithm)
 
 
 def run_iterative(make_solver, problem: OptimizationProblem, algorithm: Any,

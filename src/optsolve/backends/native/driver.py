@@ -252,11 +252,11 @@ def _gradient_parts(solver: GradientStepSolver, problem: OptimizationProblem,
             status = jnp.where(x_ok, status, int(ReturnCode.FAILURE)).astype(INT)
             reason = jnp.where(x_ok | failed, reason, X_NONFINITE).astype(INT)
         else:
-            # On failure x_prev is the previous iterate, one update before the failing one;
-            # a run still going (a chunk's end) gives its last evaluated iterate.
-            earlier = failed | (final.status == RUNNING)
-            back = earlier & (final.iteration > 0)
-            x = select(earlier, final.x_prev, final.x)
+            # On failure x_prev is the previous iterate, one update before the failing one.
+            # A run still going (a chunk's end) gives x and state after its last update,
+            # whose value is not known yet (the chunked runner evaluates it once).
+            back = failed & (final.iteration > 0)
+            x = select(failed, final.x_prev, final.x)
             iterations = jnp.where(back, final.iteration - 1, final.iteration)
         return Solution(
             x=x, objective=final.f_last, retcode=status,
