@@ -261,7 +261,7 @@ def test_history_records_every_iterate_and_the_bar_reaches_it(cls, capsys):
 
 
 @pytest.mark.parametrize("cls", CLASSES, ids=_id)
-def test_resume_continues_the_run(cls):
+def test_resume_continues_the_run(cls, monkeypatch):
     prob, alg = _problem(cls), CASES[cls].make()
     caps = alg.capabilities()
     if not caps["resumable"]:
@@ -279,6 +279,19 @@ def test_resume_continues_the_run(cls):
         for a, b in zip(_leaves(whole.state), _leaves(second.state)):
             np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
         assert second.stats.iterations == whole.stats.iterations
+        # a Ctrl-C seen between two compiled chunks (no host call in the loop) stops after
+        # n iterations with x, its value and the state together: resuming is exact too
+        from optsolve.backends.native import chunked
+        monkeypatch.setattr(chunked, "_FIRST_BUDGET_SMALL", n)
+        monkeypatch.setattr(chunked, "interrupt_requested", lambda: True)
+        cut = solve(prob, alg, maxiters=n + m)
+        monkeypatch.undo()
+        assert cut.retcode == ReturnCode.INTERRUPTED and cut.stats.iterations == n
+        np.testing.assert_allclose(cut.objective, prob.f(cut.x, prob.p), rtol=1e-12)
+        after_cut = solve(prob, alg, maxiters=m, resume=cut)
+        for a, b in zip(_leaves(whole.x), _leaves(after_cut.x)):
+            np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
+        assert after_cut.stats.iterations == whole.stats.iterations
     else:  # a warm start: scipy from first.x, the counts added
         again = solve(prob.replace(x0=first.x), alg, maxiters=m)
         np.testing.assert_allclose(second.x, again.x, rtol=1e-12)

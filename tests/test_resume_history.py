@@ -117,22 +117,3 @@ def test_loading_runs_no_code_and_checks_the_structure(tmp_path):
     with pytest.raises(ValueError, match="allow_pickle"):
         optsolve.load(evil, like=sol)
 
-
-@pytest.mark.parametrize("algorithm", [optsolve.Adam(0.05), optsolve.LBFGS()],
-                         ids=["Adam", "LBFGS"])
-def test_interrupt_between_chunks_resumes_exactly(algorithm, monkeypatch):
-    # A Ctrl-C seen between two compiled chunks (no host call in the loop) ends the run
-    # there: x, its value and the optimizer state belong together, so resuming continues
-    # exactly like one uninterrupted run.
-    from optsolve.backends.native import chunked
-    monkeypatch.setattr(chunked, "_FIRST_BUDGET_SMALL", 7)
-    monkeypatch.setattr(chunked, "interrupt_requested", lambda: True)
-    part = solve(PROBLEM, algorithm, maxiters=15, gtol=0.0)
-    monkeypatch.undo()
-    assert part.retcode == ReturnCode.INTERRUPTED and part.stats.iterations == 7
-    np.testing.assert_allclose(part.objective, loss(part.x, PROBLEM.p), rtol=1e-13)
-    rest = solve(PROBLEM, algorithm, maxiters=8, gtol=0.0, resume=part)
-    whole = solve(PROBLEM, algorithm, maxiters=15, gtol=0.0)
-    assert rest.stats.iterations == whole.stats.iterations == 15
-    for a, b in zip(jax.tree_util.tree_leaves(rest.x), jax.tree_util.tree_leaves(whole.x)):
-        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
