@@ -278,7 +278,10 @@ def warm_up_jax() -> None:
 def memory_layouts() -> list[str]:
     """optsolve.LBFGS(memory_size=10) with each memory layout forced, around XLA's 512-byte
     sequential-execution limit (where LBFGS switches between them by itself)."""
-    from optsolve.backends.classical import quasi_newton as qn
+    try:
+        from optsolve.backends.classical import quasi_newton as qn
+    except ImportError:  # the layout before the family subpackages (benchmarks/compare.py)
+        from optsolve.backends import quasi_newton as qn
 
     rows = []
     for n in (2, 6, 8):
