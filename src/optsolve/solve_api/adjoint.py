@@ -15,6 +15,7 @@ Modular Implicit Differentiation", NeurIPS 2022.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -22,8 +23,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
-from jax.flatten_util import ravel_pytree
+from jax.custom_derivatives import SymbolicZero
 
 from optsolve.solve_api.linear_solve import cg
 from optsolve.solve_api.loops import CheckpointedScan
@@ -31,7 +31,7 @@ from optsolve.solve_api.problem import OptimizationProblem
 from optsolve.solve_api.pytree import is_traced, pytree_dataclass, static_field
 from optsolve.solve_api.returncode import ReturnCode
 from optsolve.solve_api.solution import Solution
-from optsolve.solve_api.stationarity import free_mask
+from optsolve.solve_api.sensitivity import solution_tangent
 
 PyTree = Any
 Run = Callable[..., Solution]  # run(problem, algorithm, options[, loop=...])
@@ -50,9 +50,68 @@ def _zero_tangent(leaf: Any) -> Any:
     return np.zeros(jnp.shape(leaf), jax.dtypes.float0)
 
 
-def _has_float_leaves(tree: PyTree) -> bool:
-    return any(jnp.issubdtype(jnp.result_type(leaf), jnp.inexact)
-               for leaf in jax.tree_util.tree_leaves(tree))
+def _is_symbolic_zero(leaf: Any) -> bool:
+    return isinstance(leaf, SymbolicZero)
+
+
+def _perturbed(tangent: PyTree) -> bool:
+    """Whether some leaf of a custom_jvp tangent (symbolic zeros on) is being differentiated."""
+    return any(not _is_symbolic_zero(leaf)
+               for leaf in jax.tree_util.tree_leaves(tangent, is_leaf=_is_symbolic_zero))
+
+
+def _instantiated(tangent: PyTree, primal: PyTree, always: bool = False) -> PyTree | None:
+    """The tangent with its symbolic zeros made arrays (float0 for integer leaves); None
+    where no leaf is differentiated (unless ``always``)."""
+    if not always and not _perturbed(tangent):
+        return None
+    return jax.tree_util.tree_map(
+        lambda t, x: _zero_tangent(x) if _is_symbolic_zero(t) else t,
+        tangent, primal, is_leaf=_is_symbolic_zero)
+
+
+def _closes_over_tracers(fn: Any, depth: int = 3) -> bool:
+    """Whether ``fn`` (a closure, a functools.partial, or functions they hold, ``depth``
+    levels down) holds a JAX tracer: a value of an enclosing jit, grad or vmap."""
+    if fn is None or depth == 0:
+        return False
+    held: list[Any] = []
+    if isinstance(fn, functools.partial):
+        held += [fn.func, fn.args, fn.keywords]
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            held.append(cell.cell_contents)
+        except ValueError:  # an empty cell (a name not yet bound)
+            continue
+    if is_traced(held):
+        return True
+    return any(callable(value) and _closes_over_tracers(value, depth - 1)
+               for value in jax.tree_util.tree_leaves(held))
+
+
+def _hoisted(problem: OptimizationProblem) -> OptimizationProblem:
+    """The problem with values that ``f`` (``grad``, ``hvp``) closes over and that an
+    enclosing transformation traces moved into p, so that the implicit rule, which
+    differentiates with respect to p, sees them (jax.closure_convert; optimistix does the
+    same for its root finds). The problem itself where nothing is closed over."""
+    functions = {"f": problem.f, "grad": problem.grad, "hvp": problem.hvp}
+    if not any(_closes_over_tracers(fn) for fn in functions.values()):
+        return problem
+    example = {"f": (problem.x0, problem.p), "grad": (problem.x0, problem.p),
+               "hvp": (problem.x0, problem.x0, problem.p)}
+    converted, consts = {}, {}
+    for name, fn in functions.items():
+        if fn is not None:
+            converted[name], consts[name] = jax.closure_convert(fn, *example[name])
+
+    def lift(name):
+        if name not in converted:
+            return None
+        fn = converted[name]
+        return lambda *args: fn(*args[:-1], args[-1][0], *args[-1][1][name])
+
+    return problem.replace(f=lift("f"), grad=lift("grad"), hvp=lift("hvp"),
+                           p=(problem.p, consts))
 
 
 def _warn_not_converged(code) -> None:
@@ -84,10 +143,15 @@ def _cg(matvec: Callable[[PyTree], PyTree], b: PyTree, tol: Any,
 class ImplicitAdjoint:
     """Implicit differentiation of x*(p) = argmin_x f(x, p) (the default adjoint).
 
-    The linear system H v = b is solved matrix-free. Gradients with respect to ``x0`` and to
-    the algorithm's hyperparameters are zero: at a minimiser they do not move x*. Box bounds:
-    active coordinates have zero sensitivity and the system is solved on the free ones.
-    General constraints are not differentiated (a clear error says so).
+    The linear system H v = b is solved matrix-free. Any dependence structure is handled:
+    leaves of x that do not depend on p, leaves of p that x* ignores, integer and bool leaves
+    of p (float0 cotangents), and values that ``f`` closes over instead of taking them as p
+    (they are moved into p first, with ``jax.closure_convert``). Box bounds are
+    differentiable inputs: an active coordinate moves with its bound and the free ones
+    solve the reduced system. The gradient with respect to ``x0`` is zero (at a minimiser
+    it does not move x*); differentiating with respect to the algorithm's own
+    hyperparameters is an error that names :class:`UnrolledAdjoint`. General constraints
+    are not differentiated (a clear error says so).
 
     Args:
       linear_solver: "cg" (default; H is symmetric), "gmres", "bicgstab" or "dense"
@@ -112,57 +176,29 @@ class ImplicitAdjoint:
                 f"got {self.linear_solver!r}."
             )
 
-    def _solve(self, matvec: Callable[[PyTree], PyTree], b: PyTree) -> PyTree:
-        dtype = jnp.result_type(*jax.tree_util.tree_leaves(b))
-        tol = self.tol if self.tol is not None else (1e-10 if dtype == jnp.float64 else 1e-5)
+    def _solve(self, matvec: Callable[[jax.Array], jax.Array], b: jax.Array) -> jax.Array:
+        """H v = b on flat vectors, with the configured linear solver."""
+        tol = self.tol if self.tol is not None else (1e-10 if b.dtype == jnp.float64 else 1e-5)
         if self.linear_solver == "dense":
-            flat_b, unravel = ravel_pytree(b)
-            matrix = jax.jacfwd(lambda v: ravel_pytree(matvec(unravel(v)))[0])(flat_b)
-            return unravel(jnp.linalg.solve(matrix, flat_b))
-        n = sum(jnp.size(leaf) for leaf in jax.tree_util.tree_leaves(b))
-        maxiter = self.maxiter if self.maxiter is not None else 10 * n
+            return jnp.linalg.solve(jax.jacfwd(matvec)(b), b)
+        maxiter = self.maxiter if self.maxiter is not None else 10 * b.size
         if self.linear_solver == "cg":
             return _cg(matvec, b, tol, maxiter)[0]
         solver = {"gmres": jax.scipy.sparse.linalg.gmres,
                   "bicgstab": jax.scipy.sparse.linalg.bicgstab}[self.linear_solver]
         return solver(matvec, b, tol=tol, atol=0.0, maxiter=maxiter)[0]
 
-    def solution_tangent(self, problem: OptimizationProblem, x: PyTree, p_dot: PyTree) -> PyTree:
-        """dx = -H^{-1} (d/dp grad_x f) p_dot at the solution ``x``, on the free coordinates."""
-        grad_fn = problem.grad if problem.grad is not None else jax.grad(problem.f)
-        g, rhs = jax.jvp(lambda p: grad_fn(x, p), (problem.p,), (p_dot,))
-        mask = free_mask(x, g, problem.bounds)
-        user_hvp = problem.hvp
-
-        if user_hvp is not None:
-            def hvp(v):
-                return user_hvp(x, v, problem.p)
-        else:
-            # Linearise the gradient once: each product then costs a tangent pass only,
-            # not a recomputation of the gradient's primal pass.
-            _, hvp = jax.linearize(lambda y: grad_fn(y, problem.p), x)
-
-        ridge = self.ridge
-
-        def matvec(v):
-            if mask is None:
-                hv = hvp(v)
-                return jax.tree_util.tree_map(lambda a, b: a + ridge * b, hv, v)
-            masked = jax.tree_util.tree_map(jnp.multiply, mask, v)
-            hv = hvp(masked)
-            return jax.tree_util.tree_map(
-                lambda m, a, b: m * a + (1 - m) * b + ridge * b, mask, hv, v)
-
-        b = jax.tree_util.tree_map(jnp.negative, rhs)
-        if mask is not None:
-            b = jax.tree_util.tree_map(jnp.multiply, mask, b)
-        return lax.custom_linear_solve(matvec, b, solve=lambda mv, bb: self._solve(mv, bb),
-                                       symmetric=True)
+    def solution_tangent(self, problem: OptimizationProblem, x: PyTree, p_dot: PyTree | None,
+                         bounds_dot: tuple[PyTree, PyTree] | None = None) -> PyTree:
+        """dx at the solution ``x`` for the tangents of p and of the bounds
+        (:func:`~optsolve.solve_api.sensitivity.solution_tangent`)."""
+        return solution_tangent(problem, x, p_dot, bounds_dot, self._solve, self.ridge)
 
     def apply(self, run: Run, problem: OptimizationProblem, algorithm: Any,
               options: Any) -> Solution:
-        """Run the backend with x*(p) differentiable by the implicit function theorem."""
-        if not _has_float_leaves(problem.p) or not is_traced(problem, algorithm):
+        """Run the backend with x*(p, bounds) differentiable by the implicit function theorem."""
+        problem = _hoisted(problem)
+        if not is_traced(problem, algorithm):
             # Only traced inputs can be differentiated: concrete ones skip the rule's cost.
             return run(problem, algorithm, options)
         side: dict[str, Any] = {}
@@ -176,9 +212,17 @@ class ImplicitAdjoint:
 
         differentiable = jax.custom_jvp(primal)
 
-        @differentiable.defjvp
         def jvp(primals, tangents):
             problem, algorithm, options = primals
+            problem_dot, algorithm_dot, _ = tangents
+            if _perturbed(algorithm_dot):
+                raise ValueError(
+                    "ImplicitAdjoint: the solution is being differentiated with respect to the "
+                    f"algorithm's own hyperparameters ({type(algorithm).__name__}). At a "
+                    "minimiser x* does not depend on them, so the implicit derivative is zero; "
+                    "to differentiate the iterate an algorithm actually returns (meta-learning "
+                    "a learning rate, say), use solve(..., adjoint=UnrolledAdjoint())."
+                )
             if problem.constraints:
                 raise NotImplementedError(
                     "optsolve: differentiating a solution with respect to p is not supported "
@@ -196,14 +240,19 @@ class ImplicitAdjoint:
             else:
                 for ci in np.ravel(np.asarray(code)):
                     _warn_not_converged(ci)
-            p_dot = tangents[0].p
-            dx = self.solution_tangent(problem, solution.x, p_dot)
-            _, dobjective = jax.jvp(problem.f, (solution.x, problem.p), (dx, p_dot))
+            p_dot = _instantiated(problem_dot.p, problem.p)
+            bounds_dot = (None if problem.bounds is None
+                          else _instantiated(problem_dot.bounds, problem.bounds))
+            dx = self.solution_tangent(problem, solution.x, p_dot, bounds_dot)
+            p_dot_or_zero = p_dot if p_dot is not None else _instantiated(
+                problem_dot.p, problem.p, always=True)
+            _, dobjective = jax.jvp(problem.f, (solution.x, problem.p), (dx, p_dot_or_zero))
             arrays_only = jax.tree_util.tree_unflatten(side["treedef"], leaves)
             tangent = jax.tree_util.tree_map(_zero_tangent, arrays_only)
             tangent = dataclasses.replace(tangent, x=dx, objective=dobjective)
             return leaves, side["treedef"].flatten_up_to(tangent)
 
+        differentiable.defjvp(jvp, symbolic_zeros=True)
         leaves = differentiable(problem, algorithm, options)
         return jax.tree_util.tree_unflatten(side["treedef"], [
             obj if obj is not None else leaf for leaf, obj in zip(leaves, side["objects"])

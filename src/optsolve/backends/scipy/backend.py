@@ -343,7 +343,7 @@ def _check_early(problem: OptimizationProblem, algorithm: _ScipyAlgorithm,
     if options.gtol is not None and not (gtol_spec.native_gtol or gtol_spec.key == "newton-cg"):
         why = "it uses no gradient" if not gtol_spec.needs_gradient else "it has no gradient test"
         raise ValueError(
-            f"solve: {type(algorithm).__name__} does not take `gtol` (got gtol={options.gtol!r}): "
+            f"solve: {type(algorithm).__name__} does not take `gtol` (got gtol={options.gtol}): "
             f"{why}. Remove it (use ftol or maxiters), or use a method that tests the gradient: "
             f"{', '.join(s for s in methods_with('native_gtol'))}, Newton-CG.")
     if isinstance(algorithm, ScipyGlobal) and spec.key != "basinhopping" and problem.bounds is None:

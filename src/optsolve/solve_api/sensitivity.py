@@ -1,0 +1,105 @@
+"""The tangent of a minimiser x*(p, bounds) of a problem without general constraints.
+
+At x* the gradient vanishes on the free coordinates and each active coordinate equals its
+bound. Differentiating both (Nocedal & Wright, *Numerical Optimization*, 2006, section 16.7;
+Blondel et al., "Efficient and Modular Implicit Differentiation", NeurIPS 2022):
+
+    dx_A = d(bound)_A,    H_FF dx_F = -(d/dp grad_x f)_F dp - H_FA dx_A,
+
+with H the Hessian of f in x. Active and free come from :func:`active_sides`, the same
+definition the driver's gtol test uses. The system is solved matrix-free on x flattened to
+one vector: ``lax.custom_linear_solve`` transposes only when every entry of its right-hand
+side is linear in the tangents, which a leaf of x that does not depend on p would break
+(its entry of the right-hand side is a constant zero).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.flatten_util import ravel_pytree
+
+from optsolve.solve_api.problem import OptimizationProblem
+from optsolve.solve_api.stationarity import active_sides
+
+PyTree = Any
+LinearSolve = Callable[[Callable[[jax.Array], jax.Array], jax.Array], jax.Array]
+
+
+def _bound_tangent(x: PyTree, sides: tuple[PyTree, PyTree],
+                   bounds_dot: tuple[PyTree, PyTree]) -> PyTree:
+    """d(bound) on the active coordinates (the lower bound's tangent where x is held at its
+    lower bound, the upper's where at its upper), 0 on the free ones."""
+    at_lower, at_upper = sides
+    lower_dot, upper_dot = bounds_dot
+    return jax.tree_util.tree_map(
+        lambda xi, lo, up, dlo, dup: jnp.where(lo, dlo, jnp.where(up, dup, 0.0)).astype(
+            jnp.result_type(xi)),
+        x, at_lower, at_upper, lower_dot, upper_dot)
+
+
+def hessian_product(problem: OptimizationProblem, x: PyTree) -> Callable[[PyTree], PyTree]:
+    """v -> H v at ``x``: the user's ``hvp`` where given, else the gradient linearised once
+    (each product then costs a tangent pass, not a recomputation of the gradient)."""
+    if problem.hvp is not None:
+        return lambda v: problem.hvp(x, v, problem.p)
+    grad_fn = problem.grad if problem.grad is not None else jax.grad(problem.f)
+    return jax.linearize(lambda y: grad_fn(y, problem.p), x)[1]
+
+
+def solution_tangent(problem: OptimizationProblem, x: PyTree, p_dot: PyTree | None,
+                     bounds_dot: tuple[PyTree, PyTree] | None, solve: LinearSolve,
+                     ridge: Any = 0.0) -> PyTree:
+    """dx at the minimiser ``x`` for tangents ``p_dot`` of p and ``bounds_dot`` of the
+    bounds (None where that input is not differentiated).
+
+    Args:
+      problem: the problem solved (its p and bounds are the primal values).
+      x: the solution.
+      p_dot: the tangent of ``problem.p`` (zeros, or float0 for integer leaves, where a
+        leaf is not differentiated), or None.
+      bounds_dot: the tangents of ``problem.bounds`` (lower, upper), or None.
+      solve: ``solve(matvec, b)`` for H v = b on flat vectors (symmetric H).
+      ridge: added to H's diagonal (a fallback for singular Hessians).
+
+    Returns:
+      dx, a pytree like x.
+    """
+    grad_fn = problem.grad if problem.grad is not None else jax.grad(problem.f)
+    if p_dot is None:
+        g = grad_fn(x, problem.p)
+        rhs = None
+    else:
+        g, rhs = jax.jvp(lambda p: grad_fn(x, p), (problem.p,), (p_dot,))
+    sides = active_sides(x, g, problem.bounds)
+    dbound = None if sides is None or bounds_dot is None else _bound_tangent(x, sides, bounds_dot)
+    if rhs is None and dbound is None:
+        return jax.tree_util.tree_map(jnp.zeros_like, x)
+
+    flat_x, unravel = ravel_pytree(x)
+    hvp = hessian_product(problem, x)
+
+    def hvp_flat(v: jax.Array) -> jax.Array:
+        return ravel_pytree(hvp(unravel(v)))[0]
+
+    b = -ravel_pytree(rhs)[0] if rhs is not None else jnp.zeros_like(flat_x)
+    if sides is None:
+        def matvec(v):
+            return hvp_flat(v) + ridge * v
+    else:
+        free = 1.0 - ravel_pytree(jax.tree_util.tree_map(
+            lambda lo, up: (lo | up).astype(flat_x.dtype), *sides))[0]
+
+        def matvec(v):
+            return free * (hvp_flat(free * v) + ridge * v) + (1.0 - free) * v
+
+        if dbound is not None:
+            flat_dbound = ravel_pytree(dbound)[0]
+            b = free * (b - hvp_flat(flat_dbound)) + flat_dbound
+        else:
+            b = free * b
+    return unravel(lax.custom_linear_solve(matvec, b, solve=solve, symmetric=True))

@@ -1,0 +1,81 @@
+"""The derivative rules of the contract, over every registered algorithm class (the cases of
+test_contract.py): ``jax.grad`` through ``solve`` with the default ImplicitAdjoint.
+
+References are closed forms worked by hand. The objectives are quadratics with a constant
+Hessian, for which the implicit derivative dx*/dp = -H^-1 d(grad)/dp does not depend on where
+the run stopped: an unconverged run (a few iterations of Adam) has the same derivative as a
+converged one, so every algorithm meets the rule within its contract budget.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from optsolve import OptimizationProblem, solve
+from test_contract import BOX, CASES, CLASSES, _caps, _id
+
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:`optimistic_adam` is deprecated:DeprecationWarning",
+    "ignore:optsolve. differentiating a solution whose retcode:RuntimeWarning")
+
+
+def _partial(x, lam):
+    """x["a"] tracks lam, x["b"] does not depend on it: dx_a/dlam = 1, dx_b/dlam = 0."""
+    return jnp.sum((x["a"] - lam) ** 2) + jnp.sum((x["b"] + 0.5) ** 2)
+
+
+X0_PARTIAL = {"a": jnp.zeros(2), "b": jnp.zeros(1)}
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=_id)
+def test_a_leaf_of_x_that_does_not_depend_on_p(cls):
+    """Reverse mode used to fail with a bare AssertionError from custom_linear_solve's
+    transpose whenever a leaf of x does not depend on p; forward mode must agree."""
+    alg = CASES[cls].make()
+    bounds = BOX if CASES[cls].box else None
+
+    def run(lam):
+        prob = OptimizationProblem(_partial, X0_PARTIAL, lam, bounds=bounds)
+        return solve(prob, alg, maxiters=CASES[cls].iterations).x
+
+    expected = {"a": np.ones(2), "b": np.zeros(1)}
+    for mode in (jax.jacrev, jax.jacfwd):
+        got = mode(run)(0.5)
+        for leaf in ("a", "b"):
+            np.testing.assert_allclose(got[leaf], expected[leaf], atol=1e-8, err_msg=mode.__name__)
+
+
+def _bounded(x, p):
+    return (x[0] - 3.0) ** 2 + (x[1] - 0.5) ** 2
+
+
+BOUNDED = [cls for cls in CLASSES if _caps(cls)["takes_bounds"]]
+
+
+@pytest.mark.parametrize("cls", BOUNDED, ids=_id)
+def test_derivatives_with_respect_to_a_bound(cls):
+    """min (x0 - 3)^2 + (x1 - 1/2)^2 with x <= (u, 2) at u = 1: x0 sits on its bound, so
+    dx*/du = (1, 0) and df*/du = 2 (u - 3) = -4; the lower bound (not active) carries none.
+    The bounds are traced inputs of the problem, with p=None."""
+    alg = CASES[cls].make()
+
+    def run(lower, u):
+        prob = OptimizationProblem(_bounded, jnp.zeros(2), None,
+                                   bounds=(lower, jnp.stack([u, 2.0])))
+        sol = solve(prob, alg, maxiters=300)
+        return sol.x, sol.objective
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for mode in (jax.jacrev, jax.jacfwd):
+            (dx_dlower, dx_du), (df_dlower, df_du) = mode(run, argnums=(0, 1))(-2.0, 1.0)
+            np.testing.assert_allclose(dx_du, [1.0, 0.0], atol=1e-8, err_msg=mode.__name__)
+            np.testing.assert_allclose(dx_dlower, [0.0, 0.0], atol=1e-8)
+            # a barrier method (trust-constr) stops a little inside the box
+            np.testing.assert_allclose(df_du, -4.0, rtol=2e-3)
+            np.testing.assert_allclose(df_dlower, 0.0, atol=1e-8)
