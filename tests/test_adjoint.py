@@ -195,15 +195,27 @@ def test_linear_solvers_agree_and_ridge_fallback_for_singular_hessian():
         ImplicitAdjoint(linear_solver="lu")
 
 
-def test_constrained_problems_raise_a_clear_error_when_differentiated():
+def test_constrained_ridge_hypergradient_matches_closed_form():
+    """Ridge regression with its weights summing to 1 (an active equality). Closed form: the
+    KKT system K [x; mu] = [A^T b; 1], K = [[A^T A + lam I, 1], [1^T, 0]], is linear, so
+    d[x; mu]/dlam = -K^-1 [x; 0]."""
     con = optsolve.Constraint(lambda x, p: jnp.sum(x), lower=1.0, upper=1.0)
     prob = OptimizationProblem(ridge, jnp.zeros(5), jnp.asarray(0.7), constraints=[con])
-    sol = solve(prob, optsolve.ScipyMinimize("SLSQP"))  # solving is fine
-    assert sol.success
-    with pytest.raises(NotImplementedError, match="not supported for problems with general "
-                                                  "constraints"):
-        jax.grad(lambda lam: validation_loss(
-            solve(prob.replace(p=lam), optsolve.ScipyMinimize("SLSQP")).x))(jnp.asarray(0.7))
+    a, b = np.asarray(A), np.asarray(B)
+    lam = 0.7
+    kkt = np.block([[a.T @ a + lam * np.eye(5), np.ones((5, 1))], [np.ones((1, 5)), 0.0]])
+    x = np.linalg.solve(kkt, np.concatenate([a.T @ b, [1.0]]))[:5]
+    dx = -np.linalg.solve(kkt, np.concatenate([x, [0.0]]))[:5]
+    expected = (np.asarray(A_VAL).T @ (np.asarray(A_VAL) @ x - np.asarray(B_VAL))) @ dx
+
+    def outer(lam):
+        return validation_loss(solve(prob.replace(p=lam), optsolve.ScipyMinimize("SLSQP"),
+                                     ftol=1e-15).x)
+
+    # solve's ftol reaches SLSQP's own test (its default 1e-6 stopped it 8e-5 away from x*)
+    sol = solve(prob, optsolve.ScipyMinimize("SLSQP"), ftol=1e-15)
+    np.testing.assert_allclose(sol.x, x, atol=1e-9)
+    np.testing.assert_allclose(jax.grad(outer)(jnp.asarray(lam)), expected, rtol=1e-7)
 
 
 def _hand_sgd_momentum(lr, p, steps):

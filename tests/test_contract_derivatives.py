@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from optsolve import OptimizationProblem, solve
+from optsolve import Constraint, OptimizationProblem, solve
 from test_contract import BOX, CASES, CLASSES, _caps, _id
 
 pytestmark = pytest.mark.filterwarnings(
@@ -79,3 +79,29 @@ def test_derivatives_with_respect_to_a_bound(cls):
             # a barrier method (trust-constr) stops a little inside the box
             np.testing.assert_allclose(df_du, -4.0, rtol=2e-3)
             np.testing.assert_allclose(df_dlower, 0.0, atol=1e-8)
+
+
+CONSTRAINED = [cls for cls in CLASSES if _caps(cls)["takes_constraints"]]
+
+
+@pytest.mark.parametrize("cls", CONSTRAINED, ids=_id)
+def test_derivatives_and_multipliers_of_a_constrained_solution(cls):
+    """min |x|^2 over x in R^2 s.t. x0 + x1 >= c at c = 1: x* = (c/2, c/2), df*/dc = c, and
+    the multiplier is -c (the KKT system, whichever backend found x*)."""
+    alg = CASES[cls].make()
+    bounds = BOX if CASES[cls].box else None
+
+    def solution(c):
+        prob = OptimizationProblem(lambda x, p: jnp.sum(x ** 2), jnp.array([1.0, 0.5]),
+                                   bounds=bounds,
+                                   constraints=[Constraint(lambda x, p: jnp.sum(x), lower=c)])
+        return solve(prob, alg, maxiters=300)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        sol = solution(1.0)
+        np.testing.assert_allclose(sol.multipliers[0], -1.0, rtol=2e-3)
+        np.testing.assert_allclose(jax.grad(lambda c: solution(c).objective)(1.0), 1.0,
+                                   rtol=2e-3)
+        np.testing.assert_allclose(jax.jacfwd(lambda c: solution(c).x)(1.0), [0.5, 0.5],
+                                   atol=1e-6)

@@ -26,9 +26,10 @@ import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
 from optsolve.solve_api.linear_solve import cg
+from optsolve.solve_api.kkt import kkt_tangent
 from optsolve.solve_api.loops import CheckpointedScan
 from optsolve.solve_api.problem import OptimizationProblem
-from optsolve.solve_api.pytree import is_traced, pytree_dataclass, static_field
+from optsolve.solve_api.pytree import is_traced, pytree_dataclass, replace, static_field
 from optsolve.solve_api.returncode import ReturnCode
 from optsolve.solve_api.solution import Solution
 from optsolve.solve_api.sensitivity import solution_tangent
@@ -90,19 +91,22 @@ def _closes_over_tracers(fn: Any, depth: int = 3) -> bool:
 
 
 def _hoisted(problem: OptimizationProblem) -> OptimizationProblem:
-    """The problem with values that ``f`` (``grad``, ``hvp``) closes over and that an
-    enclosing transformation traces moved into p, so that the implicit rule, which
-    differentiates with respect to p, sees them (jax.closure_convert; optimistix does the
-    same for its root finds). The problem itself where nothing is closed over."""
-    functions = {"f": problem.f, "grad": problem.grad, "hvp": problem.hvp}
+    """The problem with values that its functions (``f``, ``grad``, ``hvp``, the
+    constraints' ``g``) close over and that an enclosing transformation traces moved into p,
+    so that the implicit rule, which differentiates with respect to p, sees them
+    (jax.closure_convert; optimistix does the same for its root finds). The problem itself
+    where nothing is closed over."""
+    constraints = problem.constraints or ()
+    functions = {"f": problem.f, "grad": problem.grad, "hvp": problem.hvp,
+                 **{i: c.g for i, c in enumerate(constraints)}}
     if not any(_closes_over_tracers(fn) for fn in functions.values()):
         return problem
-    example = {"f": (problem.x0, problem.p), "grad": (problem.x0, problem.p),
-               "hvp": (problem.x0, problem.x0, problem.p)}
+    x0, p = problem.x0, problem.p
     converted, consts = {}, {}
     for name, fn in functions.items():
         if fn is not None:
-            converted[name], consts[name] = jax.closure_convert(fn, *example[name])
+            example = (x0, x0, p) if name == "hvp" else (x0, p)
+            converted[name], consts[name] = jax.closure_convert(fn, *example)
 
     def lift(name):
         if name not in converted:
@@ -110,8 +114,9 @@ def _hoisted(problem: OptimizationProblem) -> OptimizationProblem:
         fn = converted[name]
         return lambda *args: fn(*args[:-1], args[-1][0], *args[-1][1][name])
 
-    return problem.replace(f=lift("f"), grad=lift("grad"), hvp=lift("hvp"),
-                           p=(problem.p, consts))
+    return problem.replace(
+        f=lift("f"), grad=lift("grad"), hvp=lift("hvp"), p=(p, consts),
+        constraints=tuple(replace(c, g=lift(i)) for i, c in enumerate(constraints)) or None)
 
 
 def _warn_not_converged(code) -> None:
@@ -150,8 +155,10 @@ class ImplicitAdjoint:
     differentiable inputs: an active coordinate moves with its bound and the free ones
     solve the reduced system. The gradient with respect to ``x0`` is zero (at a minimiser
     it does not move x*); differentiating with respect to the algorithm's own
-    hyperparameters is an error that names :class:`UnrolledAdjoint`. General constraints
-    are not differentiated (a clear error says so).
+    hyperparameters is an error that names :class:`UnrolledAdjoint`. Problems with general
+    constraints are differentiated through their KKT conditions
+    (:mod:`~optsolve.solve_api.kkt`, dense), with respect to p in f and in the constraints,
+    the box bounds, and the constraints' lower and upper bounds.
 
     Args:
       linear_solver: "cg" (default; H is symmetric), "gmres", "bicgstab" or "dense"
@@ -223,12 +230,6 @@ class ImplicitAdjoint:
                     "to differentiate the iterate an algorithm actually returns (meta-learning "
                     "a learning rate, say), use solve(..., adjoint=UnrolledAdjoint())."
                 )
-            if problem.constraints:
-                raise NotImplementedError(
-                    "optsolve: differentiating a solution with respect to p is not supported "
-                    "for problems with general constraints (the KKT system is not implemented);"
-                    " express simple constraints as bounds, or use finite differences."
-                )
             leaves = primal(problem, algorithm, options)
             solution = jax.tree_util.tree_unflatten(side["treedef"], [
                 obj if obj is not None else leaf for leaf, obj in zip(leaves, side["objects"])
@@ -243,7 +244,11 @@ class ImplicitAdjoint:
             p_dot = _instantiated(problem_dot.p, problem.p)
             bounds_dot = (None if problem.bounds is None
                           else _instantiated(problem_dot.bounds, problem.bounds))
-            dx = self.solution_tangent(problem, solution.x, p_dot, bounds_dot)
+            if problem.constraints:
+                dx = kkt_tangent(problem, solution.x, p_dot, bounds_dot, _instantiated(
+                    problem_dot.constraints, problem.constraints))
+            else:
+                dx = self.solution_tangent(problem, solution.x, p_dot, bounds_dot)
             p_dot_or_zero = p_dot if p_dot is not None else _instantiated(
                 problem_dot.p, problem.p, always=True)
             _, dobjective = jax.jvp(problem.f, (solution.x, problem.p), (dx, p_dot_or_zero))

@@ -79,6 +79,11 @@ class Solution:
       reason: which test stopped a JAX-native run, an int code of
         :data:`~optsolve.solve_api.returncode.REASONS` (None where the backend says it in
         ``detail``).
+      multipliers: for a problem with general constraints, the Lagrange multipliers at
+        ``x``, one array per constraint shaped like its ``g`` (zero where inactive), from
+        the KKT conditions (:func:`~optsolve.solve_api.kkt.multipliers`): ``-multipliers[j]``
+        is the derivative of the optimal objective with respect to constraint j's active
+        bound. None without constraints.
       detail: the backend's own reason in full (scipy's message), or None.
     """
 
@@ -90,6 +95,7 @@ class Solution:
     state: Any = None
     history: History | None = None
     reason: Any = None
+    multipliers: Any = None
     detail: str | None = static_field(default=None)
 
     @property

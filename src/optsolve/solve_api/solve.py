@@ -15,6 +15,7 @@ import numpy as np
 from optsolve.solve_api.adjoint import ImplicitAdjoint
 from optsolve.solve_api import host
 from optsolve.solve_api.capabilities import check_capabilities, check_objective, resume_point
+from optsolve.solve_api.kkt import multipliers
 from optsolve.solve_api.options import DataSpec, make_options
 from optsolve.solve_api.problem import OptimizationProblem
 from optsolve.solve_api.pytree import is_traced, replace
@@ -135,6 +136,21 @@ def _project_start(problem: OptimizationProblem) -> OptimizationProblem:
                       stacklevel=3)
     x0 = jax.tree_util.tree_map(lambda x, lo, up: jnp.clip(x, lo, up), problem.x0, lower, upper)
     return problem.replace(x0=x0)
+
+
+_multipliers = jax.jit(multipliers)  # one compiled program per problem, not op-by-op eagerly
+
+
+def _with_multipliers(problem: OptimizationProblem, solution: Solution) -> Solution:
+    """The solution with the constraints' multipliers at its x (the same least-squares
+    KKT multipliers for every backend), where the problem has general constraints."""
+    if not problem.constraints:
+        return solution
+    if jnp.ndim(solution.retcode) != 0:  # a batch solved eagerly under vmap
+        lam = jax.vmap(_multipliers, in_axes=(None, 0))(problem, solution.x)
+    else:
+        lam = _multipliers(problem, solution.x)
+    return replace(solution, multipliers=lam)
 
 
 def _no_iterations(problem: OptimizationProblem, opts) -> Solution:
@@ -260,13 +276,14 @@ def solve(problem: OptimizationProblem, algorithm: Any, *, maxiters: int | None 
     traced = is_traced(problem, algorithm, opts)
     if (opts.maxiters is not None and not is_traced(opts.maxiters) and int(opts.maxiters) == 0
             and not compiled_driver):
-        solution = _no_iterations(problem, opts)
+        solution = _with_multipliers(problem, _no_iterations(problem, opts))
         return solution if traced else _eager(solution, 0.0)
     if traced:
-        return adjoint.apply(backend, problem, algorithm, opts)
+        return _with_multipliers(problem, adjoint.apply(backend, problem, algorithm, opts))
     start = time.perf_counter()
     with progress_bar(progress, maxiters), host.HostCalls(compiled_driver) as calls:
-        solution = jax.block_until_ready(adjoint.apply(backend, problem, algorithm, opts))
+        solution = jax.block_until_ready(
+            _with_multipliers(problem, adjoint.apply(backend, problem, algorithm, opts)))
         if progress and jnp.ndim(solution.retcode) == 0:
             host.advance_progress(int(solution.stats.iterations), solution.objective)
     elapsed = time.perf_counter() - start

@@ -108,6 +108,10 @@ def _tolerances(spec: MethodSpec, method_options: dict, gtol, ftol) -> dict:
     if ftol is not None and spec.native_ftol:
         # Same definition: it replaces scipy's default (2.2e-9) instead of adding a test.
         out["ftol"] = ftol
+    elif ftol is not None and spec.key == "slsqp" and "ftol" not in out:
+        # SLSQP's own test, |f_k - f_k+1| < ftol absolute (1e-6 by default), would end the
+        # run, with success, long before a user's tighter relative ftol holds.
+        out["ftol"] = ftol
     elif gtol is not None and spec.native_ftol:
         # The user asked for a gradient test only: scipy's default ftol would end the run
         # first, with success, at a gradient far above gtol.
