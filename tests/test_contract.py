@@ -100,7 +100,8 @@ def _cases() -> dict[type, Case]:
 
 CASES = _cases()
 pytestmark = pytest.mark.filterwarnings(
-    "ignore:`optimistic_adam` is deprecated:DeprecationWarning")
+    "ignore:`optimistic_adam` is deprecated:DeprecationWarning",
+    "ignore:optsolve. .* eps_root=0:RuntimeWarning")
 CLASSES = list(CASES)
 
 

@@ -289,5 +289,7 @@ class UnrolledAdjoint:
                 "UnrolledAdjoint: `maxiters` must be given as a Python int (the unrolled loop's "
                 f"length is static), got {maxiters!r}."
             )
+        for hazard in algorithm.unrolling_hazards():
+            warnings.warn(f"optsolve: {hazard}", RuntimeWarning, stacklevel=3)
         # maxiters updates plus the evaluation of the last iterate
         return run(problem, algorithm, options, loop=CheckpointedScan(int(maxiters) + 1))

@@ -90,3 +90,9 @@ class Algorithm:
         changes one (basinhopping's local method; an optax transformation holding a line
         search, whose own loop cannot be unrolled). ``solve`` checks these, once."""
         return type(self).traits()
+
+    def unrolling_hazards(self) -> list[str]:
+        """Warnings for differentiating this configuration by unrolling its iterations
+        (:class:`~optsolve.solve_api.adjoint.UnrolledAdjoint`), each naming the fix; none by
+        default."""
+        return []

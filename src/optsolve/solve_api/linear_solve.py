@@ -20,7 +20,8 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jax import lax
+
+from optsolve.solve_api.loops import inner_while_loop
 
 PyTree = Any
 Array = jax.Array
@@ -192,9 +193,9 @@ def cg(matvec: Callable[[PyTree], PyTree], b: PyTree, *, maxiter: Any,
     start = (status_of(jnp.sqrt(rr0) <= tol) if test_start
              else jnp.asarray(CGStatus.MAX_ITERATIONS, jnp.int32))
     zero_int = jnp.zeros((), jnp.int32)
-    c = lax.while_loop(cond, body, _Carry(
+    c = inner_while_loop(cond, body, _Carry(
         zero_int, zero_int, jax.tree_util.tree_map(jnp.zeros_like, b), r0, b, rr0,
-        jnp.zeros((), dtype), start))
+        jnp.zeros((), dtype), start), maxiter)
     x = c.x
     if negative_curvature == "steepest":
         x = _where((c.status == CGStatus.NEGATIVE_CURVATURE) & (c.steps == 0), b, x)

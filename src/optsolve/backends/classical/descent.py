@@ -59,6 +59,8 @@ class ClassicalAlgorithm(Algorithm):
     resumable: ClassVar[bool] = True
     records_history: ClassVar[bool] = True
     compiled_driver: ClassVar[bool] = True
+    # line searches and CG run as bounded scans under UnrolledAdjoint (loops.inner_while_loop)
+    unrollable: ClassVar[bool] = True
 
 
 class Flat:
@@ -209,6 +211,13 @@ def check_positive(owner: str, name: str, value: Any) -> None:
 
 # ----------------------------------------------------------------------- gradient descent
 
+def _ratio(a: Array, b: Array) -> Array:
+    """a / b, NaN where b = 0, without the NaN derivative of a division by zero that a
+    later ``where`` discards (which would poison reverse mode through unrolled runs)."""
+    nonzero = b != 0
+    return jnp.where(nonzero, a / jnp.where(nonzero, b, 1.0), jnp.nan)
+
+
 class _GDSolver(DescentSolver):
     def direction(self, model, x, g, state, flat):
         return -g, jnp.ones((), bool)
@@ -216,7 +225,7 @@ class _GDSolver(DescentSolver):
     def initial_step(self, state, f, g, d, steepest):
         # Nocedal & Wright eq. 3.60: keep the first-order change of the last step.
         first = self.alg.learning_rate / jnp.maximum(jnp.linalg.norm(d), 1e-30)
-        ratio = jnp.vdot(state.g, state.d) / jnp.vdot(g, d)
+        ratio = _ratio(jnp.vdot(state.g, state.d), jnp.vdot(g, d))
         grown = state.alpha * ratio
         return jnp.where((state.alpha > 0) & jnp.isfinite(grown) & (grown > 0), grown, first)
 
@@ -273,13 +282,13 @@ class _CGSolver(DescentSolver):
         dy = jnp.vdot(d_prev, y)
         method = self.alg.method
         if method == "fletcher-reeves":
-            beta = gg / gpgp
+            beta = _ratio(gg, gpgp)
         elif method == "polak-ribiere":  # PR+ (Gilbert & Nocedal 1992)
-            beta = jnp.maximum(jnp.vdot(g, y) / gpgp, 0.0)
+            beta = jnp.maximum(_ratio(jnp.vdot(g, y), gpgp), 0.0)
         elif method == "hestenes-stiefel":
-            beta = jnp.maximum(jnp.vdot(g, y) / dy, 0.0)
+            beta = jnp.maximum(_ratio(jnp.vdot(g, y), dy), 0.0)
         else:  # dai-yuan
-            beta = gg / dy
+            beta = _ratio(gg, dy)
         # Restart every n steps and when successive gradients are far from orthogonal
         # (Powell's test, Nocedal & Wright eq. 5.52).
         restart = ((state.k == 0) | (state.k % self.n == 0)

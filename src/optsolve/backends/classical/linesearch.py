@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from optsolve.solve_api.loops import inner_while_loop
 from optsolve.solve_api.pytree import pytree_dataclass, static_field
 
 Array = jax.Array
@@ -113,8 +114,8 @@ def backtracking_search(fun: Fun, x: Array, f0: Array, g0: Array, d: Array, alph
         xa, fa, ga, ok, nonfinite = trial(a)
         return i + 1, a, xa, fa, ga, ok, seen | nonfinite
 
-    i, a, xa, fa, ga, ok, nonfinite = lax.while_loop(
-        cond, body, (jnp.ones((), jnp.int32), a0, xa, fa, ga, ok, nonfinite))
+    i, a, xa, fa, ga, ok, nonfinite = inner_while_loop(
+        cond, body, (jnp.ones((), jnp.int32), a0, xa, fa, ga, ok, nonfinite), max_steps - 1)
     stalled = ~ok & _is_flat(f0, jnp.vdot(g0, xa - x) / a, a, fa)
     return LineSearchResult(
         jnp.where(ok, xa, x), jnp.where(ok, fa, f0), jnp.where(ok, ga, g0),
@@ -170,12 +171,22 @@ class _ZoomCarry(NamedTuple):
 
 
 def _cubic_min(a_lo, f_lo, d_lo, a_hi, f_hi, d_hi):
-    """Minimiser of the cubic through two points with slopes (Nocedal & Wright, eq. 3.59)."""
+    """Minimiser of the cubic through two points with slopes (Nocedal & Wright, eq. 3.59);
+    NaN where there is none (an end still unbounded or non-finite, no real minimiser).
+    Undefined cases divide and take roots of placeholders, so that their discarded values
+    leave no NaN derivative behind (reverse mode through unrolled runs)."""
+    finite = jnp.isfinite(a_hi) & jnp.isfinite(f_hi) & jnp.isfinite(d_hi) & (a_lo != a_hi)
+    a_hi, f_hi, d_hi = (jnp.where(finite, v, default) for v, default in
+                        ((a_hi, a_lo + 1.0), (f_hi, f_lo), (d_hi, d_lo)))
     d1 = d_lo + d_hi - 3 * (f_lo - f_hi) / (a_lo - a_hi)
     disc = d1 * d1 - d_lo * d_hi
-    d2 = jnp.sign(a_hi - a_lo) * jnp.sqrt(jnp.maximum(disc, 0.0))
-    a = a_hi - (a_hi - a_lo) * (d_hi + d2 - d1) / (d_hi - d_lo + 2 * d2)
-    return jnp.where(disc >= 0, a, jnp.nan)
+    positive = disc > 0
+    d2 = jnp.where(positive, jnp.sign(a_hi - a_lo) * jnp.sqrt(jnp.where(positive, disc, 1.0)),
+                   0.0)
+    denominator = d_hi - d_lo + 2 * d2
+    valid = finite & (disc >= 0) & (denominator != 0)
+    a = a_hi - (a_hi - a_lo) * (d_hi + d2 - d1) / jnp.where(valid, denominator, 1.0)
+    return jnp.where(valid, a, jnp.nan)
 
 
 @pytree_dataclass
@@ -289,7 +300,8 @@ class Zoom:
             return xa, fa, ga, a0, jnp.ones((), jnp.int32), a0, fa, jnp.zeros((), bool)
 
         def search_on():
-            c = lax.while_loop(cond, lambda c: advance(c, probe(c.a)), advance(carry0, first))
+            c = inner_while_loop(cond, lambda c: advance(c, probe(c.a)),
+                                 advance(carry0, first), self.max_steps - 1)
             return c.x_lo, c.f_lo, c.g_lo, c.a_lo, c.i, c.a_last, c.f_last, c.nonfinite
 
         x_lo, f_lo, g_lo, a_lo, i, a_last, f_last, nonfinite = lax.cond(

@@ -24,10 +24,13 @@ Array = jax.Array
 
 
 def _curvature_ok(s: Array, y: Array, decreased: Array) -> tuple[Array, Array, Array]:
-    """(s.y, y.y, whether the pair keeps the model positive definite)."""
+    """(s.y, y.y, whether the pair keeps the model positive definite). Where it does not,
+    s.y and y.y are returned as 1: the update built from them is discarded, and a division
+    by zero there would give NaN derivatives through unrolled runs."""
     ys, yy = jnp.vdot(y, s), jnp.vdot(y, y)
     eps = jnp.finfo(s.dtype).eps
-    return ys, yy, decreased & (ys > eps * yy) & jnp.isfinite(ys) & (yy > 0)
+    ok = decreased & (ys > eps * yy) & jnp.isfinite(ys) & (yy > 0)
+    return jnp.where(ok, ys, 1.0), jnp.where(ok, yy, 1.0), ok
 
 
 # ----------------------------------------------------------------------------- L-BFGS

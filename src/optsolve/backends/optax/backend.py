@@ -108,6 +108,17 @@ class OptaxAlgorithm(OptaxFamily):
         args = ", ".join(f"{k}={v!r}" for k, v in self._hyperparams.items())
         return f"{type(self).__name__}({args})"
 
+    def unrolling_hazards(self) -> list[str]:
+        """``eps_root=0``: the step divides by sqrt(nu), whose derivative at nu = 0 (a
+        gradient entry that has been exactly zero, a parameter f ignores) is infinite."""
+        eps_root = self._hyperparams.get("eps_root")
+        if eps_root is None or isinstance(eps_root, jax.core.Tracer) or callable(eps_root) \
+                or float(eps_root) != 0.0:
+            return []
+        return [f"{type(self).__name__} with eps_root=0 takes sqrt(nu), whose derivative is "
+                "infinite where nu = 0 (a gradient entry that has stayed exactly zero), so "
+                "unrolled derivatives can be NaN; pass eps_root > 0 (e.g. 1e-8)."]
+
     def transformation(self) -> optax.GradientTransformation:
         """The optax transformation for the current hyperparameters (traced or concrete)."""
         hp = self._hyperparams
