@@ -1,6 +1,6 @@
 """A/B: run the benchmarks against an older revision of optsolve on the same machine, in one run.
 
-Usage: ``python benchmarks/compare.py REV [name ...] [--rounds N] [--report PATH]``.
+Usage: ``python benchmarks/compare.py REV [name ...] [--rounds N] [--report PATH] [--keep DIR]``.
 
 The benchmark scripts of the working tree run twice per round, once importing optsolve from
 the working tree and once from ``git archive REV src`` (through PYTHONPATH), in alternating
@@ -89,8 +89,9 @@ def run_section(name: str, source: Path) -> str:
         return out.read_text()
 
 
-def compare(rev: str, names: list[str], rounds: int) -> str:
-    """The A/B report as markdown (see the module docstring)."""
+def compare(rev: str, names: list[str], rounds: int, keep: Path | None = None) -> str:
+    """The A/B report as markdown (see the module docstring); with ``keep``, every run's
+    section is also written there (``NAME-SIDE-ROUND.md``), absolute times included."""
     current = ROOT / "src"
     lines = [f"# A/B: working tree against {rev}",
              f"Each ratio is the median of {rounds} round(s); in each round both sides run in "
@@ -105,8 +106,17 @@ def compare(rev: str, names: list[str], rounds: int) -> str:
                 for side in order:
                     print(f"{name}: round {r + 1}/{rounds}, {side}", flush=True)
                     section = run_section(name, sides[side])
+                    if keep is not None:
+                        keep.mkdir(parents=True, exist_ok=True)
+                        (keep / f"{name}-{side}-{r + 1}.md").write_text(section)
                     for heading, part in by_heading(section):
+                        seen: dict[str, int] = {}
                         for label, value in ratios_from_tables(part):
+                            # rows sharing a first cell (one problem, several methods) are
+                            # told apart by their order
+                            seen[label] = seen.get(label, 0) + 1
+                            if seen[label] > 1:
+                                label = f"{label} (row {seen[label]})"
                             ratios[side].setdefault(f"{heading} / {label}", []).append(value)
                         for row, cells in table_counts(part).items():
                             counts[side][f"{heading} / {row}"] = cells
@@ -135,8 +145,9 @@ def main() -> None:
     parser.add_argument("names", nargs="*", help=f"benchmarks to run (of {', '.join(BENCHMARKS)})")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--report", type=Path, help="also write the report to this file")
+    parser.add_argument("--keep", type=Path, help="a folder for every run's own section")
     args = parser.parse_args()
-    report = compare(args.rev, args.names or list(BENCHMARKS), args.rounds)
+    report = compare(args.rev, args.names or list(BENCHMARKS), args.rounds, args.keep)
     print(report)
     if args.report:
         args.report.write_text(report + "\n")

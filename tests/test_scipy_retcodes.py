@@ -156,3 +156,17 @@ def test_keyboard_interrupt_returns_the_last_iterate():
     sol = solve(ROSEN, ScipyMinimize("L-BFGS-B"), callback=callback)
     assert sol.retcode == ReturnCode.INTERRUPTED
     np.testing.assert_array_equal(np.asarray(sol.x), seen[-1])
+
+
+@pytest.mark.parametrize("method", [s.name for s in MINIMIZE_SPECS.values()
+                                    if s.callback == "intermediate"])
+def test_a_stop_by_optsolve_names_the_test_not_scipys_stopiteration(method):
+    """Where optsolve's monitor stops scipy through StopIteration, scipy's message says only
+    "`callback` raised `StopIteration`"; sol.message names the test that stopped it (here
+    the user's callback; COBYLA and COBYQA say so in their own words)."""
+    prob = OptimizationProblem(lambda x, p: jnp.sum((x - 1.0) ** 2 * jnp.arange(1.0, 4.0)),
+                               jnp.zeros(3))
+    sol = solve(prob, ScipyMinimize(method), callback=lambda i, x, f: i >= 1, maxiters=50)
+    assert sol.retcode == ReturnCode.TERMINATED, sol.message
+    backend = sol.message.split("backend: ", 1)[1]
+    assert "StopIteration" not in backend and "callback" in backend

@@ -79,7 +79,10 @@ class _Active:
         grad_f = ravel_pytree(jax.grad(problem.f)(x, p))[0]
         equality = self.lower == self.upper
         gap_lower, gap_upper = c - self.lower, self.upper - c
-        near = lambda gap, bound: jnp.isfinite(bound) & (gap <= _CANDIDATE_GAP * (1 + jnp.abs(bound)))
+
+        def near(gap, bound):
+            return jnp.isfinite(bound) & (gap <= _CANDIDATE_GAP * (1 + jnp.abs(bound)))
+
         candidate_lower = equality | near(gap_lower, self.lower)
         candidate_upper = ~candidate_lower & near(gap_upper, self.upper)
         on_box = self._on_box_bound(problem, flat_x)

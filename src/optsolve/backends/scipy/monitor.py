@@ -38,6 +38,7 @@ class Monitor:
       k: iterations seen (callback calls).
       last: (x, f) of the last finite iterate seen, or None.
       reason: why the monitor stopped the run, or None.
+      stopped_by: which test that was, in words ("optsolve's ftol test", ...), or None.
       user_raised: the user's callback raised (its exception must reach the user).
       objectives, grad_norms: the history (f and projected gradient inf-norm at x0 and
         each iterate) when ``options["history"]``, else None.
@@ -61,6 +62,7 @@ class Monitor:
         self.prev_x: np.ndarray | None = None
         self.last: tuple[np.ndarray, float] | None = None
         self.reason: ReturnCode | None = None
+        self.stopped_by: str | None = None  # which of optsolve's tests set ``reason``
         self.user_raised = False
         self.objectives: list[float] | None = None
         self.grad_norms: list[float] | None = None
@@ -110,11 +112,11 @@ class Monitor:
         if converged:
             self.reason = ReturnCode.SUCCESS
         elif stop:
-            self.reason = ReturnCode.TERMINATED
+            self.reason, self.stopped_by = ReturnCode.TERMINATED, "the user's callback"
         elif self.maxiters is not None and self.k >= self.maxiters:
-            self.reason = ReturnCode.MAXITERS
+            self.reason, self.stopped_by = ReturnCode.MAXITERS, "optsolve's maxiters"
         elif self.deadline is not None and time.perf_counter() >= self.deadline:
-            self.reason = ReturnCode.MAXTIME
+            self.reason, self.stopped_by = ReturnCode.MAXTIME, "optsolve's maxtime"
         return self.reason is not None
 
     def _converged(self, x: np.ndarray, f: float) -> bool:
@@ -126,8 +128,10 @@ class Monitor:
         if self.ftol is not None and self.prev_f is not None and moved:
             scale = max(abs(self.prev_f), abs(f), 1.0)
             converged = abs(self.prev_f - f) <= self.ftol * scale
+            self.stopped_by = "optsolve's ftol test" if converged else None
         if not converged and self.gtol is not None:
             converged = bool(np.max(np.abs(self.host.grad(x))) <= self.gtol)
+            self.stopped_by = "optsolve's gtol test (gradient inf-norm)" if converged else None
         self.prev_f = f
         self.prev_x = x
         return converged

@@ -237,6 +237,9 @@ class HostRun:
     detail: str
 
 
+_STOPPED_BY_CALLBACK = "`callback` raised `StopIteration`."
+
+
 def run_host(problem: OptimizationProblem, algorithm: Any, options: dict,
              p_weak: tuple[bool, ...] | None = None) -> HostRun:
     """Run scipy on concrete inputs (``options``: ``scipy_backend._plain_options``)."""
@@ -251,6 +254,9 @@ def run_host(problem: OptimizationProblem, algorithm: Any, options: dict,
     runner = _minimize if algorithm._kind == "minimize" else _global
     result = _run(runner, problem, algorithm, options, host, monitor, bounds)
     notes = [scipy_message(result)]
+    if monitor.stopped_by is not None and notes[0] == _STOPPED_BY_CALLBACK:
+        # scipy's message then only says that optsolve's callback stopped it
+        notes[0] = f"stopped by {monitor.stopped_by}"
     # L-BFGS-B's ftol is the user's when given: its success is then the user's test too.
     gtol = None if spec.native_ftol and options["ftol"] is not None else options["gtol"]
     x, fun, code = _outcome(algorithm, result, monitor, host, bounds, gtol, notes)
