@@ -28,22 +28,13 @@ HERE = Path(__file__).parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from run import BENCHMARKS, ratios_from_tables  # noqa: E402
+from run import BENCHMARKS, ratios_from_tables, table_rows  # noqa: E402
 
 
 def table_counts(markdown: str) -> dict[str, tuple[str, ...]]:
     """Every table row's integer cells (iterations, evaluations), keyed by the row's label."""
-    counts, header = {}, None
-    for line in markdown.splitlines():
-        if not line.startswith("|"):
-            header = None
-            continue
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        if header is None:
-            header = cells
-            continue
-        if set("".join(cells)) <= set("-: "):
-            continue
+    counts = {}
+    for header, cells in table_rows(markdown):
         ints = tuple(f"{name}={cell}" for name, cell in zip(header[1:], cells[1:])
                      if re.fullmatch(r"[0-9]+", cell))
         if ints:

@@ -28,9 +28,9 @@ BENCHMARKS = {"optax": "bench_optax", "classical": "bench_classical", "scipy": "
               "hypergradient": "bench_hypergradient", "training": "bench_training"}
 
 
-def ratios_from_tables(markdown: str) -> list[tuple[str, float]]:
-    """(label, ratio) for every cell like '1.04x' in a column whose header says ratio or '/'."""
-    found, header = [], None
+def table_rows(markdown: str):
+    """(header cells, row cells) for every data row of every markdown table."""
+    header = None
     for line in markdown.splitlines():
         if not line.startswith("|"):
             header = None
@@ -38,9 +38,14 @@ def ratios_from_tables(markdown: str) -> list[tuple[str, float]]:
         cells = [c.strip() for c in line.strip("|").split("|")]
         if header is None:
             header = cells
-            continue
-        if set("".join(cells)) <= set("-: "):
-            continue
+        elif not set("".join(cells)) <= set("-: "):
+            yield header, cells
+
+
+def ratios_from_tables(markdown: str) -> list[tuple[str, float]]:
+    """(label, ratio) for every cell like '1.04x' in a column whose header says ratio or '/'."""
+    found = []
+    for header, cells in table_rows(markdown):
         for i, (name, cell) in enumerate(zip(header, cells)):
             match = re.fullmatch(r"\*{0,2}([0-9.]+)x\*{0,2}", cell)
             if match and ("ratio" in name.lower() or "/" in name) and float(match.group(1)) != 1.0:
