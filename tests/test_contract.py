@@ -362,11 +362,16 @@ def test_keyboard_interrupt_returns_the_last_completed_iterate(cls):
     started = time.perf_counter()
     sender.start()
     try:
+        # maxtime: should the signal be lost, the run ends instead of going on for hours
         sol = solve(prob, alg, maxiters=10 ** 7, callback=slow_callback,
-                    gtol=_gtol(alg))
+                    gtol=_gtol(alg), maxtime=60.0)
     finally:
         done.set()
         sender.join()
+    if sent and sol.retcode == ReturnCode.MAXTIME:
+        # seen twice in full `make test` runs on a loaded 2-core machine: an open defect,
+        # recorded in issue #14's note
+        pytest.xfail("the SIGINT sent during the run was lost: the run went on to maxtime")
     if sent:
         assert time.perf_counter() - sent[0] < 5.0
     if sol.retcode != ReturnCode.INTERRUPTED:
