@@ -70,6 +70,18 @@ def interrupt_requested() -> bool:
     return _INTERRUPTED[0]
 
 
+def raise_if_interrupted() -> None:
+    """From host code between a host loop's steps (scipy's evaluations and callbacks):
+    raise KeyboardInterrupt here, in optsolve's own code, when a Ctrl-C arrived.
+
+    Python runs a signal handler wherever the main thread happens to be; a KeyboardInterrupt
+    raised there inside a garbage-collection callback (JAX registers one) is printed as
+    "Exception ignored" and lost, so the handler only sets a flag and this raises it.
+    """
+    if _INTERRUPTED[0]:
+        raise KeyboardInterrupt
+
+
 def _run_callback(callback, *args) -> bool:
     if _INTERRUPTED[0]:
         return True
@@ -95,9 +107,10 @@ class HostCalls:
 
     Args:
       intercept_interrupts: while the run lasts, a Ctrl-C only sets a flag that the host
-        calls and the loop between its compiled chunks read (a KeyboardInterrupt raised
-        inside JAX's callback machinery would abort the run instead); a second Ctrl-C
-        raises as usual. Only in the main thread, where Python runs signal handlers.
+        calls, the loop between compiled chunks and scipy's evaluations read (raised where
+        the signal lands, a KeyboardInterrupt would abort a compiled run inside JAX's
+        callback machinery, or be lost inside a garbage-collection callback); a second
+        Ctrl-C raises as usual. Only in the main thread, where Python runs signal handlers.
     """
 
     def __init__(self, intercept_interrupts: bool = False):

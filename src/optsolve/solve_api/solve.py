@@ -281,7 +281,7 @@ def solve(problem: OptimizationProblem, algorithm: Any, *, maxiters: int | None 
     if traced:
         return _with_multipliers(problem, adjoint.apply(backend, problem, algorithm, opts))
     start = time.perf_counter()
-    with progress_bar(progress, maxiters), host.HostCalls(compiled_driver) as calls:
+    with progress_bar(progress, maxiters), host.HostCalls(True) as calls:
         solution = jax.block_until_ready(
             _with_multipliers(problem, adjoint.apply(backend, problem, algorithm, opts)))
         if progress and jnp.ndim(solution.retcode) == 0:

@@ -4,14 +4,15 @@ An eager ``solve`` runs the loop of :mod:`optsolve.backends.native.driver` as a 
 calls of one compiled function, each advancing the carry by a budget of iterations (256 at
 first for up to 10^4 variables, 16 beyond, then about a quarter of a second's worth,
 measured on the previous chunk). Between chunks Python runs,
-so a KeyboardInterrupt is seen within one chunk: the chunk in flight finishes (nothing keeps
-computing afterwards) and its carry comes back as a Solution with ``INTERRUPTED``. The first
+so a KeyboardInterrupt is seen within one chunk (within one iteration where the loop calls
+the host): the chunk in flight finishes (nothing keeps computing afterwards) and its carry comes back as a Solution with ``INTERRUPTED``. The first
 call starts from a zero carry of the right structure and initialises it inside the compiled
 function, so every chunk shares one compilation.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -110,6 +111,31 @@ def _first_chunk(make_solver, problem, algorithm, options, budget):
                                budget)
 
 
+def _status(solution: Solution, options: SolveOptions) -> int:
+    """The retcode of the chunk in flight, once it has finished.
+
+    Python runs a signal handler in the main thread only, and not while that thread waits
+    inside JAX. Where the loop calls the host (a callback, the progress bar, maxtime), the
+    wait is on a lock instead (interruptible), so that a Ctrl-C sets the flag those host
+    calls read and the chunk stops at its next one rather than at its end.
+    """
+    retcode = solution.retcode
+    if (options.callback is None and not options.progress and options.maxtime is None) \
+            or retcode.is_ready():
+        return int(retcode)
+    finished = threading.Event()
+
+    def wait():
+        try:
+            retcode.block_until_ready()
+        finally:
+            finished.set()
+
+    threading.Thread(target=wait, daemon=True).start()
+    finished.wait()
+    return int(retcode)
+
+
 def _run_chunks(make_solver, problem, algorithm, options) -> Solution:
     carry = None
     first, budget = True, _first_budget(problem)
@@ -124,7 +150,7 @@ def _run_chunks(make_solver, problem, algorithm, options) -> Solution:
                 carry, solution_in_flight = _chunk_compiled(make_solver, problem, algorithm,
                                                             options, False, carry, budget)
             try:
-                status = int(solution_in_flight.retcode)  # waits for the chunk
+                status = _status(solution_in_flight, options)  # waits for the chunk
             except KeyboardInterrupt:
                 # The chunk in flight ends within one chunk's time: wait for it, then stop.
                 status = int(solution_in_flight.retcode)

@@ -25,6 +25,7 @@ from scipy.sparse.linalg import LinearOperator
 
 from optsolve.backends.scipy.host_executable import HostCall, HostExecutable
 from optsolve.solve_api.cache import BoundedCache
+from optsolve.solve_api.host import raise_if_interrupted
 from optsolve.solve_api.problem import OptimizationProblem
 from optsolve.solve_api.pytree import tree_spec
 
@@ -232,6 +233,7 @@ class HostProblem:
     # ------------------------------------------------------------------ objective
     def fun(self, x: np.ndarray) -> float:
         """f(x), for the methods that use no derivatives."""
+        raise_if_interrupted()
         self.prepare(("f",))
         f = float(self._exe["f"](self._x(x))[0])
         self.n_f += 1
@@ -244,6 +246,7 @@ class HostProblem:
         The hot path of every gradient method: one copy of x (scipy may reuse its buffer; the
         copy serves the memo and the last-finite record), one compiled call, one transfer.
         """
+        raise_if_interrupted()
         if self._fg is None:
             self.prepare(("fg",))
         xc = np.array(x, dtype=np.float64)
@@ -301,11 +304,13 @@ class HostProblem:
 
     def hessp(self, x: np.ndarray, v: np.ndarray) -> np.ndarray:
         """Hessian-vector product (forward over reverse)."""
+        raise_if_interrupted()
         self.prepare(("hessp",))
         return self._checked_hessian(self._exe["hessp"](self._x(x), self._x(v))[0])
 
     def hess(self, x: np.ndarray) -> np.ndarray:
         """The dense Hessian."""
+        raise_if_interrupted()
         self.prepare(("hess",))
         return self._checked_hessian(self._exe["hess"](self._x(x))[0])
 
@@ -319,11 +324,13 @@ class HostProblem:
     # ---------------------------------------------------------------- constraints
     def cons(self, x: np.ndarray) -> np.ndarray:
         """All constraint values, concatenated (derivative-free methods)."""
+        raise_if_interrupted()
         self.prepare(("c",))
         return np.asarray(self._exe["c"](self._x(x))[0], dtype=np.float64)
 
     def _cons_memo(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         if self._memo_cx is None or not np.array_equal(self._memo_cx, x):
+            raise_if_interrupted()
             self.prepare(("cj",))
             c, jac = self._exe["cj"](self._x(x))
             self._memo_cx = np.array(x, dtype=np.float64)

@@ -14,7 +14,8 @@ import numpy as np
 
 from optsolve.backends.scipy.compiled import HostProblem
 from optsolve.backends.scipy.options import MethodSpec
-from optsolve.solve_api.host import advance_progress, progress_every, wants_grad_norm
+from optsolve.solve_api.host import (advance_progress, progress_every, raise_if_interrupted,
+                                     wants_grad_norm)
 from optsolve.solve_api.returncode import ReturnCode
 from optsolve.solve_api.stationarity import stationarity
 
@@ -83,6 +84,7 @@ class Monitor:
 
     def record(self, x: np.ndarray, f: float) -> bool:
         """Account one iteration at (x, f); True when the run must stop."""
+        raise_if_interrupted()
         self.k += 1
         x = np.array(x, dtype=np.float64)
         if np.isfinite(f) and np.all(np.isfinite(x)):
