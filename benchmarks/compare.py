@@ -28,18 +28,25 @@ HERE = Path(__file__).parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from run import BENCHMARKS, ratios_from_tables, table_rows  # noqa: E402
+from run import BENCHMARKS, ratio_cells, table_rows  # noqa: E402
 
 
-def table_counts(markdown: str) -> dict[str, tuple[str, ...]]:
-    """Every table row's integer cells (iterations, evaluations), keyed by the row's label."""
-    counts = {}
+def labelled_rows(markdown: str):
+    """(label, header, cells) for every table row; rows sharing a first cell (one problem,
+    several methods) are told apart by their position, "(row k)", whatever cells they hold,
+    so that the same label names the same row on both sides."""
+    seen: dict[str, int] = {}
     for header, cells in table_rows(markdown):
-        ints = tuple(f"{name}={cell}" for name, cell in zip(header[1:], cells[1:])
-                     if re.fullmatch(r"[0-9]+", cell))
-        if ints:
-            counts[cells[0]] = ints
-    return counts
+        seen[cells[0]] = seen.get(cells[0], 0) + 1
+        k = seen[cells[0]]
+        yield (cells[0] if k == 1 else f"{cells[0]} (row {k})"), header, cells
+
+
+def row_counts(header: list[str], cells: list[str]) -> tuple[str, ...]:
+    """A row's integer cells (iterations, evaluations, or several as "nfev/njev/nit"), each
+    named by its column."""
+    return tuple(f"{name}={cell}" for name, cell in zip(header[1:], cells[1:])
+                 if re.fullmatch(r"[0-9]+(/([0-9]+|-))*", cell))
 
 
 def by_heading(markdown: str) -> list[tuple[str, str]]:
@@ -101,16 +108,12 @@ def compare(rev: str, names: list[str], rounds: int, keep: Path | None = None) -
                         keep.mkdir(parents=True, exist_ok=True)
                         (keep / f"{name}-{side}-{r + 1}.md").write_text(section)
                     for heading, part in by_heading(section):
-                        seen: dict[str, int] = {}
-                        for label, value in ratios_from_tables(part):
-                            # rows sharing a first cell (one problem, several methods) are
-                            # told apart by their order
-                            seen[label] = seen.get(label, 0) + 1
-                            if seen[label] > 1:
-                                label = f"{label} (row {seen[label]})"
-                            ratios[side].setdefault(f"{heading} / {label}", []).append(value)
-                        for row, cells in table_counts(part).items():
-                            counts[side][f"{heading} / {row}"] = cells
+                        for row, header, cells in labelled_rows(part):
+                            for what, value in ratio_cells(header, cells, keep_unity=True):
+                                ratios[side].setdefault(f"{heading} / {row}: {what}",
+                                                        []).append(value)
+                            if row_counts(header, cells):
+                                counts[side][f"{heading} / {row}"] = row_counts(header, cells)
             lines += [f"## {name}", "", "| ratio | old | current | current / old |",
                       "|---|---|---|---|"]
             for label in ratios["current"]:

@@ -42,17 +42,25 @@ def table_rows(markdown: str):
             yield header, cells
 
 
-def ratios_from_tables(markdown: str) -> list[tuple[str, float]]:
-    """(label, ratio) for every cell like '1.04x' in a column whose header says ratio or '/'."""
+def ratio_cells(header: list[str], cells: list[str],
+                keep_unity: bool = False) -> list[tuple[str, float]]:
+    """(column, ratio) for every cell of one row like '1.04x' in a column whose header says
+    ratio or '/'; a reference's own 1.00x is left out unless ``keep_unity``."""
     found = []
-    for header, cells in table_rows(markdown):
-        for i, (name, cell) in enumerate(zip(header, cells)):
-            match = re.fullmatch(r"\*{0,2}([0-9.]+)x\*{0,2}", cell)
-            if match and ("ratio" in name.lower() or "/" in name) and float(match.group(1)) != 1.0:
-                # a bare "ratio" column qualifies the column before it
-                what = header[i - 1] if name.lower() == "ratio" and i > 0 else name
-                found.append((f"{cells[0]}: {what}", float(match.group(1))))
+    for i, (name, cell) in enumerate(zip(header, cells)):
+        match = re.fullmatch(r"\*{0,2}([0-9.]+)x\*{0,2}", cell)
+        if match and ("ratio" in name.lower() or "/" in name) and (
+                keep_unity or float(match.group(1)) != 1.0):
+            # a bare "ratio" column qualifies the column before it
+            what = header[i - 1] if name.lower() == "ratio" and i > 0 else name
+            found.append((what, float(match.group(1))))
     return found
+
+
+def ratios_from_tables(markdown: str) -> list[tuple[str, float]]:
+    """(label, ratio) for every ratio cell (:func:`ratio_cells`) of every table row."""
+    return [(f"{cells[0]}: {what}", value) for header, cells in table_rows(markdown)
+            for what, value in ratio_cells(header, cells)]
 
 
 def plot_ratios(ratios: list[tuple[str, float]], path: Path) -> None:

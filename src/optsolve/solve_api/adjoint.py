@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -71,23 +72,38 @@ def _instantiated(tangent: PyTree, primal: PyTree, always: bool = False) -> PyTr
         tangent, primal, is_leaf=_is_symbolic_zero)
 
 
-def _closes_over_tracers(fn: Any, depth: int = 3) -> bool:
-    """Whether ``fn`` (a closure, a functools.partial, or functions they hold, ``depth``
-    levels down) holds a JAX tracer: a value of an enclosing jit, grad or vmap."""
-    if fn is None or depth == 0:
-        return False
+def _held_by(fn: Any) -> list[Any]:
+    """The values a callable carries: a closure's cells, a functools.partial's function and
+    arguments, a bound method's object, a callable object's attributes."""
     held: list[Any] = []
     if isinstance(fn, functools.partial):
         held += [fn.func, fn.args, fn.keywords]
+    if inspect.ismethod(fn):
+        held += [fn.__self__, fn.__func__]
     for cell in getattr(fn, "__closure__", None) or ():
         try:
             held.append(cell.cell_contents)
         except ValueError:  # an empty cell (a name not yet bound)
             continue
+    if not (inspect.isroutine(fn) or inspect.isclass(fn) or inspect.ismodule(fn)):
+        held.append(fn)  # a pytree module (equinox, flax) holds its values as leaves
+        held += list(getattr(fn, "__dict__", {}).values())
+    return held
+
+
+def _closes_over_tracers(fn: Any, depth: int = 3) -> bool:
+    """Whether ``fn`` (a closure, a functools.partial, a bound method, a callable object,
+    or what they hold, ``depth`` levels down) holds a JAX tracer: a value of an enclosing
+    jit, grad or vmap."""
+    if fn is None or depth == 0:
+        return False
+    held = _held_by(fn)
     if is_traced(held):
         return True
-    return any(callable(value) and _closes_over_tracers(value, depth - 1)
-               for value in jax.tree_util.tree_leaves(held))
+    return any((callable(value) or hasattr(value, "__dict__"))
+               and not (inspect.isclass(value) or inspect.ismodule(value))
+               and _closes_over_tracers(value, depth - 1)
+               for value in jax.tree_util.tree_leaves(held) if value is not fn)
 
 
 def _hoisted(problem: OptimizationProblem) -> OptimizationProblem:
@@ -97,8 +113,9 @@ def _hoisted(problem: OptimizationProblem) -> OptimizationProblem:
     (jax.closure_convert; optimistix does the same for its root finds). The problem itself
     where nothing is closed over."""
     constraints = problem.constraints or ()
+    # string keys throughout: p's pytree flattening sorts them
     functions = {"f": problem.f, "grad": problem.grad, "hvp": problem.hvp,
-                 **{i: c.g for i, c in enumerate(constraints)}}
+                 **{f"g{i}": c.g for i, c in enumerate(constraints)}}
     if not any(_closes_over_tracers(fn) for fn in functions.values()):
         return problem
     x0, p = problem.x0, problem.p
@@ -116,7 +133,7 @@ def _hoisted(problem: OptimizationProblem) -> OptimizationProblem:
 
     return problem.replace(
         f=lift("f"), grad=lift("grad"), hvp=lift("hvp"), p=(p, consts),
-        constraints=tuple(replace(c, g=lift(i)) for i, c in enumerate(constraints)) or None)
+        constraints=tuple(replace(c, g=lift(f"g{i}")) for i, c in enumerate(constraints)) or None)
 
 
 def _warn_not_converged(code) -> None:
