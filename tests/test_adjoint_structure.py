@@ -152,3 +152,43 @@ def test_vmap_over_a_bound_equals_a_loop_and_jvp_agrees_with_vjp():
     grad, jvp = jax.jit(jax.grad(x_star)), jax.jit(lambda u: jax.jvp(x_star, (u,), (1.0,))[1])
     np.testing.assert_allclose(batched, [grad(u) for u in us], atol=1e-12)
     np.testing.assert_allclose([jvp(u) for u in us], batched, atol=1e-12)
+
+
+def _cosh(scale):
+    """s sum(cosh(x - p) - 1) over x >= 0: x* = max(p, 0). At any x, H = diag(s cosh(x - p))
+    and d/dp grad = -H, so on the free coordinates dx/dp = 1 and dx/d(lower) = 0; on the
+    held ones dx/dp = 0 and dx/d(lower) = 1, for every s."""
+    return lambda x, p: scale * jnp.sum(jnp.cosh(x - p) - 1)
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e3, 1e5])
+def test_a_free_coordinate_near_its_bound_stays_free_whatever_the_scale_of_f(scale):
+    """trust-constr stops a barrier step inside x* = p (p > 0 small, all free), where the
+    gradient pushes towards the bound x >= 0 and grows with s; the Newton step to x*,
+    |g_i| / H_ii, does not, and stays below the gap: dx*/dp = I (see _cosh)."""
+    p = jnp.array([2e-3, 5e-3, 1e-2])
+
+    def x_star(p):
+        prob = OptimizationProblem(_cosh(scale), jnp.ones(3), p, bounds=(0.0, None))
+        return solve(prob, optsolve.ScipyMinimize("trust-constr")).x
+
+    assert bool(jnp.all(x_star(p) > p))  # short of x*: the gradient pushes towards 0
+    np.testing.assert_allclose(jax.jacrev(x_star)(p), np.eye(3), atol=1e-9)
+
+
+@pytest.mark.parametrize("n", [4, 400], ids=["exact diagonal", "Rayleigh quotient"])
+@pytest.mark.parametrize("scale", [1.0, 1e3, 1e6])
+def test_the_active_set_at_an_unconverged_point_does_not_depend_on_the_scale_of_f(n, scale):
+    """At a hand-made point of _cosh's problem: even coordinates free (p = 2e-3, x a step
+    3e-6 short of x* = p), odd ones held (p = -0.5, x* = 0; x = 0, or 1e-6 inside as a
+    barrier method leaves it). For n > 256 the curvature is one Rayleigh quotient, not the
+    Hessian's diagonal. dx/dp and dx/d(lower) are the closed forms of _cosh."""
+    free = np.arange(n) % 2 == 0
+    p = jnp.asarray(np.where(free, 2e-3, -0.5))
+    x = jnp.asarray(np.where(free, 2e-3 + 3e-6, np.where(np.arange(n) % 4 == 1, 0.0, 1e-6)))
+    prob = OptimizationProblem(_cosh(scale), jnp.ones(n), p, bounds=(0.0, None))
+    adjoint = optsolve.ImplicitAdjoint()
+    ones, zeros = jnp.ones(n), jnp.zeros(n)
+    np.testing.assert_allclose(adjoint.solution_tangent(prob, x, ones), free, atol=1e-9)
+    np.testing.assert_allclose(adjoint.solution_tangent(prob, x, None, (ones, zeros)), ~free,
+                               atol=1e-9)

@@ -18,13 +18,26 @@ Programming*, 1983):
 with box-held coordinates moving with their bound. The multipliers are the least-squares
 solution of the first condition at the returned x, for every backend alike; the sign
 convention makes ``-lambda_j`` the derivative of f* with respect to constraint j's active
-bound (lambda_j >= 0 at an upper bound, <= 0 at a lower one). The system is solved densely
-by least squares, so a degenerate active set (linearly dependent constraint gradients,
-where LICQ fails) gets the minimum-norm solution instead of an error.
+bound (lambda_j >= 0 at an upper bound, <= 0 at a lower one). ``grad_x f`` and ``H_L``'s
+part from f come from the problem's ``grad`` and ``hvp`` where it gives them.
+
+The system is solved densely by the null-space method (Nocedal & Wright, section 16.2): dx
+is a particular solution of the (row-normalised) constraint rows, J_A's and one a box-held
+coordinate, plus a step in their null space Z from the reduced system
+``Z^T H_L Z y = Z^T (rhs - H_L dx_p)``. The Hessian never meets the constraint rows in one
+matrix, so small curvature next to large constraint gradients is not lost to rounding (as
+in a least-squares solve of the whole system in float32). Where the active constraints'
+gradients are linearly dependent (LICQ fails) the particular solution is the minimum-norm
+least-squares one, and a singular reduced Hessian gets the minimum-norm step.
 
 The active set: an equality always; an inequality side whose gap is at most 1e-3 (1 +
-|bound|), whose multiplier pushes outward and exceeds the gap (the interior-point indicator
-also used for box bounds, see :func:`~optsolve.solve_api.stationarity.active_sides`).
+|bound|), whose multiplier (from the least-squares fit on every such candidate side) pushes
+outward, and for which dropping the constraint would let the Newton step cross the bound:
+``|lambda_j| |grad c_j|^2 / h_j > gap_j``, with ``h_j = grad c_j . H_L grad c_j /
+|grad c_j|^2`` the Lagrangian's curvature along the constraint's gradient (any outward
+multiplier where h_j <= 0). Both sides scale alike with f, so scaling f does not change the
+verdict. Box bounds use the same test with the Lagrangian's gradient and the diagonal of
+H_L (:func:`~optsolve.solve_api.stationarity.active_sides`).
 """
 
 from __future__ import annotations
@@ -37,6 +50,7 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from optsolve.solve_api.problem import OptimizationProblem
+from optsolve.solve_api.sensitivity import hessian_product
 from optsolve.solve_api.stationarity import active_sides
 
 PyTree = Any
@@ -62,9 +76,21 @@ def _stacked(problem: OptimizationProblem, x: PyTree, field: str,
         for c, n in zip(constraints, _sizes(problem, x))])
 
 
-def constraint_values(problem: OptimizationProblem, x: PyTree, p: PyTree) -> jax.Array:
-    """Every constraint's g(x, p), flattened into one vector."""
-    return jnp.concatenate([jnp.ravel(c.g(x, p)) for c in problem.constraints])
+def constraint_values(constraints: Any, x: PyTree, p: PyTree, dtype: Any) -> jax.Array:
+    """Every constraint's ``g(x, p)``, flattened and cast to ``dtype``, as one vector.
+
+    Args:
+      constraints: a sequence of :class:`~optsolve.solve_api.problem.Constraint`.
+      x: the point, a pytree like the problem's x0.
+      p: the hyperparameters.
+      dtype: the dtype of the result (each constraint's values are cast to it first, so
+        constraints of mixed dtypes concatenate under strict dtype promotion).
+
+    Returns:
+      A 1-D array of ``dtype``: the constraints' values in order.
+    """
+    return jnp.concatenate([jnp.ravel(jnp.asarray(c.g(x, p))).astype(dtype)
+                            for c in constraints])
 
 
 class _Active:
@@ -72,34 +98,54 @@ class _Active:
 
     def __init__(self, problem: OptimizationProblem, x: PyTree):
         flat_x, self.unravel = ravel_pytree(x)
-        p = problem.p
+        p, dtype = problem.p, flat_x.dtype
+        self.values = lambda v, q: constraint_values(problem.constraints, self.unravel(v), q,
+                                                     dtype)
         self.lower, self.upper = _stacked(problem, x, "lower"), _stacked(problem, x, "upper")
-        c = constraint_values(problem, x, p)
-        jac = jax.jacfwd(lambda v: constraint_values(problem, self.unravel(v), p))(flat_x)
-        grad_f = ravel_pytree(jax.grad(problem.f)(x, p))[0]
+        c = self.values(flat_x, p)
+        jac = jax.jacfwd(self.values)(flat_x, p)
+        self.grad_fn = problem.grad if problem.grad is not None else jax.grad(problem.f)
+        grad_f = ravel_pytree(self.grad_fn(x, p))[0]
+        hvp = hessian_product(problem, x)
+        # H is symmetric: its rows are the products with the unit vectors
+        self.hessian_f = jax.vmap(lambda e: ravel_pytree(hvp(self.unravel(e)))[0])(
+            jnp.eye(flat_x.size, dtype=dtype))
+        self.jac, self.flat_x, self.p = jac, flat_x, p
         equality = self.lower == self.upper
         gap_lower, gap_upper = c - self.lower, self.upper - c
 
         def near(gap, bound):
             return jnp.isfinite(bound) & (gap <= _CANDIDATE_GAP * (1 + jnp.abs(bound)))
 
+        # a constraint near both of its bounds is a candidate on both: the sign of its
+        # multiplier says which one holds it
         candidate_lower = equality | near(gap_lower, self.lower)
-        candidate_upper = ~candidate_lower & near(gap_upper, self.upper)
+        candidate_upper = ~equality & near(gap_upper, self.upper)
         on_box = self._on_box_bound(problem, flat_x)
         lam = self._least_squares(jac, grad_f, candidate_lower | candidate_upper, on_box)
-        # a side stays active if its multiplier pushes outward and exceeds its gap
-        at_lower = equality | (candidate_lower & (lam < 0) & (-lam > gap_lower))
-        at_upper = candidate_upper & (lam > 0) & (lam > gap_upper)
+        hessian = self.lagrangian_hessian(lam)
+        norm2 = jnp.sum(jac ** 2, axis=1)
+        along = jnp.maximum(jnp.einsum("jn,nk,jk->j", jac, hessian, jac), 0.0)
+
+        def newton_crosses(push, gap):  # |lam| |J|^2 / h > gap, with h = J H J^T / |J|^2
+            return push * norm2 ** 2 > gap * along
+
+        at_lower = equality | (candidate_lower & (lam < 0) & newton_crosses(-lam, gap_lower))
+        at_upper = candidate_upper & (lam > 0) & newton_crosses(lam, gap_upper)
         self.active = at_lower | at_upper
         grad_lagrangian = grad_f + jac.T @ self._least_squares(jac, grad_f, self.active, on_box)
-        # the box bounds a coordinate is held at, judged by the Lagrangian's gradient
-        self.box_sides = active_sides(x, self.unravel(grad_lagrangian), problem.bounds)
+        self.box_sides = active_sides(x, self.unravel(grad_lagrangian), problem.bounds,
+                                      self.unravel(jnp.diagonal(hessian)))
         held = jnp.zeros_like(flat_x) if self.box_sides is None else ravel_pytree(
-            jax.tree_util.tree_map(lambda lo, up: (lo | up).astype(flat_x.dtype),
-                                   *self.box_sides))[0]
+            jax.tree_util.tree_map(lambda lo, up: (lo | up).astype(dtype), *self.box_sides))[0]
         self.free = 1.0 - held
         self.lam = self._least_squares(jac, grad_f, self.active, held)
-        self.at_lower, self.jac, self.flat_x = at_lower, jac, flat_x
+        self.at_lower = at_lower
+
+    def lagrangian_hessian(self, lam: jax.Array) -> jax.Array:
+        """The dense Hessian in x of ``f + lam . c`` at the solution."""
+        return self.hessian_f + jax.hessian(
+            lambda v: jnp.dot(lam, self.values(v, self.p)))(self.flat_x)
 
     @staticmethod
     def _on_box_bound(problem: OptimizationProblem, flat_x: jax.Array) -> jax.Array:
@@ -118,6 +164,39 @@ class _Active:
         return -jnp.linalg.lstsq(rows, (1.0 - held_x) * grad_f)[0]
 
 
+def _null_space_solve(hessian: jax.Array, rows: jax.Array, targets: jax.Array,
+                      rhs: jax.Array) -> jax.Array:
+    """dx with ``rows @ dx = targets`` and ``Z^T (hessian @ dx - rhs) = 0``, Z a basis of the
+    rows' null space.
+
+    Args:
+      hessian: the (n, n) Hessian of the Lagrangian.
+      rows: (k, n) linearised equality constraints on dx, k >= n (zero rows are ignored).
+      targets: (k,) their right-hand sides.
+      rhs: (n,) the right-hand side of the stationarity rows.
+
+    Returns:
+      dx, (n,): the minimum-norm least-squares solution of the rows where they are
+      dependent or inconsistent, plus the minimum-norm solution of the reduced system where
+      the reduced Hessian is singular.
+    """
+    norms = jnp.linalg.norm(rows, axis=1)
+    scale = jnp.where(norms > 0, 1.0 / jnp.where(norms > 0, norms, 1.0), 0.0)
+    # with at least n rows (the box rows are n), vt is a complete (n, n) basis
+    u, s, vt = jnp.linalg.svd(rows * scale[:, None], full_matrices=False)
+    rank = s > jnp.max(s, initial=0.0) * max(rows.shape) * jnp.finfo(rows.dtype).eps
+    inverse = jnp.where(rank, 1.0 / jnp.where(rank, s, 1.0), 0.0)
+    particular = vt.T @ (inverse * (u.T @ (targets * scale)))
+    null = (~rank).astype(hessian.dtype)
+    reduced = null[:, None] * (vt @ hessian @ vt.T) * null[None, :]
+    # the filler on the range rows is of the reduced block's size, so lstsq's relative
+    # cut-off judges the reduced Hessian against itself
+    fill = jnp.max(jnp.abs(reduced), initial=0.0)
+    reduced = reduced + jnp.diag((1.0 - null) * jnp.where(fill > 0, fill, 1.0))
+    step = jnp.linalg.lstsq(reduced, null * (vt @ (rhs - hessian @ particular)))[0]
+    return particular + vt.T @ (null * step)
+
+
 def multipliers(problem: OptimizationProblem, x: PyTree) -> tuple[jax.Array, ...]:
     """The constraints' multipliers at ``x``, one array per constraint shaped like its g
     (zero on inactive constraints; see the module docstring for the sign)."""
@@ -133,26 +212,35 @@ def multipliers(problem: OptimizationProblem, x: PyTree) -> tuple[jax.Array, ...
 def kkt_tangent(problem: OptimizationProblem, x: PyTree, p_dot: PyTree | None,
                 bounds_dot: tuple[PyTree, PyTree] | None,
                 constraints_dot: Any | None) -> PyTree:
-    """dx at the solution ``x`` of a constrained problem for the tangents of p, of the box
-    bounds and of the constraints' lower / upper (None where not differentiated)."""
+    """dx at the solution ``x`` of a constrained problem.
+
+    Args:
+      problem: the problem solved (its p, bounds and constraints are the primal values).
+      x: the solution.
+      p_dot: the tangent of ``problem.p``, or None where p is not differentiated.
+      bounds_dot: the tangents of the box bounds (lower, upper), or None.
+      constraints_dot: the tangents of the constraints (their ``lower`` / ``upper``), or
+        None.
+
+    Returns:
+      dx, a pytree like x.
+    """
     active = _Active(problem, x)
     unravel, flat_x, free, lam = active.unravel, active.flat_x, active.free, active.lam
     p = problem.p
     n, m = flat_x.size, lam.size
     mask = active.active.astype(flat_x.dtype)
+    hessian = active.lagrangian_hessian(lam)
 
-    def grad_lagrangian(v, p):
-        y = unravel(v)
-        return ravel_pytree(jax.grad(problem.f)(y, p))[0] + jax.grad(
-            lambda z: jnp.dot(lam, constraint_values(problem, unravel(z), p)))(v)
+    def grad_lagrangian(q: PyTree) -> jax.Array:
+        return ravel_pytree(active.grad_fn(x, q))[0] + jax.grad(
+            lambda v: jnp.dot(lam, active.values(v, q)))(flat_x)
 
-    hessian = jax.jacfwd(grad_lagrangian)(flat_x, p)
-    jac = active.jac * mask[:, None]
     rhs_x = jnp.zeros(n, flat_x.dtype)
     rhs_c = jnp.zeros(m, flat_x.dtype)
     if p_dot is not None:
-        rhs_x = -jax.jvp(lambda q: grad_lagrangian(flat_x, q), (p,), (p_dot,))[1]
-        rhs_c = -jax.jvp(lambda q: constraint_values(problem, x, q), (p,), (p_dot,))[1]
+        rhs_x = -jax.jvp(grad_lagrangian, (p,), (p_dot,))[1]
+        rhs_c = -jax.jvp(lambda q: active.values(flat_x, q), (p,), (p_dot,))[1]
     if constraints_dot is not None:
         d_lower = _stacked(problem, x, "lower", constraints_dot)
         d_upper = _stacked(problem, x, "upper", constraints_dot)
@@ -162,12 +250,7 @@ def kkt_tangent(problem: OptimizationProblem, x: PyTree, p_dot: PyTree | None,
         held_move = ravel_pytree(jax.tree_util.tree_map(
             lambda lo, up, dlo, dup: jnp.where(lo, dlo, jnp.where(up, dup, 0.0)),
             *active.box_sides, *bounds_dot))[0].astype(flat_x.dtype)
-    rhs_x = free * (rhs_x - hessian @ held_move)
-    rhs_c = mask * (rhs_c - jac @ held_move)
-    top = jnp.concatenate([free[:, None] * hessian * free[None, :] + jnp.diag(1.0 - free),
-                           (free[:, None] * jac.T)], axis=1)
-    bottom = jnp.concatenate([jac * free[None, :], jnp.diag(1.0 - mask)], axis=1)
-    system = jnp.concatenate([top, bottom], axis=0)
-    solution = jnp.linalg.lstsq(system, jnp.concatenate([rhs_x, rhs_c]))[0]
-    return unravel(solution[:n] * free + held_move)
-
+    held = 1.0 - free
+    rows = jnp.concatenate([mask[:, None] * active.jac, jnp.diag(held)], axis=0)
+    targets = jnp.concatenate([mask * rhs_c, held * held_move])
+    return unravel(_null_space_solve(hessian, rows, targets, rhs_x))

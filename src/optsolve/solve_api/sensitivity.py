@@ -6,11 +6,15 @@ Blondel et al., "Efficient and Modular Implicit Differentiation", NeurIPS 2022):
 
     dx_A = d(bound)_A,    H_FF dx_F = -(d/dp grad_x f)_F dp - H_FA dx_A,
 
-with H the Hessian of f in x. Active and free come from :func:`active_sides`, the same
-definition the driver's gtol test uses. The system is solved matrix-free on x flattened to
-one vector: ``lax.custom_linear_solve`` transposes only when every entry of its right-hand
-side is linear in the tangents, which a leaf of x that does not depend on p would break
-(its entry of the right-hand side is a constant zero).
+with H the Hessian of f in x. Active and free come from
+:func:`~optsolve.solve_api.stationarity.active_sides`: a coordinate is held where the
+gradient pushes it outward and it is on its bound (where the driver's gtol test projects
+the gradient) or the Newton step along it would cross the bound, with the Hessian's
+diagonal as the curvature (exact for n <= 256, else estimated from one Hessian product,
+:func:`coordinate_curvature`). The system is solved matrix-free on x flattened to one
+vector: ``lax.custom_linear_solve`` transposes only when every entry of its right-hand side
+is linear in the tangents, which a leaf of x that does not depend on p would break (its
+entry of the right-hand side is a constant zero).
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from optsolve.solve_api.stationarity import active_sides
 
 PyTree = Any
 LinearSolve = Callable[[Callable[[jax.Array], jax.Array], jax.Array], jax.Array]
+
+_EXACT_DIAGONAL_MAX = 256  # above this, n Hessian products for the diagonal cost too much
 
 
 def _bound_tangent(x: PyTree, sides: tuple[PyTree, PyTree],
@@ -49,6 +55,38 @@ def hessian_product(problem: OptimizationProblem, x: PyTree) -> Callable[[PyTree
         return lambda v: problem.hvp(x, v, problem.p)
     grad_fn = problem.grad if problem.grad is not None else jax.grad(problem.f)
     return jax.linearize(lambda y: grad_fn(y, problem.p), x)[1]
+
+
+def coordinate_curvature(hvp_flat: Callable[[jax.Array], jax.Array], x: PyTree, g: PyTree,
+                         bounds: tuple[PyTree, PyTree]) -> PyTree:
+    """The curvature of f along each coordinate, for the active-set test of
+    :func:`~optsolve.solve_api.stationarity.active_sides`.
+
+    Args:
+      hvp_flat: v -> H v on x flattened to one vector.
+      x: the solution.
+      g: the gradient at x, like x.
+      bounds: the box (lower, upper), pytrees like x.
+
+    Returns:
+      A pytree like x: the Hessian's diagonal (n products) where x has at most 256 entries;
+      above that, for every coordinate, the Rayleigh quotient ``d.Hd / d.d`` of the gradient
+      ``d`` restricted to the coordinates it pushes towards a finite bound (one product).
+    """
+    flat_x, unravel = ravel_pytree(x)
+    n = flat_x.size
+    if n <= _EXACT_DIAGONAL_MAX:
+        return unravel(jax.vmap(lambda e: jnp.dot(e, hvp_flat(e)))(
+            jnp.eye(n, dtype=flat_x.dtype)))
+    lower, upper = bounds
+    outward = ravel_pytree(jax.tree_util.tree_map(
+        lambda gi, lo, up: ((gi > 0) & jnp.isfinite(lo)) | ((gi < 0) & jnp.isfinite(up)),
+        g, lower, upper))[0]
+    # released, the candidates would move along -d; the curvature along it scales with f as H_ii
+    d = jnp.where(outward, ravel_pytree(g)[0], 0.0).astype(flat_x.dtype)
+    dd = jnp.dot(d, d)
+    rayleigh = jnp.dot(d, hvp_flat(d)) / jnp.where(dd > 0, dd, 1.0)
+    return unravel(jnp.full_like(flat_x, rayleigh))
 
 
 def solution_tangent(problem: OptimizationProblem, x: PyTree, p_dot: PyTree | None,
@@ -75,9 +113,7 @@ def solution_tangent(problem: OptimizationProblem, x: PyTree, p_dot: PyTree | No
         rhs = None
     else:
         g, rhs = jax.jvp(lambda p: grad_fn(x, p), (problem.p,), (p_dot,))
-    sides = active_sides(x, g, problem.bounds)
-    dbound = None if sides is None or bounds_dot is None else _bound_tangent(x, sides, bounds_dot)
-    if rhs is None and dbound is None:
+    if rhs is None and (problem.bounds is None or bounds_dot is None):
         return jax.tree_util.tree_map(jnp.zeros_like, x)
 
     flat_x, unravel = ravel_pytree(x)
@@ -87,19 +123,23 @@ def solution_tangent(problem: OptimizationProblem, x: PyTree, p_dot: PyTree | No
         return ravel_pytree(hvp(unravel(v)))[0]
 
     b = -ravel_pytree(rhs)[0] if rhs is not None else jnp.zeros_like(flat_x)
-    if sides is None:
+    if problem.bounds is None:
         def matvec(v):
             return hvp_flat(v) + ridge * v
+
+        return unravel(lax.custom_linear_solve(matvec, b, solve=solve, symmetric=True))
+
+    sides = active_sides(x, g, problem.bounds,
+                         coordinate_curvature(hvp_flat, x, g, problem.bounds))
+    free = 1.0 - ravel_pytree(jax.tree_util.tree_map(
+        lambda lo, up: (lo | up).astype(flat_x.dtype), *sides))[0]
+
+    def matvec(v):
+        return free * (hvp_flat(free * v) + ridge * v) + (1.0 - free) * v
+
+    if bounds_dot is not None:
+        flat_dbound = ravel_pytree(_bound_tangent(x, sides, bounds_dot))[0]
+        b = free * (b - hvp_flat(flat_dbound)) + flat_dbound
     else:
-        free = 1.0 - ravel_pytree(jax.tree_util.tree_map(
-            lambda lo, up: (lo | up).astype(flat_x.dtype), *sides))[0]
-
-        def matvec(v):
-            return free * (hvp_flat(free * v) + ridge * v) + (1.0 - free) * v
-
-        if dbound is not None:
-            flat_dbound = ravel_pytree(dbound)[0]
-            b = free * (b - hvp_flat(flat_dbound)) + flat_dbound
-        else:
-            b = free * b
+        b = free * b
     return unravel(lax.custom_linear_solve(matvec, b, solve=solve, symmetric=True))

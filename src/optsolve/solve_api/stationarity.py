@@ -1,15 +1,18 @@
-"""The one definition of stationarity under box bounds, shared by the JAX-native driver's
-gtol test and history, the scipy monitor and the implicit adjoint's active set.
+"""Stationarity under box bounds, shared by the JAX-native driver's gtol test and history
+and the scipy monitor; and the active set the implicit adjoint differentiates on.
 
 A point x is stationary for ``min f`` over the box [lo, up] when the projected gradient
 ``x - P(x - g)`` vanishes (P the projection onto the box): its infinity norm is L-BFGS-B's
 ``pgtol`` test and optsolve's ``gtol`` test; without bounds it is ``g``. The coordinates
-where it differs from ``g`` are those held at a bound by a gradient pushing outward: the
-active set, which moves with its bound and carries no sensitivity to ``p`` (Nocedal & Wright, *Numerical
-Optimization*, 2006, section 16.7).
+where it differs from ``g`` are those on a bound with the gradient pushing outward. The
+adjoint's active set (:func:`active_sides`) also holds the coordinates that a Newton step
+would carry past their bound, so that a run stopped a little inside an active bound still
+has it held; the active set moves with its bound and carries no sensitivity to ``p``
+(Nocedal & Wright, *Numerical Optimization*, 2006, section 16.7).
 
-Every function takes pytrees of JAX arrays (``xp=jax.numpy``, the default) or flat numpy
-vectors (``xp=numpy``, for host code, where a JAX call per iteration would cost a dispatch).
+:func:`projected_gradient` and :func:`stationarity` take pytrees of JAX arrays
+(``xp=jax.numpy``, the default) or flat numpy vectors (``xp=numpy``, for host code, where a
+JAX call per iteration would cost a dispatch).
 """
 
 from __future__ import annotations
@@ -41,35 +44,41 @@ def stationarity(x: PyTree, g: PyTree, bounds: Bounds, xp: Any = jnp) -> Any:
     return float(max(xp.max(xp.abs(leaf), initial=0.0) for leaf in leaves))
 
 
-def active_sides(x: PyTree, g: PyTree, bounds: Bounds,
+def active_sides(x: PyTree, g: PyTree, bounds: Bounds, curvature: PyTree,
                  rtol: float = 1e-8) -> tuple[PyTree, PyTree] | None:
-    """Where a coordinate is held at its lower and at its upper bound, with the gradient
-    pushing outward: within ``rtol * max(1, |x|)`` of it, or nearer to it than the gradient
-    is large (gap < |g_i|). The second test is the interior-point indicator of El-Bakry,
-    Tapia & Zhang ("A study of indicators for identifying zero variables in interior-point
-    methods", SIAM Review 36, 1994): on the central path gap * multiplier = mu, and the
-    multiplier of a bound is |g_i|, so a barrier method's solution (trust-constr) a little
-    inside its active bounds still has them active. Pytrees of bools (None without bounds);
-    a coordinate with lower == upper counts as held at its lower bound."""
+    """Where a coordinate is held at its lower and at its upper bound: the gradient pushes
+    outward and either x is within ``rtol * max(1, |x|)`` of the bound, or the Newton step
+    along the coordinate, ``|g_i| / h_i``, would cross it (``|g_i| > gap_i * h_i``; any
+    outward gradient where ``h_i <= 0``).
+
+    The second test compares two lengths in x, so scaling f does not change it: a free
+    coordinate of a slightly unconverged run, a step ``|g_i| / h_i`` from where it settles,
+    is held only if that point lies past the bound; a barrier method's solution
+    (trust-constr), ``mu / |g_i|`` inside an active bound on its central path, has the bound
+    held once ``mu < g_i^2 / h_i``.
+
+    Args:
+      x: the point, a pytree.
+      g: the gradient at x (of the Lagrangian, with general constraints), like x.
+      bounds: ``(lower, upper)``, pytrees like x, or None.
+      curvature: ``h``, like x: the Hessian's diagonal, or an estimate of it in f's units.
+      rtol: the relative distance at which a point counts as on its bound.
+
+    Returns:
+      ``(at_lower, at_upper)``, pytrees of bools like x (None without bounds); a coordinate
+      with lower == upper counts as held at its lower bound.
+    """
     if bounds is None:
         return None
     lower, upper = bounds
 
-    def held(gap, xi, gi):  # one-sided: a point past its bound counts as on it
-        return (gap <= rtol * jnp.maximum(1.0, jnp.abs(xi))) | (gap < jnp.abs(gi))
+    def held(gap, xi, gi, hi):  # one-sided: a point past its bound counts as on it
+        newton_crosses = jnp.isfinite(gap) & (jnp.abs(gi) > gap * jnp.maximum(hi, 0.0))
+        return (gap <= rtol * jnp.maximum(1.0, jnp.abs(xi))) | newton_crosses
 
     at_lower = jax.tree_util.tree_map(
-        lambda xi, gi, lo: held(xi - lo, xi, gi) & (gi >= 0), x, g, lower)
+        lambda xi, gi, hi, lo: held(xi - lo, xi, gi, hi) & (gi >= 0), x, g, curvature, lower)
     at_upper = jax.tree_util.tree_map(
-        lambda xi, gi, up, low: held(up - xi, xi, gi) & (gi <= 0) & ~low, x, g, upper, at_lower)
+        lambda xi, gi, hi, up, low: held(up - xi, xi, gi, hi) & (gi <= 0) & ~low,
+        x, g, curvature, upper, at_lower)
     return at_lower, at_upper
-
-
-def free_mask(x: PyTree, g: PyTree, bounds: Bounds, rtol: float = 1e-8) -> PyTree | None:
-    """1 where a coordinate is free, 0 where it is active (:func:`active_sides`), in x's
-    dtype (JAX arrays; None without bounds)."""
-    sides = active_sides(x, g, bounds, rtol)
-    if sides is None:
-        return None
-    return jax.tree_util.tree_map(
-        lambda xi, lo, up: jnp.where(lo | up, 0.0, 1.0).astype(jnp.result_type(xi)), x, *sides)

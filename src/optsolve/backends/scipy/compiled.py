@@ -26,6 +26,7 @@ from scipy.sparse.linalg import LinearOperator
 from optsolve.backends.scipy.host_executable import HostCall, HostExecutable
 from optsolve.solve_api.cache import BoundedCache
 from optsolve.solve_api.host import raise_if_interrupted
+from optsolve.solve_api.kkt import constraint_values
 from optsolve.solve_api.problem import OptimizationProblem
 from optsolve.solve_api.pytree import tree_spec
 
@@ -88,8 +89,7 @@ def flatten_x(tree: PyTree) -> tuple[jax.Array, Callable[[jax.Array], PyTree]]:
 
 
 def _constraint_values(constraints, x, p, dtype) -> jax.Array:
-    parts = [jnp.ravel(jnp.asarray(c.g(x, p))).astype(dtype) for c in constraints]
-    return jnp.concatenate(parts)
+    return constraint_values(constraints, x, p, dtype)  # the adjoint's: both see one c
 
 
 def _build(kind: str, f, constraints, unravel, dtype) -> Callable:
