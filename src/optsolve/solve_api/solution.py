@@ -80,10 +80,11 @@ class Solution:
         :data:`~optsolve.solve_api.returncode.REASONS` (None where the backend says it in
         ``detail``).
       multipliers: for a problem with general constraints, the Lagrange multipliers at
-        ``x``, one array per constraint shaped like its ``g`` (zero where inactive), from
-        the KKT conditions (:func:`~optsolve.solve_api.kkt.multipliers`): ``-multipliers[j]``
-        is the derivative of the optimal objective with respect to constraint j's active
-        bound. None without constraints.
+        ``x``, one array per constraint shaped like its ``g``: the solver's own where it
+        computes them (SLSQP, trust-constr), else the least-squares solution of the KKT
+        conditions (:func:`~optsolve.solve_api.kkt.multipliers`, zero where inactive). One
+        sign everywhere: ``-multipliers[j]`` is the derivative of the optimal objective with
+        respect to constraint j's active bound. None without constraints.
       detail: the backend's own reason in full (scipy's message), or None.
     """
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 import warnings
 from collections.abc import Callable
@@ -11,6 +12,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from optsolve.solve_api.adjoint import ImplicitAdjoint
 from optsolve.solve_api import host
@@ -142,15 +144,40 @@ _multipliers = jax.jit(multipliers)  # one compiled program per problem, not op-
 
 
 def _with_multipliers(problem: OptimizationProblem, solution: Solution) -> Solution:
-    """The solution with the constraints' multipliers at its x (the same least-squares
-    KKT multipliers for every backend), where the problem has general constraints."""
+    """The solution with the constraints' multipliers at its x, one array per constraint,
+    where the problem has general constraints: the backend's own (flat, in
+    ``solution.multipliers``, NaN where it gave none) where it computed them, else the
+    least-squares KKT multipliers; under differentiation the least-squares ones' derivative
+    (the backend's carry none)."""
     if not problem.constraints:
         return solution
+    own = solution.multipliers
+    traced = is_traced(problem, solution.x)
+    if own is not None and not traced and bool(jnp.all(jnp.isfinite(own))):
+        return replace(solution, multipliers=_per_constraint(problem, own))
     if jnp.ndim(solution.retcode) != 0:  # a batch solved eagerly under vmap
         lam = jax.vmap(_multipliers, in_axes=(None, 0))(problem, solution.x)
     else:
         lam = _multipliers(problem, solution.x)
-    return replace(solution, multipliers=lam)
+    if own is None:
+        return replace(solution, multipliers=lam)
+    batch = jnp.shape(own)[:-1]
+    least_squares = jnp.concatenate([jnp.reshape(l, batch + (-1,)) for l in lam], axis=-1)
+    flat = jnp.where(jnp.isnan(own), least_squares,
+                     own + least_squares - lax.stop_gradient(least_squares))
+    return replace(solution, multipliers=_per_constraint(problem, flat))
+
+
+def _per_constraint(problem: OptimizationProblem, flat: jax.Array) -> tuple[jax.Array, ...]:
+    """Flat multipliers (a leading batch axis allowed) as one array per constraint, shaped
+    like its g."""
+    batch, out, start = jnp.shape(flat)[:-1], [], 0
+    for c in problem.constraints:
+        shape = jax.eval_shape(c.g, problem.x0, problem.p).shape
+        size = math.prod(shape)
+        out.append(jnp.reshape(flat[..., start:start + size], batch + shape))
+        start += size
+    return tuple(out)
 
 
 def _no_iterations(problem: OptimizationProblem, opts) -> Solution:

@@ -50,6 +50,7 @@ import numpy as np
 from optsolve.backends.scipy.options import (
     GLOBAL_SPECS, MINIMIZE_SPECS, MethodSpec, canonical_method, check_options, methods_with,
 )
+from optsolve.backends.scipy.compiled import eval_dtype
 from optsolve.backends.scipy.run import run_host
 from optsolve.solve_api.algorithm import Algorithm
 from optsolve.solve_api.cache import BoundedCache
@@ -313,6 +314,8 @@ def solve_scipy(problem: OptimizationProblem, algorithm: _ScipyAlgorithm,
             x=x_tree, objective=objective, retcode=run.code,
             stats=Stats(iterations=run.nit, f_evals=run.nfev, grad_evals=run.njev, time=None),
             original=run.result, history=history, detail=run.detail,
+            multipliers=None if run.multipliers is None else jnp.asarray(
+                run.multipliers, run.host.dtype),
         )
     else:
         solution = _solve_traced(problem, algorithm, options, f_dtype)
@@ -376,6 +379,10 @@ def _solve_traced(problem, algorithm, options, f_dtype) -> Solution:
         + [jax.ShapeDtypeStruct((), int_t)] * (4 if has_njev else 3)
     )
     static_options = {"callback": options.callback, "callback_every": options.callback_every}
+    # the method's own multipliers, flat (NaN where it gave none: solve then uses its own)
+    n_lam = _constraint_size(problem) if spec.key in ("slsqp", "trust-constr") else 0
+    if n_lam:
+        shapes.append(jax.ShapeDtypeStruct((n_lam,), eval_dtype(problem.x0)))
 
     def host_fn(prob, opts):
         plain = _plain_options(opts)
@@ -383,8 +390,11 @@ def _solve_traced(problem, algorithm, options, f_dtype) -> Solution:
         run = run_host(prob, algorithm, plain, p_weak)
         xs = jax.tree_util.tree_leaves(run.host.unravel_numpy(run.x))
         ints = [run.nit, run.nfev] + ([run.njev] if has_njev else [])
+        lam = [] if not n_lam else [np.asarray(
+            np.full(n_lam, np.nan) if run.multipliers is None else run.multipliers,
+            shapes[-1].dtype)]
         return (*xs, np.asarray(run.fun, f_dtype), np.asarray(int(run.code), np.int32),
-                *(np.asarray(i, np.int32) for i in ints))
+                *(np.asarray(i, np.int32) for i in ints), *lam)
 
     out = jax.pure_callback(host_fn, tuple(shapes), problem, options, vmap_method="sequential")
     n = len(x_leaves)
@@ -393,7 +403,13 @@ def _solve_traced(problem, algorithm, options, f_dtype) -> Solution:
     njev = out[n + 4] if has_njev else None
     return Solution(x=x, objective=fun, retcode=code,
                     stats=Stats(iterations=nit, f_evals=nfev, grad_evals=njev, time=None),
-                    original=None)
+                    original=None, multipliers=out[-1] if n_lam else None)
+
+
+def _constraint_size(problem: OptimizationProblem) -> int:
+    """The number of constraint components (the length of the flat multipliers)."""
+    return sum(int(np.prod(jax.eval_shape(c.g, problem.x0, problem.p).shape))
+               for c in problem.constraints or ())
 
 
 register_backend(ScipyMinimize, solve_scipy)

@@ -17,6 +17,7 @@ from scipy.optimize import Bounds, NonlinearConstraint, OptimizeResult
 
 from optsolve.backends.scipy.compiled import HostProblem
 from optsolve.backends.scipy.monitor import Monitor, Stop
+from optsolve.backends.scipy.multipliers import solver_multipliers
 from optsolve.backends.scipy.options import MINIMIZE_SPECS, MethodSpec
 from optsolve.backends.scipy.retcodes import (
     budget_option, global_retcode, minimize_retcode, scipy_message, stopped_by_own_gtol,
@@ -223,6 +224,8 @@ class HostRun:
       history: (objectives, grad_norms), float64 arrays of length nit + 1, or None.
       detail: scipy's message, then optsolve's notes where it stopped the run or changed
         the code.
+      multipliers: the constraints' multipliers that the method computed at ``x``, flat
+        and in optsolve's sign (:mod:`~optsolve.backends.scipy.multipliers`), or None.
     """
 
     x: np.ndarray
@@ -235,6 +238,7 @@ class HostRun:
     host: HostProblem
     history: tuple[np.ndarray, np.ndarray] | None
     detail: str
+    multipliers: np.ndarray | None = None
 
 
 _STOPPED_BY_CALLBACK = "`callback` raised `StopIteration`."
@@ -270,7 +274,10 @@ def run_host(problem: OptimizationProblem, algorithm: Any, options: dict,
     monitor.finish(int(nit), fun)
     history = None if monitor.objectives is None else monitor.history(x, fun)
     detail = "; ".join(n for n in notes if n)
-    return HostRun(x, fun, code, int(nit), nfev, njev, result, host, history, detail)
+    # scipy's multipliers belong to its own point, not to one optsolve returned instead
+    lam = (solver_multipliers(spec.key, result, host)
+           if np.array_equal(x, np.asarray(result.x, dtype=np.float64)) else None)
+    return HostRun(x, fun, code, int(nit), nfev, njev, result, host, history, detail, lam)
 
 
 def _run(runner, problem, algorithm, options, host: HostProblem, monitor: Monitor,
