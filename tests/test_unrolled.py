@@ -10,6 +10,7 @@ import warnings
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 import optsolve
@@ -102,3 +103,53 @@ def test_adam_with_eps_root_zero_warns_and_names_the_fix():
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
         assert np.isfinite(jax.jacrev(x_after)(p, optsolve.Adam(0.1, eps_root=1e-8))).all()
+
+
+def _hand_optax_run(tx, p, steps):
+    """A hand-written optax loop: the reference whose forward-mode derivative the unrolled
+    solve must give in both modes."""
+    x, state = X0, tx.init(X0)
+    value_fn = lambda y: _rosenbrock(y, p)  # noqa: E731
+    for _ in range(steps):
+        value, grad = jax.value_and_grad(value_fn)(x)
+        updates, state = tx.update(grad, state, x, value=value, grad=grad, value_fn=value_fn)
+        x = optax.apply_updates(x, updates)
+    return x
+
+
+@pytest.mark.parametrize("name", ["OptaxLBFGS", "OptaxTransform(lbfgs)",
+                                  "OptaxTransform(sgd + backtracking)"])
+def test_optax_line_searches_unroll_by_forward_passes(name):
+    # optax's line searches loop with lax.while_loop (no transpose), and optax.lbfgs's first
+    # update has a 0/0 inside a where (a NaN cotangent): derivatives come from forward
+    # passes, so reverse mode equals forward mode through a hand-written optax loop.
+    tx = {"OptaxLBFGS": optax.lbfgs(), "OptaxTransform(lbfgs)": optax.lbfgs(),
+          "OptaxTransform(sgd + backtracking)": optax.chain(
+              optax.sgd(1e-2), optax.scale_by_backtracking_linesearch(
+                  max_backtracking_steps=15))}[name]
+    algorithm = optsolve.OptaxLBFGS() if name == "OptaxLBFGS" else optsolve.OptaxTransform(tx)
+    assert algorithm.unrolls_by_forward_passes()
+
+    def x_final(p):
+        return solve(OptimizationProblem(_rosenbrock, X0, p), algorithm, maxiters=5, gtol=0.0,
+                     adjoint=UNROLLED).x
+
+    p = jnp.asarray(10.0)
+    np.testing.assert_allclose(x_final(p), _hand_optax_run(tx, p, 5), rtol=1e-13)
+    expected = jax.jacfwd(lambda q: _hand_optax_run(tx, q, 5))(p)
+    np.testing.assert_allclose(jax.jacrev(x_final)(p), expected, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(jax.jacfwd(x_final)(p), expected, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(jax.jit(jax.jacrev(x_final))(p), expected, rtol=1e-10,
+                               atol=1e-12)
+
+
+def test_unrolled_gradient_wrt_the_learning_rate_of_optax_lbfgs():
+    def f_final(lr):
+        return solve(OptimizationProblem(_rosenbrock, X0, 10.0),
+                     optsolve.OptaxLBFGS(learning_rate=lr), maxiters=5, gtol=0.0,
+                     adjoint=UNROLLED).objective
+
+    plain = lambda lr: float(solve(OptimizationProblem(_rosenbrock, X0, 10.0),  # noqa: E731
+                                   optsolve.OptaxLBFGS(learning_rate=lr), maxiters=5,
+                                   gtol=0.0).objective)
+    assert float(jax.grad(f_final)(0.7)) == pytest.approx(_central(plain, 0.7), rel=1e-6)

@@ -27,6 +27,7 @@ import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
 from optsolve.solve_api.linear_solve import cg
+from optsolve.solve_api.forward_passes import by_forward_passes
 from optsolve.solve_api.kkt import kkt_tangent
 from optsolve.solve_api.loops import CheckpointedScan
 from optsolve.solve_api.problem import OptimizationProblem
@@ -174,18 +175,25 @@ class ImplicitAdjoint:
     it does not move x*); differentiating with respect to the algorithm's own
     hyperparameters is an error that names :class:`UnrolledAdjoint`. Problems with general
     constraints are differentiated through their KKT conditions
-    (:mod:`~optsolve.solve_api.kkt`, dense), with respect to p in f and in the constraints,
-    the box bounds, and the constraints' lower and upper bounds.
+    (:mod:`~optsolve.solve_api.kkt`), with respect to p in f and in the constraints, the box
+    bounds, and the constraints' lower and upper bounds. That system is built from n
+    Hessian-vector products and solved densely (null-space method, minimum-norm where it is
+    degenerate): ``linear_solver``, ``tol``, ``maxiter`` and ``ridge`` apply only to
+    problems without general constraints. The problem's ``grad`` and ``hvp`` are used on
+    both paths where it gives them.
 
     Args:
       linear_solver: "cg" (default; H is symmetric), "gmres", "bicgstab" or "dense"
-        (builds H from n Hessian-vector products: for small n, or indefinite H).
+        (builds H from n Hessian-vector products: for small n, or indefinite H). Not used
+        with general constraints.
       tol: relative residual tolerance of the iterative solvers (default 1e-10 in float64,
-        1e-5 in float32).
-      maxiter: iteration limit of the iterative solvers (default: 10 n).
+        1e-5 in float32). Not used with general constraints.
+      maxiter: iteration limit of the iterative solvers (default: 10 n). Not used with
+        general constraints.
       ridge: adds ``ridge * I`` to H. A documented fallback for singular or nearly singular
         Hessians (flat directions of f): the solution is then the minimum-norm-like
-        regularised one. 0 by default.
+        regularised one. 0 by default. Not used with general constraints (a singular
+        reduced Hessian gets the minimum-norm step there).
     """
 
     linear_solver: str = static_field(default="cg")
@@ -291,9 +299,11 @@ class UnrolledAdjoint:
     iterate actually returned, converged or not, and derivatives with respect to the
     algorithm's own hyperparameters (learning rate, momentum) for meta-learning.
 
-    Requires a concrete ``maxiters``. Transformations containing their own while loops
-    (line searches, optax.lbfgs) cannot be reverse-differentiated this way; JAX says so.
-    scipy algorithms cannot be unrolled at all.
+    Requires a concrete ``maxiters``. An optax transformation with a line search
+    (``OptaxLBFGS``) loops inside each update in a way reverse mode cannot transpose: its
+    derivatives come from forward passes, one per differentiated number
+    (:mod:`~optsolve.solve_api.forward_passes`), in forward and reverse mode alike. scipy
+    algorithms cannot be unrolled at all.
     """
 
     def apply(self, run: Run, problem: OptimizationProblem, algorithm: Any,
@@ -309,4 +319,10 @@ class UnrolledAdjoint:
         for hazard in algorithm.unrolling_hazards():
             warnings.warn(f"optsolve: {hazard}", RuntimeWarning, stacklevel=3)
         # maxiters updates plus the evaluation of the last iterate
-        return run(problem, algorithm, options, loop=CheckpointedScan(int(maxiters) + 1))
+        loop = CheckpointedScan(int(maxiters) + 1)
+        if not algorithm.unrolls_by_forward_passes():
+            return run(problem, algorithm, options, loop=loop)
+        leaves, treedef = jax.tree_util.tree_flatten((problem, algorithm, options))
+        return by_forward_passes(
+            lambda *values: run(*jax.tree_util.tree_unflatten(treedef, values), loop=loop),
+            leaves)

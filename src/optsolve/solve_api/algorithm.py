@@ -87,9 +87,14 @@ class Algorithm:
 
     def capabilities(self) -> dict[str, Any]:
         """This instance's capability traits, by name: its class's, unless its configuration
-        changes one (basinhopping's local method; an optax transformation holding a line
-        search, whose own loop cannot be unrolled). ``solve`` checks these, once."""
+        changes one (basinhopping's local method). ``solve`` checks these, once."""
         return type(self).traits()
+
+    def unrolls_by_forward_passes(self) -> bool:
+        """Whether :class:`~optsolve.solve_api.adjoint.UnrolledAdjoint` differentiates this
+        configuration by forward passes (:mod:`~optsolve.solve_api.forward_passes`), for
+        iterations that hold a loop reverse mode cannot transpose; False by default."""
+        return False
 
     def unrolling_hazards(self) -> list[str]:
         """Warnings for differentiating this configuration by unrolling its iterations

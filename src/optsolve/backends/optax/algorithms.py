@@ -35,11 +35,6 @@ _CONTRIB = {
 }
 
 
-# Optimizers that run a line search inside each update: its while loop has no reverse-mode
-# derivative, so they cannot be differentiated by unrolling.
-_WITH_LINESEARCH = frozenset({"OptaxLBFGS"})
-
-
 def _generate() -> dict[str, type[OptaxAlgorithm]]:
     classes = {}
     for module, prefix, table in ((optax, "optax", _TOP_LEVEL),
@@ -49,8 +44,7 @@ def _generate() -> dict[str, type[OptaxAlgorithm]]:
             if factory is None:  # not in this optax version
                 continue
             classes[class_name] = make_optax_algorithm(
-                factory, class_name, f"{prefix}.{factory_name}",
-                unrollable=class_name not in _WITH_LINESEARCH)
+                factory, class_name, f"{prefix}.{factory_name}")
     return classes
 
 

@@ -64,6 +64,11 @@ class OptaxFamily(Algorithm):
     takes_data: ClassVar[bool] = True
     compiled_driver: ClassVar[bool] = True
 
+    def unrolls_by_forward_passes(self) -> bool:
+        """Where the transformation runs a line search: its while loop has no transpose
+        (:mod:`~optsolve.solve_api.forward_passes`)."""
+        return _has_linesearch(self.transformation())
+
 
 class OptaxAlgorithm(OptaxFamily):
     """An optax optimizer as an optsolve algorithm (base of the generated classes).
@@ -175,7 +180,7 @@ def _schedulable_names(factory: Callable[..., Any]) -> tuple[frozenset[str], fro
 
 
 def make_optax_algorithm(factory: Callable[..., optax.GradientTransformation], name: str,
-                         source: str, unrollable: bool = True) -> type[OptaxAlgorithm]:
+                         source: str) -> type[OptaxAlgorithm]:
     """Generate the algorithm class for one optax factory (``source`` names it in docs)."""
     signature = inspect.signature(factory)
     schedulable, native = _schedulable_names(factory)
@@ -198,7 +203,6 @@ def make_optax_algorithm(factory: Callable[..., optax.GradientTransformation], n
         "factory": staticmethod(factory),
         "schedulable": schedulable,
         "native_schedules": native,
-        "unrollable": unrollable,
         "__init__": __init__,
         "__doc__": header + inspect.cleandoc(factory.__doc__ or ""),
         "__module__": "optsolve",
@@ -224,8 +228,6 @@ class OptaxTransform(OptaxFamily):
     hyperparameters without recompiling.
     """
 
-    conditional_traits: ClassVar[dict[str, str]] = {"unrollable": "without a line search"}
-
     def __init__(self, transformation: optax.GradientTransformation):
         if not isinstance(transformation, optax.GradientTransformation):
             raise TypeError(
@@ -244,13 +246,6 @@ class OptaxTransform(OptaxFamily):
         """A copy holding another ``transformation``."""
         check_replace(self, changes, ("transformation",))
         return OptaxTransform(changes.get("transformation", self._transformation))
-
-    def capabilities(self) -> dict[str, Any]:
-        """The class's traits; not unrollable when the transformation ends in a line search
-        (its own while loop has no reverse-mode derivative)."""
-        traits = type(self).traits()
-        traits["unrollable"] = not _has_linesearch(self._transformation)
-        return traits
 
     def __repr__(self) -> str:
         return f"OptaxTransform({self._transformation!r})"
