@@ -8,6 +8,7 @@ Under vmap a batched loop runs its body for finished elements too, so every call
 
 from __future__ import annotations
 
+import _signal  # signal.signal's enum conversions cost more than a small solve's setup
 import inspect
 import signal
 import threading
@@ -123,12 +124,12 @@ class HostCalls:
         self.was_interrupted, _INTERRUPTED[0] = _INTERRUPTED[0], False
         self.interrupted = False
         if self.intercept:
-            self.previous = signal.signal(signal.SIGINT, _on_interrupt)
+            self.previous = _signal.signal(signal.SIGINT, _on_interrupt)
         return self
 
     def __exit__(self, kind, value, traceback):
         if self.intercept:
-            signal.signal(signal.SIGINT, self.previous)
+            _signal.signal(signal.SIGINT, self.previous)
         _CATCHING[0] -= 1
         self.interrupted = _INTERRUPTED[0]
         _INTERRUPTED[0] = self.was_interrupted

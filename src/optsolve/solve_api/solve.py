@@ -99,9 +99,11 @@ def _eager(solution: Solution, elapsed: float, interrupted: bool = False) -> Sol
     def count(value):
         return None if value is None else int(value)
     stats = solution.stats
-    # one transfer for the scalars, not one each
-    code, reason, iterations, f_evals, grad_evals = jax.device_get(
-        (solution.retcode, solution.reason, stats.iterations, stats.f_evals, stats.grad_evals))
+    scalars = (solution.retcode, solution.reason, stats.iterations, stats.f_evals,
+               stats.grad_evals)
+    if any(isinstance(s, jax.Array) for s in scalars):  # one transfer, not one each
+        scalars = jax.device_get(scalars)
+    code, reason, iterations, f_evals, grad_evals = scalars
     retcode, reason = ReturnCode(int(code)), count(reason)
     if interrupted and retcode in (ReturnCode.TERMINATED, ReturnCode.MAXTIME):
         retcode, reason = ReturnCode.INTERRUPTED, None
@@ -155,7 +157,7 @@ def _with_multipliers(problem: OptimizationProblem, solution: Solution) -> Solut
     traced = is_traced(problem, solution.x)
     if own is not None and not traced and bool(jnp.all(jnp.isfinite(own))):
         return replace(solution, multipliers=_per_constraint(problem, own))
-    if jnp.ndim(solution.retcode) != 0:  # a batch solved eagerly under vmap
+    if np.ndim(solution.retcode) != 0:  # a batch solved eagerly under vmap
         lam = jax.vmap(_multipliers, in_axes=(None, 0))(problem, solution.x)
     else:
         lam = _multipliers(problem, solution.x)
@@ -311,9 +313,9 @@ def solve(problem: OptimizationProblem, algorithm: Any, *, maxiters: int | None 
     with progress_bar(progress, maxiters), host.HostCalls(True) as calls:
         solution = jax.block_until_ready(
             _with_multipliers(problem, adjoint.apply(backend, problem, algorithm, opts)))
-        if progress and jnp.ndim(solution.retcode) == 0:
+        if progress and np.ndim(solution.retcode) == 0:
             host.advance_progress(int(solution.stats.iterations), solution.objective)
     elapsed = time.perf_counter() - start
-    if jnp.ndim(solution.retcode) != 0:  # a batch (a vmapped problem solved eagerly)
+    if np.ndim(solution.retcode) != 0:  # a batch (a vmapped problem solved eagerly)
         return replace(solution, stats=replace(solution.stats, time=elapsed))
     return _eager(solution, elapsed, calls.interrupted)

@@ -275,8 +275,8 @@ def run_host(problem: OptimizationProblem, algorithm: Any, options: dict,
     history = None if monitor.objectives is None else monitor.history(x, fun)
     detail = "; ".join(n for n in notes if n)
     # scipy's multipliers belong to its own point, not to one optsolve returned instead
-    lam = (solver_multipliers(spec.key, result, host)
-           if np.array_equal(x, np.asarray(result.x, dtype=np.float64)) else None)
+    lam = (solver_multipliers(spec.key, result, host) if host.n_cons
+           and np.array_equal(x, np.asarray(result.x, dtype=np.float64)) else None)
     return HostRun(x, fun, code, int(nit), nfev, njev, result, host, history, detail, lam)
 
 
