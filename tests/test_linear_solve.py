@@ -238,3 +238,33 @@ def test_invalid_arguments_are_named():
         cg(mv, b, rtol=1e-6, maxiter=5, negative_curvature="boundary")
     with pytest.raises(ValueError, match="give `rtol`, `atol` or both"):
         cg(mv, b, maxiter=5)
+
+
+def test_preconditioned_cg_counts_the_distinct_eigenvalues_of_m_h():
+    # H = A D A^T-like with a spread spectrum; with M = H^-1 exactly, M H = I has one
+    # eigenvalue: one product. With M = (H - E)^-1 for a rank-2 E, M H = I + rank 2 has at
+    # most 3 distinct eigenvalues: at most 3 products (Nocedal & Wright, Theorem 5.4 applied
+    # to the preconditioned system). The solution is numpy's in both cases.
+    n = 12
+    a = spd(n, np.geomspace(1.0, 1e4, n))
+    b = np.random.default_rng(2).normal(size=n)
+    expected = np.linalg.solve(a, b)
+    exact = jnp.asarray(np.linalg.inv(a))
+    res = cg(matvec_of(a), jnp.asarray(b), rtol=1e-10, maxiter=100,
+             preconditioner=lambda r: exact @ r)
+    assert int(res.matvecs) == 1 and int(res.status) == CGStatus.CONVERGED
+    np.testing.assert_allclose(np.asarray(res.x), expected, rtol=1e-8)
+    u = np.random.default_rng(3).normal(size=(n, 2))
+    approx = jnp.asarray(np.linalg.inv(a + u @ u.T))
+    res = cg(matvec_of(a), jnp.asarray(b), rtol=1e-10, maxiter=100,
+             preconditioner=lambda r: approx @ r)
+    plain = cg(matvec_of(a), jnp.asarray(b), rtol=1e-10, maxiter=100)
+    assert int(res.matvecs) <= 3 < int(plain.matvecs)
+    np.testing.assert_allclose(np.asarray(res.x), expected, rtol=1e-8)
+    np.testing.assert_allclose(float(res.model), -0.5 * b @ expected, rtol=1e-10)
+
+
+def test_a_preconditioner_goes_with_positive_definite_cg_only():
+    with pytest.raises(ValueError, match="preconditioner"):
+        cg(lambda v: v, jnp.ones(2), rtol=1e-6, maxiter=5, negative_curvature="last",
+           preconditioner=lambda r: r)

@@ -150,15 +150,17 @@ def _warn_not_converged(code) -> None:
 # Not jax.scipy's cg: it spends one Hessian-vector product on H 0 (b - A(x0) from the zero
 # start), which costs as much as a gradient on data-bound objectives.
 def _cg(matvec: Callable[[PyTree], PyTree], b: PyTree, tol: Any,
-        maxiter: int) -> tuple[PyTree, jax.Array]:
+        maxiter: int, preconditioner: Callable[[PyTree], PyTree] | None = None
+        ) -> tuple[PyTree, jax.Array]:
     """Conjugate gradients from v = 0 until ``|b - H v| <= tol |b|``: :func:`cg` with a
     relative tolerance and H taken as positive definite (Hestenes & Stiefel 1952; Nocedal &
-    Wright, *Numerical Optimization*, 2006, Algorithm 5.2).
+    Wright, *Numerical Optimization*, 2006, Algorithms 5.2 and, with ``preconditioner``,
+    5.3).
 
     Returns:
       (v, the number of products with H made).
     """
-    result = cg(matvec, b, rtol=tol, maxiter=maxiter)
+    result = cg(matvec, b, rtol=tol, maxiter=maxiter, preconditioner=preconditioner)
     return result.x, result.matvecs
 
 
@@ -181,6 +183,11 @@ class ImplicitAdjoint:
     degenerate): ``linear_solver``, ``tol``, ``maxiter`` and ``ridge`` apply only to
     problems without general constraints. The problem's ``grad`` and ``hvp`` are used on
     both paths where it gives them.
+
+    Where the run leaves an estimate of H^-1 in its state (optsolve's L-BFGS memory,
+    :meth:`~optsolve.solve_api.algorithm.Algorithm.inverse_hessian_estimate`), CG is
+    preconditioned with it (Morales & Nocedal, "Automatic preconditioning by limited memory
+    quasi-Newton updating", SIAM J. Optim. 10, 2000).
 
     Args:
       linear_solver: "cg" (default; H is symmetric), "gmres", "bicgstab" or "dense"
@@ -208,23 +215,29 @@ class ImplicitAdjoint:
                 f"got {self.linear_solver!r}."
             )
 
-    def _solve(self, matvec: Callable[[jax.Array], jax.Array], b: jax.Array) -> jax.Array:
-        """H v = b on flat vectors, with the configured linear solver."""
+    def _solve(self, matvec: Callable[[jax.Array], jax.Array], b: jax.Array,
+               preconditioner: Callable[[jax.Array], jax.Array] | None = None) -> jax.Array:
+        """H v = b on flat vectors, with the configured linear solver (CG preconditioned
+        by ``preconditioner`` where given)."""
         tol = self.tol if self.tol is not None else (1e-10 if b.dtype == jnp.float64 else 1e-5)
         if self.linear_solver == "dense":
             return jnp.linalg.solve(jax.jacfwd(matvec)(b), b)
         maxiter = self.maxiter if self.maxiter is not None else 10 * b.size
         if self.linear_solver == "cg":
-            return _cg(matvec, b, tol, maxiter)[0]
+            return _cg(matvec, b, tol, maxiter, preconditioner)[0]
         solver = {"gmres": jax.scipy.sparse.linalg.gmres,
                   "bicgstab": jax.scipy.sparse.linalg.bicgstab}[self.linear_solver]
         return solver(matvec, b, tol=tol, atol=0.0, maxiter=maxiter)[0]
 
     def solution_tangent(self, problem: OptimizationProblem, x: PyTree, p_dot: PyTree | None,
-                         bounds_dot: tuple[PyTree, PyTree] | None = None) -> PyTree:
+                         bounds_dot: tuple[PyTree, PyTree] | None = None,
+                         inverse_hessian: Callable[[jax.Array], jax.Array] | None = None
+                         ) -> PyTree:
         """dx at the solution ``x`` for the tangents of p and of the bounds
-        (:func:`~optsolve.solve_api.sensitivity.solution_tangent`)."""
-        return solution_tangent(problem, x, p_dot, bounds_dot, self._solve, self.ridge)
+        (:func:`~optsolve.solve_api.sensitivity.solution_tangent`); ``inverse_hessian``, the
+        run's own estimate of H^-1 (an L-BFGS memory), preconditions CG."""
+        return solution_tangent(problem, x, p_dot, bounds_dot, self._solve, self.ridge,
+                                inverse_hessian)
 
     def apply(self, run: Run, problem: OptimizationProblem, algorithm: Any,
               options: Any) -> Solution:
@@ -273,7 +286,9 @@ class ImplicitAdjoint:
                 dx = kkt_tangent(problem, solution.x, p_dot, bounds_dot, _instantiated(
                     problem_dot.constraints, problem.constraints))
             else:
-                dx = self.solution_tangent(problem, solution.x, p_dot, bounds_dot)
+                dx = self.solution_tangent(
+                    problem, solution.x, p_dot, bounds_dot,
+                    algorithm.inverse_hessian_estimate(problem, solution.state))
             p_dot_or_zero = p_dot if p_dot is not None else _instantiated(
                 problem_dot.p, problem.p, always=True)
             _, dobjective = jax.jvp(problem.f, (solution.x, problem.p), (dx, p_dot_or_zero))

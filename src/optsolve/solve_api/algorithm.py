@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
 
@@ -89,6 +89,13 @@ class Algorithm:
         """This instance's capability traits, by name: its class's, unless its configuration
         changes one (basinhopping's local method). ``solve`` checks these, once."""
         return type(self).traits()
+
+    def inverse_hessian_estimate(self, problem: Any, state: Any
+                                 ) -> Callable[[Any], Any] | None:
+        """The run's own estimate of v -> H^-1 v at its solution, on x flattened with
+        ``jax.flatten_util.ravel_pytree``, from its final ``state`` (an L-BFGS memory): the
+        implicit adjoint's CG preconditioner. None (no estimate) by default."""
+        return None
 
     def unrolls_by_forward_passes(self) -> bool:
         """Whether :class:`~optsolve.solve_api.adjoint.UnrolledAdjoint` differentiates this

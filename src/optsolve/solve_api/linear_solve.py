@@ -66,7 +66,7 @@ class _Carry(NamedTuple):
     x: PyTree
     r: PyTree          # residual H x - b, the gradient of q at x
     d: PyTree          # search direction
-    rr: Array          # r.r
+    rr: Array          # r.z, z = M r the preconditioned residual (r.r without M)
     model: Array       # q(x)
     status: Array      # MAX_ITERATIONS while running
 
@@ -95,7 +95,8 @@ def _to_boundary(x: PyTree, d: PyTree, radius: Array, dtype: Any) -> Array:
 
 def cg(matvec: Callable[[PyTree], PyTree], b: PyTree, *, maxiter: Any,
        rtol: Any = None, atol: Any = None, negative_curvature: str = "ignore",
-       radius: Any = None, test_start: bool = True) -> CGResult:
+       radius: Any = None, test_start: bool = True,
+       preconditioner: Callable[[PyTree], PyTree] | None = None) -> CGResult:
     """Conjugate gradients for ``H x = b`` from ``x = 0``, i.e. minimising
     ``q(x) = x.Hx/2 - b.x`` (Hestenes & Stiefel 1952; Nocedal & Wright, *Numerical
     Optimization*, 2006, Algorithm 5.2), with the truncations of Newton-CG (Algorithm 7.1)
@@ -125,6 +126,10 @@ def cg(matvec: Callable[[PyTree], PyTree], b: PyTree, *, maxiter: Any,
         it costs nothing and gives x = 0). False takes at least one iteration, as Newton-CG
         and optsolve's Steihaug-CG do, so a descent direction is never zero even when
         ``rtol >= 1``.
+      preconditioner: ``r -> M r`` with M symmetric positive definite, an approximation of
+        H^-1 (preconditioned CG, Nocedal & Wright Algorithm 5.3: ``z = M r``,
+        ``alpha = r.z / d.Hd``, ``d = -z + (r.z new / r.z old) d``); the stopping test stays
+        on ``|r|``. Only with ``negative_curvature="ignore"``.
 
     Returns:
       A :class:`CGResult`: the solution, products made, iterations, why it stopped, q(x).
@@ -144,6 +149,10 @@ def cg(matvec: Callable[[PyTree], PyTree], b: PyTree, *, maxiter: Any,
                          f"negative_curvature={negative_curvature!r}.")
     if rtol is None and atol is None:
         raise ValueError("cg: give `rtol`, `atol` or both (the residual tolerance).")
+    if preconditioner is not None and negative_curvature != "ignore":
+        raise ValueError("cg: a `preconditioner` goes with negative_curvature='ignore' only; "
+                         f"got negative_curvature={negative_curvature!r}.")
+    precondition = preconditioner if preconditioner is not None else (lambda r: r)
 
     with jax.numpy_dtype_promotion("standard"):
         dtype = jnp.result_type(*jax.tree_util.tree_leaves(b))
@@ -168,11 +177,13 @@ def cg(matvec: Callable[[PyTree], PyTree], b: PyTree, *, maxiter: Any,
         alpha = c.rr / dhd
         x = _axpy(alpha, c.d, c.x)
         r = _axpy(alpha, hd, c.r)
-        rr = tree_dot(r, r, dtype)
-        d = jax.tree_util.tree_map(lambda ri, di: -ri + (rr / c.rr).astype(di.dtype) * di,
-                                   r, c.d)
+        z = precondition(r)
+        rr = tree_dot(r, z, dtype)
+        d = jax.tree_util.tree_map(lambda zi, di: -zi + (rr / c.rr).astype(di.dtype) * di,
+                                   z, c.d)
         model = c.model - 0.5 * alpha * c.rr
-        status = status_of(jnp.sqrt(rr) <= tol)
+        residual = rr if preconditioner is None else tree_dot(r, r, dtype)
+        status = status_of(jnp.sqrt(residual) <= tol)
         moved = jnp.ones((), bool)
         # A stop leaves r, d and r.r as computed: the loop ends, and they are not returned.
         if negative_curvature != "ignore":
@@ -193,8 +204,13 @@ def cg(matvec: Callable[[PyTree], PyTree], b: PyTree, *, maxiter: Any,
     start = (status_of(jnp.sqrt(rr0) <= tol) if test_start
              else jnp.asarray(CGStatus.MAX_ITERATIONS, jnp.int32))
     zero_int = jnp.zeros((), jnp.int32)
+    if preconditioner is None:
+        d0, rz0 = b, rr0
+    else:
+        d0 = preconditioner(b)  # -M r0
+        rz0 = tree_dot(b, d0, dtype)
     c = inner_while_loop(cond, body, _Carry(
-        zero_int, zero_int, jax.tree_util.tree_map(jnp.zeros_like, b), r0, b, rr0,
+        zero_int, zero_int, jax.tree_util.tree_map(jnp.zeros_like, b), r0, d0, rz0,
         jnp.zeros((), dtype), start), maxiter)
     x = c.x
     if negative_curvature == "steepest":

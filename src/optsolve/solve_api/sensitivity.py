@@ -91,7 +91,8 @@ def coordinate_curvature(hvp_flat: Callable[[jax.Array], jax.Array], x: PyTree, 
 
 def solution_tangent(problem: OptimizationProblem, x: PyTree, p_dot: PyTree | None,
                      bounds_dot: tuple[PyTree, PyTree] | None, solve: LinearSolve,
-                     ridge: Any = 0.0) -> PyTree:
+                     ridge: Any = 0.0,
+                     inverse_hessian: Callable[[jax.Array], jax.Array] | None = None) -> PyTree:
     """dx at the minimiser ``x`` for tangents ``p_dot`` of p and ``bounds_dot`` of the
     bounds (None where that input is not differentiated).
 
@@ -101,8 +102,11 @@ def solution_tangent(problem: OptimizationProblem, x: PyTree, p_dot: PyTree | No
       p_dot: the tangent of ``problem.p`` (zeros, or float0 for integer leaves, where a
         leaf is not differentiated), or None.
       bounds_dot: the tangents of ``problem.bounds`` (lower, upper), or None.
-      solve: ``solve(matvec, b)`` for H v = b on flat vectors (symmetric H).
+      solve: ``solve(matvec, b, preconditioner)`` for H v = b on flat vectors (symmetric
+        H; ``preconditioner`` v -> M v, M ~ H^-1, or None).
       ridge: added to H's diagonal (a fallback for singular Hessians).
+      inverse_hessian: the run's own estimate of v -> H^-1 v on flat vectors (an L-BFGS
+        memory), the solver's preconditioner (restricted to the free coordinates), or None.
 
     Returns:
       dx, a pytree like x.
@@ -127,7 +131,8 @@ def solution_tangent(problem: OptimizationProblem, x: PyTree, p_dot: PyTree | No
         def matvec(v):
             return hvp_flat(v) + ridge * v
 
-        return unravel(lax.custom_linear_solve(matvec, b, solve=solve, symmetric=True))
+        return unravel(lax.custom_linear_solve(
+            matvec, b, solve=lambda mv, rhs: solve(mv, rhs, inverse_hessian), symmetric=True))
 
     sides = active_sides(x, g, problem.bounds,
                          coordinate_curvature(hvp_flat, x, g, problem.bounds))
@@ -142,4 +147,7 @@ def solution_tangent(problem: OptimizationProblem, x: PyTree, p_dot: PyTree | No
         b = free * (b - hvp_flat(flat_dbound)) + flat_dbound
     else:
         b = free * b
-    return unravel(lax.custom_linear_solve(matvec, b, solve=solve, symmetric=True))
+    preconditioner = None if inverse_hessian is None else (
+        lambda v: free * inverse_hessian(free * v) + (1.0 - free) * v)
+    return unravel(lax.custom_linear_solve(
+        matvec, b, solve=lambda mv, rhs: solve(mv, rhs, preconditioner), symmetric=True))

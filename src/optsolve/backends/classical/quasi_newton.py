@@ -230,6 +230,11 @@ class LBFGS(ClassicalAlgorithm):
             raise ValueError(f"LBFGS: `memory_size` must be an integer >= 1, got {m!r}.")
         _default_linesearch(self, Zoom())
 
+    def inverse_hessian_estimate(self, problem: OptimizationProblem, state: Any):
+        """v -> the L-BFGS memory's H^-1 v (the implicit adjoint's CG preconditioner)."""
+        solver = self.make_solver(problem)
+        return lambda v: solver._apply_inverse(state.model, v)
+
     def make_solver(self, problem: OptimizationProblem) -> DescentSolver:
         solver = _LBFGSSolver(self, problem)
         memory_bytes = self.memory_size * solver.n * jnp.dtype(solver.dtype).itemsize
