@@ -199,7 +199,7 @@ def constrained(repeats: int = 11) -> str:
     slsqp = optsolve.ScipyMinimize("SLSQP")
 
     def w_star(lam):
-        return optsolve.solve(prob.replace(p=lam), slsqp, ftol=1e-14, maxiters=500).x
+        return optsolve.solve(prob.replace(p=lam), slsqp, ftol=1e-12, maxiters=500).x
 
     forward = jax.jit(w_star)
     hyper = jax.jit(jax.grad(lambda lam: validation(w_star(lam))))
