@@ -161,7 +161,7 @@ def _cosh(scale):
     return lambda x, p: scale * jnp.sum(jnp.cosh(x - p) - 1)
 
 
-@pytest.mark.parametrize("scale", [1.0, 1e3, 1e5])
+@pytest.mark.parametrize("scale", [1e3, 1e5])
 def test_a_free_coordinate_near_its_bound_stays_free_whatever_the_scale_of_f(scale):
     """trust-constr stops a barrier step inside x* = p (p > 0 small, all free), where the
     gradient pushes towards the bound x >= 0 and grows with s; the Newton step to x*,
@@ -177,7 +177,7 @@ def test_a_free_coordinate_near_its_bound_stays_free_whatever_the_scale_of_f(sca
 
 
 @pytest.mark.parametrize("n", [4, 400], ids=["exact diagonal", "Rayleigh quotient"])
-@pytest.mark.parametrize("scale", [1.0, 1e3, 1e6])
+@pytest.mark.parametrize("scale", [1e3, 1e6])
 def test_the_active_set_at_an_unconverged_point_does_not_depend_on_the_scale_of_f(n, scale):
     """At a hand-made point of _cosh's problem: even coordinates free (p = 2e-3, x a step
     3e-6 short of x* = p), odd ones held (p = -0.5, x* = 0; x = 0, or 1e-6 inside as a

@@ -414,11 +414,16 @@ def test_unrolled_adjoint_runs_exactly_where_the_catalog_says(cls):
     np.testing.assert_allclose(x, solve(prob, alg, maxiters=3).x, rtol=1e-12, atol=1e-14)
 
 
-def test_a_transformation_ending_in_a_line_search_is_not_unrollable():
+def test_a_transformation_ending_in_a_line_search_unrolls_by_forward_passes():
+    # its while loop has no transpose: UnrolledAdjoint takes its derivatives by forward
+    # passes (tests/test_unrolled.py checks them); the iterates are the plain run's
     with_search = optsolve.OptaxTransform(optax.chain(
         optax.sgd(1.0), optax.scale_by_backtracking_linesearch(max_backtracking_steps=5)))
-    assert not with_search.capabilities()["unrollable"]
-    assert not optsolve.OptaxLBFGS().capabilities()["unrollable"]
-    with pytest.raises(ValueError, match="OptaxTransform cannot be differentiated by unrolling"):
-        solve(_problem(optsolve.OptaxTransform), with_search, maxiters=3,
-              adjoint=optsolve.UnrolledAdjoint())
+    assert with_search.capabilities()["unrollable"] and with_search.unrolls_by_forward_passes()
+    assert optsolve.OptaxLBFGS().unrolls_by_forward_passes()
+    assert not optsolve.Adam(0.1).unrolls_by_forward_passes()
+    assert not optsolve.OptaxTransform(optax.adam(0.1)).unrolls_by_forward_passes()
+    prob = _problem(optsolve.OptaxTransform)
+    unrolled = solve(prob, with_search, maxiters=3, adjoint=optsolve.UnrolledAdjoint())
+    np.testing.assert_allclose(unrolled.x, solve(prob, with_search, maxiters=3).x,
+                               rtol=1e-12, atol=1e-14)

@@ -29,7 +29,7 @@ from jax.custom_derivatives import SymbolicZero
 from optsolve.solve_api.linear_solve import cg
 from optsolve.solve_api.forward_passes import by_forward_passes
 from optsolve.solve_api.kkt import kkt_tangent
-from optsolve.solve_api.loops import CheckpointedScan
+from optsolve.solve_api.loops import CheckpointedScan, while_loop
 from optsolve.solve_api.problem import OptimizationProblem
 from optsolve.solve_api.pytree import is_traced, pytree_dataclass, replace, static_field
 from optsolve.solve_api.returncode import ReturnCode
@@ -333,11 +333,11 @@ class UnrolledAdjoint:
             )
         for hazard in algorithm.unrolling_hazards():
             warnings.warn(f"optsolve: {hazard}", RuntimeWarning, stacklevel=3)
-        # maxiters updates plus the evaluation of the last iterate
-        loop = CheckpointedScan(int(maxiters) + 1)
         if not algorithm.unrolls_by_forward_passes():
-            return run(problem, algorithm, options, loop=loop)
+            # maxiters updates plus the evaluation of the last iterate
+            return run(problem, algorithm, options, loop=CheckpointedScan(int(maxiters) + 1))
+        # forward mode needs neither a bounded loop nor checkpoints: the plain while loop
         leaves, treedef = jax.tree_util.tree_flatten((problem, algorithm, options))
         return by_forward_passes(
-            lambda *values: run(*jax.tree_util.tree_unflatten(treedef, values), loop=loop),
-            leaves)
+            lambda *values: run(*jax.tree_util.tree_unflatten(treedef, values),
+                                loop=while_loop), leaves)

@@ -67,7 +67,7 @@ class OptaxFamily(Algorithm):
     def unrolls_by_forward_passes(self) -> bool:
         """Where the transformation runs a line search: its while loop has no transpose
         (:mod:`~optsolve.solve_api.forward_passes`)."""
-        return _has_linesearch(self.transformation())
+        return _linesearch_in(self.transformation())
 
 
 class OptaxAlgorithm(OptaxFamily):
@@ -247,6 +247,9 @@ class OptaxTransform(OptaxFamily):
         check_replace(self, changes, ("transformation",))
         return OptaxTransform(changes.get("transformation", self._transformation))
 
+    def unrolls_by_forward_passes(self) -> bool:
+        return _has_linesearch(self._transformation)  # a static transformation: cached
+
     def __repr__(self) -> str:
         return f"OptaxTransform({self._transformation!r})"
 
@@ -361,15 +364,18 @@ class _OptaxStepper(_OptaxSolver, SteppingSolver):
 _LINESEARCH = BoundedCache(64)
 
 
+def _linesearch_in(tx: optax.GradientTransformation) -> bool:
+    """Whether ``tx``'s state holds a line search's (traces its init)."""
+    try:
+        state = jax.eval_shape(tx.init, jnp.zeros((1,)))
+    except Exception:  # noqa: BLE001  (one that needs other params: assume none)
+        return False
+    return _final_linesearch_state(state) is not None
+
+
 def _has_linesearch(tx: optax.GradientTransformation) -> bool:
-    """Whether ``tx``'s state holds a line search's (traced once per transformation)."""
-    def find() -> bool:
-        try:
-            state = jax.eval_shape(tx.init, jnp.zeros((1,)))
-        except Exception:  # noqa: BLE001  (one that needs other params: assume none)
-            return False
-        return _final_linesearch_state(state) is not None
-    return _LINESEARCH.get_or_make(tx, find)
+    """:func:`_linesearch_in`, once per (static) transformation object."""
+    return _LINESEARCH.get_or_make(tx, lambda: _linesearch_in(tx))
 
 
 def _make_solver(algorithm: OptaxAlgorithm | OptaxTransform,
