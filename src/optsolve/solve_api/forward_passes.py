@@ -49,21 +49,24 @@ def by_forward_passes(call: Callable[..., PyTree], leaves: list[Any]) -> PyTree:
         return call(*inputs)
 
     def rule(primals, tangents):
-        out = call(*primals)
         moved = [i for i, t in enumerate(tangents) if not _is_zero(t)]
-        out_leaves, out_def = jax.tree_util.tree_flatten(out)
         if not moved:
+            out = call(*primals)
+            out_leaves, out_def = jax.tree_util.tree_flatten(out)
             return out, jax.tree_util.tree_unflatten(out_def, [_zero(o) for o in out_leaves])
 
         def of_moved(*values):
             args = list(primals)
             for i, value in zip(moved, values):
                 args[i] = value
-            return [o for o in jax.tree_util.tree_leaves(call(*args)) if _differentiable(o)]
+            out = call(*args)
+            return [o for o in jax.tree_util.tree_leaves(out) if _differentiable(o)], out
 
-        # jacobians[k][j]: output leaf k (float ones only) by moved input j
-        jacobians = jax.jacfwd(of_moved, argnums=tuple(range(len(moved))))(
-            *(primals[i] for i in moved))
+        # jacobians[k][j]: output leaf k (float ones only) by moved input j; the run's own
+        # output comes back as the auxiliary value (the primal pass, not one more run)
+        jacobians, out = jax.jacfwd(of_moved, argnums=tuple(range(len(moved))),
+                                    has_aux=True)(*(primals[i] for i in moved))
+        out_leaves, out_def = jax.tree_util.tree_flatten(out)
         float_outputs = iter(jacobians)
         out_tangents = []
         for o in out_leaves:

@@ -106,17 +106,15 @@ class HostCalls:
     re-raised, unchanged, when the context exits; ``interrupted`` tells whether a Ctrl-C
     stopped the run.
 
-    Args:
-      intercept_interrupts: while the run lasts, a Ctrl-C only sets a flag that the host
-        calls, the loop between compiled chunks and scipy's evaluations read (raised where
-        the signal lands, a KeyboardInterrupt would abort a compiled run inside JAX's
-        callback machinery, or be lost inside a garbage-collection callback); a second
-        Ctrl-C raises as usual. Only in the main thread, where Python runs signal handlers.
+    While the run lasts, a Ctrl-C only sets a flag that the host calls, the loop between
+    compiled chunks and scipy's evaluations read (raised where the signal lands, a
+    KeyboardInterrupt would abort a compiled run inside JAX's callback machinery, or be lost
+    inside a garbage-collection callback); a second Ctrl-C raises as usual. Only in the main
+    thread, where Python runs signal handlers.
     """
 
-    def __init__(self, intercept_interrupts: bool = False):
-        self.intercept = intercept_interrupts and (
-            threading.current_thread() is threading.main_thread())
+    def __init__(self):
+        self.intercept = threading.current_thread() is threading.main_thread()
 
     def __enter__(self):
         _CATCHING[0] += 1

@@ -200,13 +200,24 @@ def _null_space_solve(hessian: jax.Array, rows: jax.Array, targets: jax.Array,
 def multipliers(problem: OptimizationProblem, x: PyTree) -> tuple[jax.Array, ...]:
     """The constraints' multipliers at ``x``, one array per constraint shaped like its g
     (zero on inactive constraints; see the module docstring for the sign)."""
-    lam = _Active(problem, x).lam
-    out, start = [], 0
+    return per_constraint(problem, x, _Active(problem, x).lam)
+
+
+def per_constraint(problem: OptimizationProblem, x: PyTree,
+                   flat: jax.Array) -> tuple[jax.Array, ...]:
+    """Flat per-component values (multipliers; a leading batch axis allowed) as one array
+    per constraint, shaped like its g at ``x`` (x without the batch axis)."""
+    batch, out, start = jnp.shape(flat)[:-1], [], 0
     for shape in _shapes(problem, x):
         n = int(np.prod(shape))
-        out.append(jnp.reshape(lam[start:start + n], shape))
+        out.append(jnp.reshape(flat[..., start:start + n], batch + shape))
         start += n
     return tuple(out)
+
+
+def constraint_size(problem: OptimizationProblem, x: PyTree) -> int:
+    """The number of constraint components at ``x`` (the length of flat multipliers)."""
+    return sum(_sizes(problem, x))
 
 
 def kkt_tangent(problem: OptimizationProblem, x: PyTree, p_dot: PyTree | None,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 import warnings
 from collections.abc import Callable
@@ -17,7 +16,7 @@ from jax import lax
 from optsolve.solve_api.adjoint import ImplicitAdjoint
 from optsolve.solve_api import host
 from optsolve.solve_api.capabilities import check_capabilities, check_objective, resume_point
-from optsolve.solve_api.kkt import multipliers
+from optsolve.solve_api.kkt import multipliers, per_constraint
 from optsolve.solve_api.options import DataSpec, make_options
 from optsolve.solve_api.problem import OptimizationProblem
 from optsolve.solve_api.pytree import is_traced, replace
@@ -71,7 +70,7 @@ def _solve_on_data(problem, algorithm, opts, data, batch_size, key, epochs) -> S
     opts = replace(opts, data=DataSpec(data, batch_size, key, epochs),
                    progress_every=host.progress_every(total))
     start = time.perf_counter()
-    with progress_bar(opts.progress, total), host.HostCalls(True) as calls:
+    with progress_bar(opts.progress, total), host.HostCalls() as calls:
         # the same path as every call; the default adjoint runs the backend as it is here
         solution = ImplicitAdjoint().apply(backend_for(algorithm), problem, algorithm, opts)
         if opts.progress:
@@ -156,7 +155,7 @@ def _with_multipliers(problem: OptimizationProblem, solution: Solution) -> Solut
     own = solution.multipliers
     traced = is_traced(problem, solution.x)
     if own is not None and not traced and bool(jnp.all(jnp.isfinite(own))):
-        return replace(solution, multipliers=_per_constraint(problem, own))
+        return replace(solution, multipliers=per_constraint(problem, problem.x0, own))
     if np.ndim(solution.retcode) != 0:  # a batch solved eagerly under vmap
         lam = jax.vmap(_multipliers, in_axes=(None, 0))(problem, solution.x)
     else:
@@ -167,19 +166,7 @@ def _with_multipliers(problem: OptimizationProblem, solution: Solution) -> Solut
     least_squares = jnp.concatenate([jnp.reshape(l, batch + (-1,)) for l in lam], axis=-1)
     flat = jnp.where(jnp.isnan(own), least_squares,
                      own + least_squares - lax.stop_gradient(least_squares))
-    return replace(solution, multipliers=_per_constraint(problem, flat))
-
-
-def _per_constraint(problem: OptimizationProblem, flat: jax.Array) -> tuple[jax.Array, ...]:
-    """Flat multipliers (a leading batch axis allowed) as one array per constraint, shaped
-    like its g."""
-    batch, out, start = jnp.shape(flat)[:-1], [], 0
-    for c in problem.constraints:
-        shape = jax.eval_shape(c.g, problem.x0, problem.p).shape
-        size = math.prod(shape)
-        out.append(jnp.reshape(flat[..., start:start + size], batch + shape))
-        start += size
-    return tuple(out)
+    return replace(solution, multipliers=per_constraint(problem, problem.x0, flat))
 
 
 def _no_iterations(problem: OptimizationProblem, opts) -> Solution:
@@ -310,7 +297,7 @@ def solve(problem: OptimizationProblem, algorithm: Any, *, maxiters: int | None 
     if traced:
         return _with_multipliers(problem, adjoint.apply(backend, problem, algorithm, opts))
     start = time.perf_counter()
-    with progress_bar(progress, maxiters), host.HostCalls(True) as calls:
+    with progress_bar(progress, maxiters), host.HostCalls() as calls:
         solution = jax.block_until_ready(
             _with_multipliers(problem, adjoint.apply(backend, problem, algorithm, opts)))
         if progress and np.ndim(solution.retcode) == 0:

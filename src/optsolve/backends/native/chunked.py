@@ -3,9 +3,10 @@
 An eager ``solve`` runs the loop of :mod:`optsolve.backends.native.driver` as a sequence of
 calls of one compiled function, each advancing the carry by a budget of iterations (256 at
 first for up to 10^4 variables, 16 beyond, then about a quarter of a second's worth,
-measured on the previous chunk). Between chunks Python runs,
-so a KeyboardInterrupt is seen within one chunk (within one iteration where the loop calls
-the host): the chunk in flight finishes (nothing keeps computing afterwards) and its carry comes back as a Solution with ``INTERRUPTED``. The first
+measured on the previous chunk). Between chunks Python runs, so a KeyboardInterrupt is seen
+within one chunk (within one iteration where the loop calls the host): the chunk in flight
+finishes (nothing keeps computing afterwards) and its carry comes back as a Solution with
+``INTERRUPTED``. The first
 call starts from a zero carry of the right structure and initialises it inside the compiled
 function, so every chunk shares one compilation.
 """

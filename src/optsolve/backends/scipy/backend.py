@@ -53,6 +53,7 @@ from optsolve.backends.scipy.options import (
 from optsolve.backends.scipy.compiled import eval_dtype
 from optsolve.backends.scipy.run import run_host
 from optsolve.solve_api.algorithm import Algorithm
+from optsolve.solve_api.kkt import constraint_size
 from optsolve.solve_api.cache import BoundedCache
 from optsolve.solve_api.options import SolveOptions
 from optsolve.solve_api.problem import OptimizationProblem
@@ -380,7 +381,7 @@ def _solve_traced(problem, algorithm, options, f_dtype) -> Solution:
     )
     static_options = {"callback": options.callback, "callback_every": options.callback_every}
     # the method's own multipliers, flat (NaN where it gave none: solve then uses its own)
-    n_lam = _constraint_size(problem) if spec.key in ("slsqp", "trust-constr") else 0
+    n_lam = constraint_size(problem, problem.x0) if spec.key in ("slsqp", "trust-constr") else 0
     if n_lam:
         shapes.append(jax.ShapeDtypeStruct((n_lam,), eval_dtype(problem.x0)))
 
@@ -404,12 +405,6 @@ def _solve_traced(problem, algorithm, options, f_dtype) -> Solution:
     return Solution(x=x, objective=fun, retcode=code,
                     stats=Stats(iterations=nit, f_evals=nfev, grad_evals=njev, time=None),
                     original=None, multipliers=out[-1] if n_lam else None)
-
-
-def _constraint_size(problem: OptimizationProblem) -> int:
-    """The number of constraint components (the length of the flat multipliers)."""
-    return sum(int(np.prod(jax.eval_shape(c.g, problem.x0, problem.p).shape))
-               for c in problem.constraints or ())
 
 
 register_backend(ScipyMinimize, solve_scipy)
