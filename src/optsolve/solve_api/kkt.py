@@ -216,8 +216,9 @@ def per_constraint(problem: OptimizationProblem, x: PyTree,
 
 
 def constraint_size(problem: OptimizationProblem, x: PyTree) -> int:
-    """The number of constraint components at ``x`` (the length of flat multipliers)."""
-    return sum(_sizes(problem, x))
+    """The number of constraint components at ``x`` (the length of flat multipliers; 0
+    without constraints)."""
+    return sum(_sizes(problem, x)) if problem.constraints else 0
 
 
 def kkt_tangent(problem: OptimizationProblem, x: PyTree, p_dot: PyTree | None,
