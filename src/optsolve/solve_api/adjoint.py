@@ -164,6 +164,23 @@ def _cg(matvec: Callable[[PyTree], PyTree], b: PyTree, tol: Any,
     return result.x, result.matvecs
 
 
+def _tangents(adjoint, problem, algorithm, x, state, p_dot, p_dot_or_zero, bounds_dot,
+              constraints_dot):
+    """dx and d(objective) at the solution ``x`` (see :meth:`ImplicitAdjoint.apply`)."""
+    if problem.constraints:
+        dx = kkt_tangent(problem, x, p_dot, bounds_dot, constraints_dot)
+    else:
+        dx = adjoint.solution_tangent(problem, x, p_dot, bounds_dot,
+                                      algorithm.inverse_hessian_estimate(problem, state))
+    _, dobjective = jax.jvp(problem.f, (x, problem.p), (dx, p_dot_or_zero))
+    return dx, dobjective
+
+
+# Compiled as one program: under an eager jax.grad the rule's primal half (active sets,
+# Hessian products, the KKT matrix) would otherwise run, and compile, one operation at a time.
+_compiled_tangents = jax.jit(_tangents)
+
+
 @pytree_dataclass
 class ImplicitAdjoint:
     """Implicit differentiation of x*(p) = argmin_x f(x, p) (the default adjoint).
@@ -282,16 +299,13 @@ class ImplicitAdjoint:
             p_dot = _instantiated(problem_dot.p, problem.p)
             bounds_dot = (None if problem.bounds is None
                           else _instantiated(problem_dot.bounds, problem.bounds))
-            if problem.constraints:
-                dx = kkt_tangent(problem, solution.x, p_dot, bounds_dot, _instantiated(
-                    problem_dot.constraints, problem.constraints))
-            else:
-                dx = self.solution_tangent(
-                    problem, solution.x, p_dot, bounds_dot,
-                    algorithm.inverse_hessian_estimate(problem, solution.state))
             p_dot_or_zero = p_dot if p_dot is not None else _instantiated(
                 problem_dot.p, problem.p, always=True)
-            _, dobjective = jax.jvp(problem.f, (solution.x, problem.p), (dx, p_dot_or_zero))
+            constraints_dot = None if not problem.constraints else _instantiated(
+                problem_dot.constraints, problem.constraints)
+            dx, dobjective = _compiled_tangents(self, problem, algorithm, solution.x,
+                                                solution.state, p_dot, p_dot_or_zero,
+                                                bounds_dot, constraints_dot)
             arrays_only = jax.tree_util.tree_unflatten(side["treedef"], leaves)
             tangent = jax.tree_util.tree_map(_zero_tangent, arrays_only)
             tangent = dataclasses.replace(tangent, x=dx, objective=dobjective)
