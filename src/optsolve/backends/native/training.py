@@ -26,27 +26,35 @@ bar silent) to recover the step's start, x and optimizer state.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from optsolve.backends.native.driver import stopped_at, stream_loop
+from optsolve.backends.native.driver import stopped_at
 from optsolve.backends.native.training_steps import (
-    Chunk, chunk_of_batches, epochs_chunk, init_carry, prepared,
+    Chunk, Prepared, chunk_of_batches, epochs_chunk, init_carry, run_solution,
 )
 from optsolve.solve_api.host import interrupt_requested
 from optsolve.solve_api.options import DataSpec, SolveOptions
 from optsolve.solve_api.problem import OptimizationProblem
 from optsolve.solve_api.pytree import replace, tree_spec
 from optsolve.solve_api.returncode import RUNNING, ReturnCode
-from optsolve.solve_api.solution import History, Solution
+from optsolve.solve_api.solution import History, Solution, Stats
 
 PyTree = Any
 CHUNK = 16  # batches of an iterable run per compiled call
 EPOCH_SLOTS = 8  # epochs of in-memory data run per compiled call
+
+
+@functools.cache
+def _replay_flags() -> tuple[jax.Array, jax.Array]:
+    # device constants made once: an array made per call costs a dispatch
+    return jnp.asarray(False), jnp.asarray(True)
 
 
 def _batches(spec: DataSpec) -> Iterable:
@@ -65,8 +73,8 @@ class _IterableChunks:
     """Chunks of up to ``CHUNK`` same-shaped batches from an iterator, padded to ``CHUNK``
     by repeating the last one (padding is never run) so that one compiled call serves all."""
 
-    def __init__(self, batches: Iterator, runs: tuple[Callable, Callable]):
-        self.batches, self.runs = batches, runs  # (normal, replaying)
+    def __init__(self, batches: Iterator, run: Callable):
+        self.batches, self.run = batches, run
         self.held = None          # a batch of another shape than the chunk it was read for
         self.interrupted = False  # Ctrl-C while reading: the batches read so far still run
 
@@ -92,15 +100,16 @@ class _IterableChunks:
         if not group:
             return None
         padded = group + [group[-1]] * (CHUNK - len(group))
-        return len(group), lambda carry, n, replay=False: self.runs[replay](carry, padded, n)
+        return len(group), lambda carry, n, replay=False: self.run(
+            carry, padded, n, _replay_flags()[replay])
 
 
 class _Epochs:
     """Chunks of up to ``EPOCH_SLOTS`` epochs of in-memory data (one epoch with ``maxtime``,
     which the host checks between chunks)."""
 
-    def __init__(self, spec: DataSpec, runs: tuple[Callable, Callable], slots: int):
-        self.spec, self.runs, self.slots = spec, runs, slots  # runs: (normal, replaying)
+    def __init__(self, spec: DataSpec, run: Callable, slots: int):
+        self.spec, self.run, self.slots = spec, run, slots
         self.epoch, self.epochs = 0, spec.epochs if spec.epochs is not None else 1
         size = jax.tree_util.tree_leaves(spec.source)[0].shape[0]
         self.n_batches = size // spec.batch_size
@@ -114,8 +123,8 @@ class _Epochs:
         self.epoch += n_epochs
         count = n_epochs * self.n_batches
         count = count if most is None else min(count, most)
-        return count, lambda carry, n, replay=False: self.runs[replay](
-            carry, self.spec.source, self.spec.key, first, n_epochs, n)
+        return count, lambda carry, n, replay=False: self.run(
+            carry, self.spec.source, self.spec.key, first, n_epochs, n, _replay_flags()[replay])
 
 
 class _Dispatched(NamedTuple):
@@ -129,18 +138,12 @@ def run_training(make_solver, problem: OptimizationProblem, algorithm: Any,
     """Train ``algorithm`` on ``options.data``; see the module docstring."""
     spec: DataSpec = options.data
     # the host checks maxtime between chunks; the compiled steps need no clock
-    loop_options = dataclasses.replace(options, data=None, maxtime=None, resume=None,
-                                       replay=jnp.asarray(False))
-    replay_options = dataclasses.replace(loop_options, replay=jnp.asarray(True))
+    loop_options = dataclasses.replace(options, data=None, maxtime=None, resume=None)
     # each chunk records its own steps: the first carry holds no record
     init_options = dataclasses.replace(loop_options, resume=options.resume, history=0)
     limit = int(options.maxiters) if options.maxiters is not None else None
     start = time.perf_counter()
-
-    def runs(body, *static):
-        # the same compiled function twice: the replay flag is a leaf of the options
-        return tuple(prepared(body, make_solver, problem, algorithm, o, *static)
-                     for o in (loop_options, replay_options))
+    compiled = Prepared(make_solver, problem, algorithm, loop_options)
 
     if spec.in_memory:
         first = jax.tree_util.tree_map(
@@ -148,7 +151,7 @@ def run_training(make_solver, problem: OptimizationProblem, algorithm: Any,
             spec.source)
         carry = init_carry(make_solver, problem, algorithm, init_options, first)
         slots = 1 if options.maxtime is not None else EPOCH_SLOTS
-        source = _Epochs(spec, runs(epochs_chunk, spec.batch_size, slots), slots)
+        source = _Epochs(spec, compiled(epochs_chunk, spec.batch_size, slots), slots)
     else:
         batches = iter(_batches(spec))
         try:
@@ -156,7 +159,7 @@ def run_training(make_solver, problem: OptimizationProblem, algorithm: Any,
         except StopIteration:
             raise ValueError("solve: `data` holds no batch.") from None
         carry = init_carry(make_solver, problem, algorithm, init_options, first)
-        source = _IterableChunks(_chain([first], batches), runs(chunk_of_batches))
+        source = _IterableChunks(_chain([first], batches), compiled(chunk_of_batches))
 
     recent: list[_Dispatched] = []   # the last two chunks dispatched
     records: list[tuple] = []        # with history: each chunk's records and step count
@@ -190,9 +193,8 @@ def run_training(make_solver, problem: OptimizationProblem, algorithm: Any,
         interrupted = True
     if not recent:
         raise ValueError("solve: `data` holds no batch.")
-    solution = _outcome(recent, prepared(_finish_stopped, make_solver, problem, algorithm,
-                                         loop_options))
-    status = int(solution.retcode)
+    solution, summary = compiled(run_solution)(_final_carry(recent))
+    status, reason, iterations, f_evals, grad_evals = (int(v) for v in np.asarray(summary))
     if status == RUNNING:
         # the data or the epochs ran out: the iteration budget was used up
         status = int(ReturnCode.INTERRUPTED if interrupted else
@@ -202,23 +204,22 @@ def run_training(make_solver, problem: OptimizationProblem, algorithm: Any,
         counts = jax.device_get([n for _, n in records])
         history = History(*(jnp.concatenate([r[i][:n] for (r, _), n in zip(records, counts)])
                             for i in (0, 1)))
-    return replace(solution, retcode=ReturnCode(status), history=history)
+    stats = Stats(iterations=iterations, f_evals=f_evals, grad_evals=grad_evals,
+                  time=solution.stats.time)
+    return replace(solution, retcode=ReturnCode(status), reason=reason, stats=stats,
+                   history=history)
 
 
-def _outcome(recent: list[_Dispatched], finish_stopped: Callable) -> Solution:
-    """The run's Solution: the last chunk's, or, where a step stopped the run, the stopped
+def _final_carry(recent: list[_Dispatched]):
+    """The run's last carry: the last chunk's, or, where a step stopped the run, the stopped
     chunk replayed (silently) up to that step, whose update the step had applied."""
     for dispatched in recent:
         stopped = dispatched.chunk.carry
         if int(stopped.status) != RUNNING:
             steps = int(stopped.iteration) - int(dispatched.carry_in.iteration)
             replayed = dispatched.run(dispatched.carry_in, steps, True).carry
-            return finish_stopped(replayed, stopped)
-    return recent[-1].chunk.solution
-
-
-def _finish_stopped(solver, problem, options, replayed, stopped) -> Solution:
-    return stream_loop(solver, problem, options).finish(stopped_at(replayed, stopped))
+            return stopped_at(replayed, stopped)
+    return recent[-1].chunk.carry
 
 
 def _chain(first: list, rest: Iterable):

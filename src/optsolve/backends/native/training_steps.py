@@ -8,6 +8,7 @@ these chunks from the host.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, NamedTuple
 
@@ -30,7 +31,6 @@ PyTree = Any
 
 class Chunk(NamedTuple):
     carry: Any             # the driver's carry after the chunk (without its record)
-    solution: Solution     # what the run returns if it ends here
     executed: jax.Array    # steps run by this call, a failing one included
     records: tuple         # with ``history``: this chunk's batch losses and gradient norms
 
@@ -62,29 +62,36 @@ def _start(parts: StreamLoop, options: SolveOptions, carry, length: int) -> _Ste
     return _Steps(jnp.zeros((), INT), carry._replace(record=record))
 
 
-def _finish(parts: StreamLoop, steps: _Steps) -> Chunk:
+def _finish(steps: _Steps) -> Chunk:
+    # The chunk's Solution is built once, by run_solution, not by every chunk: each output
+    # buffer of a compiled call costs its dispatch.
     carry, record = steps.carry, steps.carry.record
     records = () if record is None else (record.objective, record.grad_norm)
-    carry = carry._replace(record=None)
-    return Chunk(carry, parts.finish(carry), steps.executed, records)
+    return Chunk(carry._replace(record=None), steps.executed, records)
 
 
-def chunk_of_batches(solver, problem, options, carry, batches: list, n) -> Chunk:
-    """The first ``n`` of a list of same-shaped batches, stacked on the device."""
-    parts = stream_loop(solver, problem, options)
+def _replaying(options: SolveOptions, replay) -> SolveOptions:
+    # an argument, not a leaf fixed per run: one compiled function runs and replays
+    return dataclasses.replace(options, replay=replay)
+
+
+def chunk_of_batches(solver, problem, options, carry, batches: list, n, replay) -> Chunk:
+    """The first ``n`` of a list of same-shaped batches, stacked on the device
+    (``replay``: a bool array, True while the host replays steps it ran before)."""
+    parts = stream_loop(solver, problem, _replaying(options, replay))
     stacked = jax.tree_util.tree_map(lambda *leaves: jnp.stack(leaves), *batches)
     first = carry.iteration
     steps = _start(parts, options, carry, len(batches))
-    return _finish(parts, _run_steps(parts, problem, steps, stacked, first, first + n))
+    return _finish(_run_steps(parts, problem, steps, stacked, first, first + n))
 
 
 def epochs_chunk(solver, problem, options, batch_size, slots, carry, data, key, first_epoch,
-                 n_epochs, n) -> Chunk:
+                 n_epochs, n, replay) -> Chunk:
     """The first ``n`` steps of epochs ``first_epoch`` .. ``first_epoch + n_epochs - 1``
     (at most ``slots``, static): each a permutation of the data (in order without a key)
     cut into batches of ``batch_size``. Several epochs per call spare a dispatch and a
     status read per epoch."""
-    parts = stream_loop(solver, problem, options)
+    parts = stream_loop(solver, problem, _replaying(options, replay))
     size = jax.tree_util.tree_leaves(data)[0].shape[0]
     n_batches = size // batch_size
     first = carry.iteration
@@ -108,30 +115,45 @@ def epochs_chunk(solver, problem, options, batch_size, slots, carry, data, key, 
         return e + 1, steps
 
     start = (jnp.zeros((), INT), _start(parts, options, carry, slots * n_batches))
-    return _finish(parts, lax.while_loop(cond, body, start)[1])
+    return _finish(lax.while_loop(cond, body, start)[1])
+
+
+def run_solution(solver, problem, options, carry) -> tuple[Solution, jax.Array]:
+    """The run's Solution from its last carry, and its retcode, reason and counts stacked
+    in one int array (the host reads them in one transfer)."""
+    solution = stream_loop(solver, problem, options).finish(carry)
+    stats = solution.stats
+    summary = jnp.stack([jnp.asarray(v, INT) for v in (
+        solution.retcode, solution.reason, stats.iterations, stats.f_evals, stats.grad_evals)])
+    return solution, summary
 
 
 _PREPARED = BoundedCache(64)  # each entry holds compiled code
 
 
-def prepared(body, make_solver, problem, algorithm, options, *static):
-    """``body`` compiled with the run's fixed arguments bound as a flat list of arrays.
+class Prepared:
+    """The run's fixed arguments (problem, algorithm, options), flattened once per run, not
+    once per call, which keeps each dispatch cheap."""
 
-    Flattening the problem, the algorithm and the options once per run, not once per call,
-    keeps each dispatch cheap. ``body(solver, problem, options, *static, *args)``; compiled
-    functions are cached by the fixed arguments' structure.
-    """
-    leaves, treedef = jax.tree_util.tree_flatten((problem, algorithm, options))
-    key = (body, make_solver, treedef, static)
+    def __init__(self, make_solver, problem, algorithm, options):
+        self.make_solver = make_solver
+        self.leaves, self.treedef = jax.tree_util.tree_flatten((problem, algorithm, options))
 
-    def compile_run():
-        def run(leaves, *args):
-            problem, algorithm, options = jax.tree_util.tree_unflatten(treedef, leaves)
-            solver = make_solver(algorithm, problem)
-            return body(solver, problem, options, *static, *args)
-        return jax.jit(run)
+    def __call__(self, body, *static):
+        """``body(solver, problem, options, *static, *args)`` compiled, with the fixed
+        arguments bound: a function of ``*args``. Compiled functions are cached by the
+        fixed arguments' structure."""
+        treedef, make_solver = self.treedef, self.make_solver
+        key = (body, make_solver, treedef, static)
 
-    return functools.partial(_PREPARED.get_or_make(key, compile_run), leaves)
+        def compile_run():
+            def run(leaves, *args):
+                problem, algorithm, options = jax.tree_util.tree_unflatten(treedef, leaves)
+                solver = make_solver(algorithm, problem)
+                return body(solver, problem, options, *static, *args)
+            return jax.jit(run)
+
+        return functools.partial(_PREPARED.get_or_make(key, compile_run), self.leaves)
 
 
 def _init(solver, problem, options, batch_spec):
@@ -150,4 +172,4 @@ def _init(solver, problem, options, batch_spec):
 def init_carry(make_solver, problem, algorithm, options, batch):
     """The first carry; ``batch`` (arrays or ``jax.ShapeDtypeStruct`` leaves) gives shapes."""
     check_objective(problem, batch)
-    return prepared(_init, make_solver, problem, algorithm, options, tree_spec(batch))()
+    return Prepared(make_solver, problem, algorithm, options)(_init, tree_spec(batch))()
