@@ -134,8 +134,8 @@ def test_nan_batch_gives_failure_with_last_good_iterate():
 
 
 def test_failure_deep_in_a_later_chunk_keeps_the_last_good_iterate():
-    # 40 batches run as chunks of 16: the NaN batch 37 lies in the third chunk, whose start the
-    # host keeps and re-runs up to step 37
+    # 42 batches of 16 samples run as chunks of 32: the NaN batch 37 lies in the second chunk,
+    # whose start the host keeps and re-runs up to step 37
     prob = make_problem()
     data = batches(6, 16) * 7
     data[37] = (np.full_like(data[37][0], np.nan), data[37][1])
@@ -311,3 +311,14 @@ def test_data_path_runs_the_full_batch_step():
     np.testing.assert_allclose(on_data.history.grad_norm, on_full.history.grad_norm[:20],
                                rtol=1e-12)
     assert seen["data"] == seen["full"][:19] and len(seen["data"]) == 19
+
+
+def test_a_chunk_holds_at_most_32_batches_and_64_mib():
+    from optsolve.backends.native.training import chunk_length
+
+    small = (np.zeros((64, 64), np.float32), np.zeros((64, 10), np.float32))  # 19 KiB
+    assert chunk_length(small) == 32
+    three_mib = np.broadcast_to(np.float32(0), (3 * 2 ** 20 // 4,))
+    assert chunk_length(three_mib) == 16  # 32 * 3 MiB > 64 MiB >= 16 * 3 MiB
+    images = {"x": np.broadcast_to(np.float32(0), (256, 224, 224, 3)), "y": np.zeros(256, int)}
+    assert chunk_length(images) == 1  # 147 MiB a batch

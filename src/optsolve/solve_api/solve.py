@@ -236,13 +236,13 @@ def solve(problem: OptimizationProblem, algorithm: Any, *, maxiters: int | None 
         ``progress`` extra; updated from inside the compiled loop about 100 times a run).
       data: train on data: the objective is then ``f(x, p, batch)``. Either an iterable of
         batches (any pytrees of numpy or JAX arrays: a list, a generator, a data loader;
-        up to 16 batches of one shape run per compiled call), or, with ``batch_size``, a
-        pytree of in-memory arrays sharing a leading dimension (up to 8 epochs per compiled
-        call, each a permutation of the data cut into batches). The run stops
-        at ``maxiters`` steps, after ``epochs`` passes (default 1), or when the iterable is
-        exhausted (MAXITERS: the budget is used up). ``sol.objective`` is then the loss of
-        the last step's batch. A KeyboardInterrupt returns the last completed step with
-        ``ReturnCode.INTERRUPTED``.
+        up to 32 batches of one shape, at most 64 MiB, run per compiled call), or, with
+        ``batch_size``, a pytree of in-memory arrays sharing a leading dimension (up to 8
+        epochs per compiled call, each a permutation of the data cut into batches). The run
+        stops at ``maxiters`` steps, after ``epochs`` passes (default 1), or when the
+        iterable is exhausted (MAXITERS: the budget is used up). ``sol.objective`` is then
+        the loss of the last step's batch. A KeyboardInterrupt returns the last completed
+        step with ``ReturnCode.INTERRUPTED``.
       batch_size: the batch size of in-memory ``data`` (a remainder is dropped each epoch).
       key: a ``jax.random`` key to shuffle in-memory data at every epoch (no shuffling if None).
       epochs: passes over ``data`` (re-iterable data or in-memory arrays).

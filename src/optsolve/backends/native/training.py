@@ -2,10 +2,11 @@
 
 Two ways to feed data, one compiled loop either way:
 
-- an iterable of batches (a generator, a data loader, a list): the host gathers up to 16
-  batches at a time and runs them in one compiled call (a while loop over the stacked
-  batches), so a step costs what it costs inside ``lax.scan``, not a Python dispatch; the
-  next chunk is dispatched before the previous one's status is read;
+- an iterable of batches (a generator, a data loader, a list): the host gathers up to 32
+  batches at a time (fewer where 32 would exceed 64 MiB) and runs them in one compiled call
+  (a while loop over the stacked batches), so a step costs what it costs inside
+  ``lax.scan``, not a Python dispatch; the next chunk is dispatched before the previous
+  one's status is read;
 - in-memory arrays with ``batch_size`` (and ``key`` to shuffle): each epoch is one compiled
   call, a permutation of the data then a while loop over its batches.
 
@@ -47,7 +48,8 @@ from optsolve.solve_api.returncode import RUNNING, ReturnCode
 from optsolve.solve_api.solution import History, Solution, Stats
 
 PyTree = Any
-CHUNK = 16  # batches of an iterable run per compiled call
+CHUNK = 32  # the most batches of an iterable run per compiled call
+CHUNK_BYTES = 64 * 2 ** 20  # ... and the most bytes of stacked batches per call
 EPOCH_SLOTS = 8  # epochs of in-memory data run per compiled call
 
 
@@ -69,19 +71,32 @@ def _batches(spec: DataSpec) -> Iterable:
         yield from source
 
 
-class _IterableChunks:
-    """Chunks of up to ``CHUNK`` same-shaped batches from an iterator, padded to ``CHUNK``
-    by repeating the last one (padding is never run) so that one compiled call serves all."""
+def chunk_length(batch: Any) -> int:
+    """Batches per compiled call: ``CHUNK``, or the largest power of two whose stacked
+    batches fit in ``CHUNK_BYTES`` (at least 1). Each call costs a dispatch and a status
+    read, so longer chunks serve small batches; the cap bounds the device memory."""
+    size = sum(int(np.size(leaf)) * np.dtype(getattr(leaf, "dtype", type(leaf))).itemsize
+               for leaf in jax.tree_util.tree_leaves(batch))
+    length = CHUNK
+    while length > 1 and length * size > CHUNK_BYTES:
+        length //= 2
+    return length
 
-    def __init__(self, batches: Iterator, run: Callable):
-        self.batches, self.run = batches, run
+
+class _IterableChunks:
+    """Chunks of up to ``length`` same-shaped batches from an iterator, padded to
+    ``length`` by repeating the last one (padding is never run) so that one compiled call
+    serves all."""
+
+    def __init__(self, batches: Iterator, run: Callable, length: int):
+        self.batches, self.run, self.length = batches, run, length
         self.held = None          # a batch of another shape than the chunk it was read for
         self.interrupted = False  # Ctrl-C while reading: the batches read so far still run
 
     def next(self, most: int | None):
         group: list = []
         signature = None
-        limit = CHUNK if most is None else min(CHUNK, most)
+        limit = self.length if most is None else min(self.length, most)
         try:
             while len(group) < limit:
                 if self.held is not None:
@@ -99,7 +114,7 @@ class _IterableChunks:
             self.interrupted = True
         if not group:
             return None
-        padded = group + [group[-1]] * (CHUNK - len(group))
+        padded = group + [group[-1]] * (self.length - len(group))
         return len(group), lambda carry, n, replay=False: self.run(
             carry, padded, n, _replay_flags()[replay])
 
@@ -159,7 +174,8 @@ def run_training(make_solver, problem: OptimizationProblem, algorithm: Any,
         except StopIteration:
             raise ValueError("solve: `data` holds no batch.") from None
         carry = init_carry(make_solver, problem, algorithm, init_options, first)
-        source = _IterableChunks(_chain([first], batches), compiled(chunk_of_batches))
+        source = _IterableChunks(_chain([first], batches), compiled(chunk_of_batches),
+                                 chunk_length(first))
 
     recent: list[_Dispatched] = []   # the last two chunks dispatched
     records: list[tuple] = []        # with history: each chunk's records and step count
