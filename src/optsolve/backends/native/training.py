@@ -209,7 +209,13 @@ def run_training(make_solver, problem: OptimizationProblem, algorithm: Any,
         interrupted = True
     if not recent:
         raise ValueError("solve: `data` holds no batch.")
-    solution, summary = compiled(run_solution)(_final_carry(recent))
+    finish = compiled(run_solution)
+    last = recent[-1].chunk.carry
+    # dispatched before the statuses are read, so that it runs right after the last chunk
+    # (a run that stopped early replays a chunk and finishes again)
+    at_last = finish(last)
+    final = _final_carry(recent)
+    solution, summary = at_last if final is last else finish(final)
     status, reason, iterations, f_evals, grad_evals = (int(v) for v in np.asarray(summary))
     if status == RUNNING:
         # the data or the epochs ran out: the iteration budget was used up
