@@ -9,7 +9,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import scipy.optimize as so
 
+from optsolve.solve_api import scipy_forms
 from optsolve.solve_api.pytree import pytree_dataclass, replace, static_field
 
 PyTree = Any
@@ -113,11 +115,16 @@ class OptimizationProblem:
     Args:
       f: the objective, ``f(x, p) -> scalar`` (real floating point).
       x0: the starting point; any pytree of real floating-point arrays (nested dicts,
-        tuples, lists, a flax params dict).
+        tuples, lists, a flax params dict). A list of numbers (scipy's form) is one array.
       p: hyperparameters, any pytree (or None); differentiable through ``solve``.
       bounds: ``(lower, upper)``, each None, a scalar or a pytree shaped like x0; None or
         +-inf entries mean unbounded. Stored normalised, as two pytrees shaped like x0.
-      constraints: a sequence of :class:`Constraint`.
+        scipy's forms are converted: ``scipy.optimize.Bounds(lb, ub)``, or, for an array
+        x0, a list of one ``(min, max)`` pair per entry (None for no bound).
+      constraints: a sequence of :class:`Constraint`; scipy's ``LinearConstraint``,
+        ``NonlinearConstraint`` (its ``fun`` written with jax.numpy; optsolve
+        differentiates it) and ``{"type": "eq" | "ineq", "fun": ..., "args": ...}`` dicts
+        are converted.
       grad: optional ``grad(x, p) -> pytree like x``, the gradient of ``f`` in ``x``; when
         given, the JAX-native backends use it instead of automatic differentiation.
       hvp: optional ``hvp(x, v, p) -> pytree like x``, the Hessian of ``f`` at ``x`` times
@@ -150,8 +157,10 @@ class OptimizationProblem:
                 f"OptimizationProblem: `hvp` must be None or a callable hvp(x, v, p) -> pytree "
                 f"like x, got {hvp!r}."
             )
+        x0 = scipy_forms.start_point(x0)
         _check_x0(x0)
         if bounds is not None:
+            bounds = scipy_forms.box(bounds, x0)
             if not isinstance(bounds, (tuple, list)) or len(bounds) != 2:
                 raise ValueError(
                     "OptimizationProblem: `bounds` must be a pair (lower, upper), each None, a "
@@ -167,13 +176,16 @@ class OptimizationProblem:
                     )
             bounds = (lower, upper)
         if constraints is not None:
-            if isinstance(constraints, Constraint):
+            if isinstance(constraints, (Constraint, dict, so.LinearConstraint,
+                                        so.NonlinearConstraint)):
                 constraints = (constraints,)
-            constraints = tuple(constraints)
+            constraints = tuple(scipy_forms.constraint(c, i, Constraint)
+                                for i, c in enumerate(constraints))
             for i, c in enumerate(constraints):
                 if not isinstance(c, Constraint):
                     raise TypeError(
-                        f"OptimizationProblem: `constraints[{i}]` must be an optsolve.Constraint, "
+                        f"OptimizationProblem: `constraints[{i}]` must be an optsolve.Constraint "
+                        "(or scipy's LinearConstraint, NonlinearConstraint or constraint dict), "
                         f"got {type(c).__name__}."
                     )
             if not constraints:
