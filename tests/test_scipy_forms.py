@@ -79,3 +79,26 @@ def test_a_single_scipy_constraint_and_a_malformed_dict():
         OptimizationProblem(F, jnp.zeros(2), constraints=[{"type": "le", "fun": lambda x: x[0]}])
     with pytest.raises(TypeError, match=r"constraints\[1\]` must be an optsolve.Constraint \(or scipy"):
         OptimizationProblem(F, jnp.zeros(2), constraints=[{"type": "eq", "fun": lambda x: x[0]}, 3])
+
+
+def test_a_float32_objective_under_scipy_warns_once_naming_x64():
+    # JAX's x64 mode is process-wide and on in this suite: a fresh interpreter without it
+    script = (
+        "import warnings, jax.numpy as jnp, optsolve\n"
+        "from optsolve import OptimizationProblem, solve\n"
+        "prob = OptimizationProblem(lambda x, p: jnp.sum((x - 3.0) ** 2), jnp.zeros(2))\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    for method in ('L-BFGS-B', 'BFGS'):\n"
+        "        solve(prob, optsolve.ScipyMinimize(method))\n"
+        "    solve(prob, optsolve.LBFGS())\n"
+        "print(sum('jax_enable_x64' in str(w.message) for w in caught))\n"
+    )
+    import os
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "JAX_ENABLE_X64"}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-1] == "1"

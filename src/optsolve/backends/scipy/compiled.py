@@ -14,6 +14,7 @@ serves both.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -42,6 +43,21 @@ def eval_dtype(x0: PyTree) -> np.dtype:
         return np.dtype(np.float64)
     with jax.numpy_dtype_promotion("standard"):
         return np.dtype(jnp.result_type(*jax.tree_util.tree_leaves(x0)))
+
+
+_WARNED: list[bool] = []  # the low-precision warning is given once per process
+
+
+def _warn_low_precision(dtype: np.dtype) -> None:
+    if _WARNED:
+        return
+    _WARNED.append(True)
+    warnings.warn(
+        f"optsolve: scipy's methods work in float64, but f is evaluated in {dtype} (JAX's x64 "
+        "mode is off): line searches, trust regions and constraint tolerances may stop "
+        "early or report INFEASIBLE. Enable float64 at start-up with "
+        "jax.config.update('jax_enable_x64', True). (Shown once.)", RuntimeWarning,
+        stacklevel=2)
 
 
 def _promote(tree: PyTree, dtype: np.dtype) -> PyTree:
@@ -174,6 +190,8 @@ class HostProblem:
         # dispatching JAX operations on every solve.
         leaves = jax.tree_util.tree_leaves(problem.x0)
         self.dtype = eval_dtype(problem.x0)
+        if self.dtype != np.float64:
+            _warn_low_precision(self.dtype)
         self.x0 = np.concatenate([np.ravel(np.asarray(leaf, dtype=np.float64)) for leaf in leaves])
         self.n = self.x0.shape[0]
         self.p = host_p(_promote(problem.p, self.dtype), p_weak)
