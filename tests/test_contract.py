@@ -175,6 +175,14 @@ def test_maxiters_zero_returns_x0_unchanged(cls):
 
 
 @pytest.mark.parametrize("cls", CLASSES, ids=_id)
+def test_a_maxiters_that_ends_the_run_is_maxiters(cls):
+    # two iterations do not solve Rosenbrock from X0 on any method
+    sol = solve(_problem(cls), CASES[cls].make(), maxiters=2)
+    assert sol.retcode == ReturnCode.MAXITERS, sol.message
+    assert sol.stats.iterations == 2
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=_id)
 def test_callback_stop_counts_completed_iterations(cls):
     stop_at = CASES[cls].stop_at
     callback = CALLBACK.reset(lambda i: i >= stop_at)

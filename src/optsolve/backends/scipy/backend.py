@@ -202,8 +202,10 @@ class ScipyGlobal(_ScipyAlgorithm):
     (the best point so far, or the hop's local minimum) except for dual_annealing and shgo,
     whose callbacks run per new minimum and per local-search iteration. ``resume=sol`` is a
     warm start from ``sol.x`` (scipy's internal state, population or annealing schedule,
-    is not kept), and the counts add up. Reference: scipy.optimize's global optimization
-    documentation.
+    is not kept), and the counts add up. dual_annealing, basinhopping and shgo have no
+    convergence test of their own: the end of their default budget is SUCCESS (as scipy
+    reports it), and a ``maxiters`` given to ``solve`` that ends the run is MAXITERS, as on
+    every method. Reference: scipy.optimize's global optimization documentation.
 
     Example:
       >>> prob = OptimizationProblem(f, jnp.zeros(5), bounds=(-5.12, 5.12))

@@ -242,6 +242,8 @@ class HostRun:
 
 
 _STOPPED_BY_CALLBACK = "`callback` raised `StopIteration`."
+# global methods that stop only when their iteration count is used up (or at maxfun)
+_ENDS_ONLY_BY_ITERATIONS = ("dual_annealing", "basinhopping", "shgo")
 
 
 def run_host(problem: OptimizationProblem, algorithm: Any, options: dict,
@@ -267,6 +269,11 @@ def run_host(problem: OptimizationProblem, algorithm: Any, options: dict,
     nit = result.get("nit")
     if nit is None or monitor.reason is not None or spec.monitor_counts:
         nit = monitor.k  # what the callback saw: scipy's nit counts otherwise here
+    if (code == ReturnCode.SUCCESS and spec.key in _ENDS_ONLY_BY_ITERATIONS
+            and options["maxiters"] is not None and int(nit) >= options["maxiters"]):
+        # scipy calls the end of these methods' iteration budget a success; a maxiters the
+        # user gave that ends the run is MAXITERS, as on every other method
+        code = ReturnCode.MAXITERS
     nfev = int(result.get("nfev", host.n_f))
     njev = None
     if spec.needs_gradient:
