@@ -161,3 +161,22 @@ def test_basinhopping_local_method_must_take_the_constraints():
 def test_algorithm_class_instead_of_instance():
     with pytest.raises(TypeError, match=r"must be an instance, got the class ScipyMinimize"):
         solve(PLAIN, ScipyMinimize)
+
+
+def test_dense_matrices_that_cannot_fit_are_refused_before_scipy_allocates_them(monkeypatch):
+    import jax
+
+    from optsolve.backends.scipy import memory
+
+    big = OptimizationProblem(lambda x, p: jnp.sum(x ** 2), jnp.zeros(100_000))
+    # BFGS's n x n matrices at n = 1e5: about 400 GB (five of 80 GB), on any machine here
+    with pytest.raises(MemoryError, match=r"dense 100000 x 100000 float64 matrices.*optsolve.LBFGS"):
+        solve(big, ScipyMinimize("BFGS"))
+    with pytest.raises(MemoryError, match="L-BFGS-B"):
+        jax.jit(lambda p: solve(big.replace(p=p), ScipyMinimize("SLSQP")).x)(0.0)
+    # the rule follows the machine's memory: three 200 x 200 matrices (0.9 MiB) exceed 0.5 MiB
+    monkeypatch.setattr(memory, "physical_memory", lambda: 2 ** 19)
+    small = OptimizationProblem(lambda x, p: jnp.sum((x - 1.0) ** 2), jnp.zeros(200))
+    with pytest.raises(MemoryError, match="about 0 GiB for n = 200"):
+        solve(small, ScipyMinimize("trust-exact"))
+    assert float(solve(small, ScipyMinimize("L-BFGS-B")).objective) < 1e-10

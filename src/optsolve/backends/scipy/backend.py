@@ -51,6 +51,7 @@ from optsolve.backends.scipy.options import (
     GLOBAL_SPECS, MINIMIZE_SPECS, MethodSpec, canonical_method, check_options, methods_with,
 )
 from optsolve.backends.scipy.compiled import eval_dtype
+from optsolve.backends.scipy.memory import check_dense_memory
 from optsolve.backends.scipy.run import run_host
 from optsolve.solve_api.algorithm import Algorithm
 from optsolve.solve_api.kkt import constraint_size
@@ -352,6 +353,7 @@ def _check_early(problem: OptimizationProblem, algorithm: _ScipyAlgorithm,
             f"solve: {type(algorithm).__name__} does not take `gtol` (got gtol={options.gtol}): "
             f"{why}. Remove it (use ftol or maxiters), or use a method that tests the gradient: "
             f"{', '.join(s for s in methods_with('native_gtol'))}, Newton-CG.")
+    check_dense_memory(problem, algorithm)
     if isinstance(algorithm, ScipyGlobal) and spec.key != "basinhopping" and problem.bounds is None:
         raise ValueError(
             f"solve: ScipyGlobal(method={spec.name!r}) searches a box, so it needs finite "
