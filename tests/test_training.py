@@ -322,3 +322,5 @@ def test_a_chunk_holds_at_most_32_batches_and_64_mib():
     assert chunk_length(three_mib) == 16  # 32 * 3 MiB > 64 MiB >= 16 * 3 MiB
     images = {"x": np.broadcast_to(np.float32(0), (256, 224, 224, 3)), "y": np.zeros(256, int)}
     assert chunk_length(images) == 1  # 147 MiB a batch
+    keys = (np.zeros((64, 10), np.float32), jax.random.split(jax.random.key(0), 64))
+    assert chunk_length(keys) == 32  # a batch may hold PRNG keys (dropout, say)

@@ -75,7 +75,8 @@ def chunk_length(batch: Any) -> int:
     """Batches per compiled call: ``CHUNK``, or the largest power of two whose stacked
     batches fit in ``CHUNK_BYTES`` (at least 1). Each call costs a dispatch and a status
     read, so longer chunks serve small batches; the cap bounds the device memory."""
-    size = sum(int(np.size(leaf)) * np.dtype(getattr(leaf, "dtype", type(leaf))).itemsize
+    # nbytes, not size times a numpy itemsize: a PRNG key's dtype is not a numpy one
+    size = sum(leaf.nbytes if hasattr(leaf, "nbytes") else np.asarray(leaf).nbytes
                for leaf in jax.tree_util.tree_leaves(batch))
     length = CHUNK
     while length > 1 and length * size > CHUNK_BYTES:
