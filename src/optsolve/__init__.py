@@ -1,7 +1,7 @@
 """optsolve: one interface over every kind of optimizer for JAX users."""
 
 from optsolve.solve_api import (
-    Algorithm, Constraint, ImplicitAdjoint, OptimizationProblem, ReturnCode, Solution, Stats, UnrolledAdjoint, load, save, solve,
+    Algorithm, Constraint, ImplicitAdjoint, LeastSquaresProblem, OptimizationProblem, ReturnCode, Solution, Stats, UnrolledAdjoint, load, save, solve,
 )
 from optsolve.backends.optax.backend import OptaxAlgorithm, OptaxTransform
 from optsolve.backends.optax.groups import ParameterGroups
@@ -16,7 +16,7 @@ globals().update(_OPTAX_ALGORITHMS)
 
 __version__ = "0.1.0"
 __all__ = [
-    "Algorithm", "Constraint", "ImplicitAdjoint", "OptimizationProblem", "ReturnCode", "Solution", "Stats", "UnrolledAdjoint", "load", "save", "solve",
+    "Algorithm", "Constraint", "ImplicitAdjoint", "LeastSquaresProblem", "OptimizationProblem", "ReturnCode", "Solution", "Stats", "UnrolledAdjoint", "load", "save", "solve",
     "OptaxAlgorithm", "OptaxTransform", "ParameterGroups", *sorted(_OPTAX_ALGORITHMS),
     "AdaHessian", "BFGS", "Backtracking", "GradientDescent", "LBFGS", "Newton", "NonlinearCG",
     "TrustRegion", "Zoom",

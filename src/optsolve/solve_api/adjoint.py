@@ -114,9 +114,12 @@ def _hoisted(problem: OptimizationProblem) -> OptimizationProblem:
     (jax.closure_convert; optimistix does the same for its root finds). The problem itself
     where nothing is closed over."""
     constraints = problem.constraints or ()
-    # string keys throughout: p's pytree flattening sorts them
-    functions = {"f": problem.f, "grad": problem.grad, "hvp": problem.hvp,
-                 **{f"g{i}": c.g for i, c in enumerate(constraints)}}
+    residual = getattr(problem, "residual", None)
+    # string keys throughout: p's pytree flattening sorts them; a residual problem's f is
+    # derived from its residual, which is the function converted
+    functions = {"f": problem.f} if residual is None else {"residual": residual}
+    functions.update({"grad": problem.grad, "hvp": problem.hvp,
+                      **{f"g{i}": c.g for i, c in enumerate(constraints)}})
     if not any(_closes_over_tracers(fn) for fn in functions.values()):
         return problem
     x0, p = problem.x0, problem.p
@@ -132,8 +135,9 @@ def _hoisted(problem: OptimizationProblem) -> OptimizationProblem:
         fn = converted[name]
         return lambda *args: fn(*args[:-1], args[-1][0], *args[-1][1][name])
 
+    functions = {"f": lift("f")} if residual is None else {"residual": lift("residual")}
     return problem.replace(
-        f=lift("f"), grad=lift("grad"), hvp=lift("hvp"), p=(p, consts),
+        **functions, grad=lift("grad"), hvp=lift("hvp"), p=(p, consts),
         constraints=tuple(replace(c, g=lift(f"g{i}")) for i, c in enumerate(constraints)) or None)
 
 

@@ -29,6 +29,8 @@ class Algorithm:
       family: the backend family's name, as shown in errors and the catalog.
       needs_gradient: uses the gradient of f.
       needs_hessian: uses Hessian(-vector) products of f.
+      needs_residuals: works on the residuals of a
+        :class:`~optsolve.solve_api.least_squares.LeastSquaresProblem` and their Jacobian.
       takes_bounds: honours ``problem.bounds``.
       takes_constraints: honours ``problem.constraints``.
       jittable: ``solve`` may run inside ``jax.jit``.
@@ -50,6 +52,7 @@ class Algorithm:
     family: ClassVar[str] = "abstract"
     needs_gradient: ClassVar[bool] = True
     needs_hessian: ClassVar[bool] = False
+    needs_residuals: ClassVar[bool] = False
     takes_bounds: ClassVar[bool] = False
     takes_constraints: ClassVar[bool] = False
     jittable: ClassVar[bool] = True
@@ -67,7 +70,7 @@ class Algorithm:
     def traits(cls) -> dict[str, Any]:
         """The capability traits of this algorithm class, by name."""
         names = (
-            "family", "needs_gradient", "needs_hessian", "takes_bounds", "takes_constraints",
+            "family", "needs_gradient", "needs_hessian", "needs_residuals", "takes_bounds", "takes_constraints",
             "jittable", "vmappable", "stops_by_itself", "extra_options", "unrollable",
             "resumable", "records_history", "takes_data", "compiled_driver",
         )

@@ -15,6 +15,7 @@ from optsolve.solve_api.adjoint import UnrolledAdjoint
 from optsolve.solve_api.algorithm import Algorithm
 from optsolve.solve_api.cache import BoundedCache
 from optsolve.solve_api.options import SolveOptions
+from optsolve.solve_api.least_squares import LeastSquaresProblem, check_residual
 from optsolve.solve_api.problem import OptimizationProblem
 from optsolve.solve_api.pytree import tree_spec
 from optsolve.solve_api.registry import algorithm_classes
@@ -38,6 +39,14 @@ def check_capabilities(problem: OptimizationProblem, algorithm: Algorithm,
     """
     name = type(algorithm).__name__
     caps = algorithm.capabilities()
+    if caps["needs_residuals"] and not isinstance(problem, LeastSquaresProblem):
+        scalar = ", ".join(c.__name__ for c in algorithm_classes()
+                           if not c.needs_residuals and c.family == "classical")
+        raise TypeError(
+            f"solve: {name} works on residuals; declare the problem as "
+            "optsolve.LeastSquaresProblem(residual, x0, p), with residual(x, p) -> array. "
+            f"For a scalar objective use another algorithm, e.g. {scalar}."
+        )
     if problem.has_bounds and not caps["takes_bounds"]:
         raise ValueError(
             f"solve: {name} does not support bounds. Either remove `bounds` from the problem or "
@@ -104,6 +113,9 @@ def check_objective(problem: OptimizationProblem, *batch: Any) -> None:
     """
     key = (problem.f, tree_spec(problem.x0), tree_spec(problem.p), tree_spec(batch),
            jax.config.jax_enable_x64)
+    if isinstance(problem, LeastSquaresProblem):
+        _CHECKED.get_or_make(key, lambda: check_residual(problem) or True)
+        return
     # The check traces f once; cached per (f, shapes) so repeated solves pay nothing.
     _CHECKED.get_or_make(key, lambda: _check_objective_uncached(
         problem.f, problem.x0, problem.p, *batch) or True)
