@@ -41,6 +41,8 @@ class Case:
     iterations: int = 12       # a budget that leaves the test problem unconverged
     stop_at: int = 3           # the iteration a callback stops at (dual_annealing calls it
                                # once per new best minimum, not once per iteration)
+    least_squares: bool = False  # it solves residual problems: its problems are
+                                 # LeastSquaresProblems with the same objective
 
 
 def _rosenbrock(x, p):
@@ -53,6 +55,14 @@ def _objective(x, p):
     so that the rules share compiled loops."""
     nan_ahead = (p < 0) & (x[0] > -1.2 + 1e-5)
     return jnp.where(nan_ahead, jnp.nan, _rosenbrock(x, jnp.abs(p)))
+
+
+def _residuals(x, p):
+    """Residuals whose half squared norm is :func:`_objective` (NaN region included)."""
+    nan_ahead = (p < 0) & (x[0] > -1.2 + 1e-5)
+    r = jnp.concatenate([jnp.sqrt(2 * jnp.abs(p)) * (x[1:] - x[:-1] ** 2),
+                         jnp.sqrt(2.0) * (1 - x[:-1])])
+    return jnp.where(nan_ahead, jnp.nan, r)
 
 
 X0 = jnp.array([-1.2, 1.0])
@@ -84,6 +94,8 @@ def _cases() -> dict[type, Case]:
                 optsolve.Newton, optsolve.TrustRegion):
         cases[cls] = Case(cls, iterations=3)
     cases[optsolve.AdaHessian] = Case(lambda: optsolve.AdaHessian(0.01))
+    for cls in (optsolve.GaussNewton, optsolve.LevenbergMarquardt):
+        cases[cls] = Case(cls, iterations=3, least_squares=True)
     for cls in algorithm_classes():
         if issubclass(cls, (optsolve.ScipyMinimize, optsolve.ScipyGlobal)):
             method = cls.spec.name
@@ -129,10 +141,18 @@ def _id(cls) -> str:
     return cls.__name__
 
 
-def _problem(cls, f=_objective, x0=X0, p=10.0, bounds=None) -> OptimizationProblem:
+def problem_for(cls, f, residuals, x0, p, bounds=None) -> OptimizationProblem:
+    """``f``'s problem, or for a least-squares class the residual problem of
+    ``residuals`` (whose half squared norm is ``f``)."""
+    if CASES[cls].least_squares:
+        return optsolve.LeastSquaresProblem(residuals, x0, p, bounds=bounds)
+    return OptimizationProblem(f, x0, p, bounds=bounds)
+
+
+def _problem(cls, x0=X0, p=10.0, bounds=None) -> OptimizationProblem:
     if bounds is None and CASES[cls].box:
         bounds = BOX
-    return OptimizationProblem(f, x0, p, bounds=bounds)
+    return problem_for(cls, _objective, _residuals, x0, p, bounds)
 
 
 def _caps(cls) -> dict:

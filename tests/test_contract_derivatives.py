@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from optsolve import Constraint, OptimizationProblem, solve
-from test_contract import BOX, CASES, CLASSES, _caps, _id
+from test_contract import BOX, CASES, CLASSES, _caps, _id, problem_for
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:`optimistic_adam` is deprecated:DeprecationWarning",
@@ -27,6 +27,11 @@ pytestmark = pytest.mark.filterwarnings(
 def _partial(x, lam):
     """x["a"] tracks lam, x["b"] does not depend on it: dx_a/dlam = 1, dx_b/dlam = 0."""
     return jnp.sum((x["a"] - lam) ** 2) + jnp.sum((x["b"] + 0.5) ** 2)
+
+
+def _partial_residuals(x, lam):
+    """A pytree of residuals whose half squared norm is :func:`_partial`."""
+    return {"a": jnp.sqrt(2.0) * (x["a"] - lam), "b": jnp.sqrt(2.0) * (x["b"] + 0.5)}
 
 
 X0_PARTIAL = {"a": jnp.zeros(2), "b": jnp.zeros(1)}
@@ -40,7 +45,7 @@ def test_a_leaf_of_x_that_does_not_depend_on_p(cls):
     bounds = BOX if CASES[cls].box else None
 
     def run(lam):
-        prob = OptimizationProblem(_partial, X0_PARTIAL, lam, bounds=bounds)
+        prob = problem_for(cls, _partial, _partial_residuals, X0_PARTIAL, lam, bounds)
         return solve(prob, alg, maxiters=CASES[cls].iterations).x
 
     expected = {"a": np.ones(2), "b": np.zeros(1)}
@@ -54,6 +59,10 @@ def _bounded(x, p):
     return (x[0] - 3.0) ** 2 + (x[1] - 0.5) ** 2
 
 
+def _bounded_residuals(x, p):
+    return jnp.sqrt(2.0) * (x - jnp.array([3.0, 0.5]))
+
+
 BOUNDED = [cls for cls in CLASSES if _caps(cls)["takes_bounds"]]
 
 
@@ -65,8 +74,8 @@ def test_derivatives_with_respect_to_a_bound(cls):
     alg = CASES[cls].make()
 
     def run(lower, u):
-        prob = OptimizationProblem(_bounded, jnp.zeros(2), None,
-                                   bounds=(lower, jnp.stack([u, 2.0])))
+        prob = problem_for(cls, _bounded, _bounded_residuals, jnp.zeros(2), None,
+                           bounds=(lower, jnp.stack([u, 2.0])))
         sol = solve(prob, alg, maxiters=300)
         return sol.x, sol.objective
 

@@ -10,6 +10,7 @@ from optsolve.backends.classical.descent import GradientDescent, NonlinearCG
 from optsolve.backends.classical.linesearch import Backtracking, Zoom
 from optsolve.backends.classical.quasi_newton import BFGS, LBFGS
 from optsolve.backends.classical.second_order import AdaHessian, Newton, TrustRegion
+from optsolve.backends.classical.least_squares import GaussNewton, LevenbergMarquardt
 from optsolve.backends.scipy.backend import ScipyGlobal, ScipyMinimize
 
 globals().update(_OPTAX_ALGORITHMS)
@@ -18,7 +19,8 @@ __version__ = "0.1.0"
 __all__ = [
     "Algorithm", "Constraint", "ImplicitAdjoint", "LeastSquaresProblem", "OptimizationProblem", "ReturnCode", "Solution", "Stats", "UnrolledAdjoint", "load", "save", "solve",
     "OptaxAlgorithm", "OptaxTransform", "ParameterGroups", *sorted(_OPTAX_ALGORITHMS),
-    "AdaHessian", "BFGS", "Backtracking", "GradientDescent", "LBFGS", "Newton", "NonlinearCG",
+    "AdaHessian", "BFGS", "Backtracking", "GaussNewton", "GradientDescent", "LBFGS",
+    "LevenbergMarquardt", "Newton", "NonlinearCG",
     "TrustRegion", "Zoom",
     "ScipyGlobal", "ScipyMinimize",
 ]

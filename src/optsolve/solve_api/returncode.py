@@ -67,6 +67,10 @@ REASONS = {
     9: "the line search met a non-finite objective or gradient at its trial points",
     10: "no step short of the non-finite objective or gradient values met at the trial "
         "points changes x beyond rounding",
+    11: "the relative reduction of the sum of squares (Levenberg-Marquardt: the actual and "
+        "the predicted one) is <= ftol",
+    12: "the step (Levenberg-Marquardt: the trust region, in the scaled norm) is <= xtol "
+        "relative to the norm of x",
 }
 
 

@@ -120,8 +120,12 @@ def _stepping_loop(solver: SteppingSolver, objective: Objective, problem: Optimi
         stop = rules.callback_stop((carry.status == RUNNING) & ok, iteration, x, f, g)
         nonfinite_trials = jnp.zeros((), bool) if step.nonfinite_trials is None \
             else step.nonfinite_trials
-        checks = Checks(f_ok, g_ok, x_ok, step.failed,
-                         rules.converged(x, f, g, carry.x, carry.f, True), stalled, stop,
+        converged = rules.converged(x, f, g, carry.x, carry.f, True)
+        if step.reduction_converged is not None:
+            converged = converged._replace(reduction=ok & step.reduction_converged)
+        if step.radius_converged is not None:
+            converged = converged._replace(radius=ok & step.radius_converged)
+        checks = Checks(f_ok, g_ok, x_ok, step.failed, converged, stalled, stop,
                          iteration >= rules.maxiters, rules.out_of_time(f, carry.t_start),
                          nonfinite_trials)
         status, reason = checks.verdict()
@@ -303,6 +307,7 @@ def build_loop(make_solver: Callable[[Any, OptimizationProblem], NativeSolver],
     """The parts of the run of ``make_solver(algorithm, problem)`` (inside a trace)."""
     objective = Objective.from_problem(problem)
     solver = make_solver(algorithm, problem)
+    solver.bind_options(options)
     if isinstance(solver, GradientStepSolver):
         return _gradient_loop(solver, objective, problem, options)
     if isinstance(solver, SteppingSolver):

@@ -29,6 +29,11 @@ class Step(NamedTuple):
     # Whether the step's trial points (a line search's, a rejected trust-region step) met
     # non-finite values, so that a failure or a stall names them; None means never.
     nonfinite_trials: jax.Array | None = None
+    # The solver's own convergence tests (for solvers with ``tests_tolerances``): the
+    # relative-reduction test and the trust-radius test of Moré's Levenberg-Marquardt;
+    # None means never.
+    reduction_converged: jax.Array | None = None
+    radius_converged: jax.Array | None = None
 
 
 class NativeSolver(abc.ABC):
@@ -42,12 +47,19 @@ class NativeSolver(abc.ABC):
         select over large states (quasi-Newton memories) every iteration.
       default_gtol: the gtol used when ``solve`` got none (None: no gradient test).
       default_maxiters: likewise for maxiters (None: no limit).
+      tests_tolerances: the solver tests ``ftol`` and ``xtol`` itself, in its own terms
+        (reported through ``Step.reduction_converged`` / ``radius_converged``), in place of
+        the driver's tests; it reads them from the options :meth:`bind_options` hands it.
     """
 
     detect_stall: ClassVar[bool] = False
     select_state: ClassVar[bool] = True
+    tests_tolerances: ClassVar[bool] = False
     default_gtol: float | None = None
     default_maxiters: int | None = None
+
+    def bind_options(self, options: Any) -> None:
+        """Called once by the driver, before ``init``, with the run's ``SolveOptions``."""
 
 
 class SteppingSolver(NativeSolver):

@@ -25,7 +25,7 @@ INT = jnp.int32
 
 # Reason codes (optsolve.solve_api.returncode.REASONS).
 (GTOL, FTOL, XTOL, F_NONFINITE, G_NONFINITE, X_NONFINITE, LS_FAILED, STALLED_STEP,
- TRIAL_NONFINITE, STALLED_NONFINITE) = range(1, 11)
+ TRIAL_NONFINITE, STALLED_NONFINITE, REDUCTION_TOL, RADIUS_TOL) = range(1, 13)
 
 
 def select(pred: jax.Array, on_true: PyTree, on_false: PyTree) -> PyTree:
@@ -36,9 +36,12 @@ class Converged(NamedTuple):
     gtol: jax.Array
     ftol: jax.Array
     xtol: jax.Array
+    # a solver's own tests (Step.converged): Moré's relative-reduction and radius tests
+    reduction: jax.Array | bool = False
+    radius: jax.Array | bool = False
 
     def any(self) -> jax.Array:
-        return self.gtol | self.ftol | self.xtol
+        return self.gtol | self.ftol | self.xtol | self.reduction | self.radius
 
 
 class Rules:
@@ -48,6 +51,9 @@ class Rules:
         self.options = options
         self.gtol = options.gtol if options.gtol is not None else solver.default_gtol
         self.xtol = options.get("xtol")
+        self.ftol = options.ftol
+        if solver.tests_tolerances:  # its own ftol / xtol tests replace these
+            self.xtol = self.ftol = None
         maxiters = options.maxiters if options.maxiters is not None else solver.default_maxiters
         self.maxiters = jnp.asarray(
             maxiters if maxiters is not None else jnp.iinfo(INT).max, INT)
@@ -62,13 +68,13 @@ class Rules:
         by_g = by_f = by_x = false
         if self.gtol is not None:
             by_g = self.grad_norm(x, g) <= self.gtol
-        if self.options.ftol is not None:
+        if self.ftol is not None:
             # Only a step that moved x tests ftol: a rejected trust-region step, or a zero
             # update (a warm-up schedule at 0), leaves f unchanged without converging.
             moved = jnp.any(jnp.stack([jnp.any(a != b) for a, b in zip(
                 jax.tree_util.tree_leaves(x), jax.tree_util.tree_leaves(x_prev))]))
             scale = jnp.maximum(jnp.maximum(jnp.abs(f_prev), jnp.abs(f)), 1.0)
-            by_f = has_prev & moved & (jnp.abs(f_prev - f) <= self.options.ftol * scale)
+            by_f = has_prev & moved & (jnp.abs(f_prev - f) <= self.ftol * scale)
         if self.xtol is not None:
             # Only a step that moved x counts: a rejected trust-region step is not convergence.
             dx = inf_norm(jax.tree_util.tree_map(jnp.subtract, x, x_prev))
@@ -140,10 +146,10 @@ class Checks(NamedTuple):
         nonfinite = jnp.asarray(self.nonfinite_trials)
         reason = jnp.select(
             [~self.f_finite, ~self.g_finite, ~self.x_finite, self.failed & nonfinite,
-             self.failed, conv.gtol, conv.ftol, conv.xtol, self.stalled & nonfinite,
-             self.stalled],
+             self.failed, conv.gtol, conv.ftol, conv.xtol, conv.reduction, conv.radius,
+             self.stalled & nonfinite, self.stalled],
             [F_NONFINITE, G_NONFINITE, X_NONFINITE, TRIAL_NONFINITE, LS_FAILED, GTOL, FTOL,
-             XTOL, STALLED_NONFINITE, STALLED_STEP],
+             XTOL, REDUCTION_TOL, RADIUS_TOL, STALLED_NONFINITE, STALLED_STEP],
             0).astype(INT)
         return status, reason
 

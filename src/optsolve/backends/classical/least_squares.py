@@ -1,0 +1,432 @@
+"""Least-squares methods on residuals and their Jacobian: Gauss-Newton with a line search
+and Moré's Levenberg-Marquardt, each dense (an SVD of the Jacobian) for small problems or
+matrix-free (conjugate gradients on Jacobian products) for large ones.
+
+They solve a :class:`~optsolve.solve_api.least_squares.LeastSquaresProblem`; ``f`` is
+``0.5 |r|^2`` and the gradient the driver tests is ``J^T r``. The Jacobian comes from
+``jax.jacfwd`` (residuals >= parameters) or ``jax.jacrev``; the matrix-free paths use only
+``jax.linearize`` (``J v``) and its transpose (``J^T u``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.flatten_util import ravel_pytree
+
+from optsolve.backends.classical.descent import (
+    ClassicalAlgorithm, DescentSolver, _default_linesearch, check_positive, default_gtol,
+    register,
+)
+from optsolve.backends.classical.linesearch import Backtracking
+from optsolve.backends.classical.second_order import steihaug_cg
+from optsolve.backends.native.objective import Objective
+from optsolve.backends.native.protocol import Step, SteppingSolver
+from optsolve.solve_api.least_squares import LeastSquaresProblem, residual_size
+from optsolve.solve_api.linear_solve import cg
+from optsolve.solve_api.loops import inner_while_loop
+from optsolve.solve_api.pytree import pytree_dataclass, static_field
+
+Array = jax.Array
+
+# The dense path materialises the m x n Jacobian; beyond this many entries "auto" goes
+# matrix-free.
+DENSE_ENTRIES = 2 ** 24
+_LINEAR_SOLVERS = ("auto", "dense", "cg")
+# MINPACK's defaults (and scipy.optimize.least_squares'): relative tests at 1e-8.
+DEFAULT_TOL = 1e-8
+
+
+class Residuals:
+    """A least-squares problem seen through flat vectors: residuals, Jacobian, products."""
+
+    def __init__(self, problem: LeastSquaresProblem, p: Any):
+        _, self.unravel = ravel_pytree(problem.x0)
+        self.problem, self.p = problem, p
+
+    def __call__(self, x: Array) -> Array:
+        return ravel_pytree(self.problem.residual(self.unravel(x), self.p))[0]
+
+    def jacobian(self, x: Array, m: int) -> Array:
+        """The dense m x n Jacobian: forward mode when m >= n, else reverse mode."""
+        if m >= x.size:
+            return jax.jacfwd(self)(x)
+        return jax.jacrev(self)(x)
+
+    def linearized(self, x: Array) -> tuple[Array, Any, Any]:
+        """(r(x), v -> J v, u -> J^T u), linearised once at x."""
+        r, jvp = jax.linearize(self, x)
+        vjp = jax.linear_transpose(jvp, x)
+        return r, jvp, lambda u: vjp(u)[0]
+
+
+def _sum_squares(r: Array) -> Array:
+    return 0.5 * jnp.sum(jnp.square(r))
+
+
+def _check_linear_solver(owner: str, value: str) -> None:
+    if value not in _LINEAR_SOLVERS:
+        raise ValueError(f"{owner}: `linear_solver` must be one of "
+                         f"{', '.join(map(repr, _LINEAR_SOLVERS))}, got {value!r}.")
+
+
+def _uses_dense(alg: Any, m: int, n: int) -> bool:
+    if alg.linear_solver == "auto":
+        return m * n <= DENSE_ENTRIES
+    return alg.linear_solver == "dense"
+
+
+def _check_problem(owner: str, problem: Any) -> None:
+    if not isinstance(problem, LeastSquaresProblem):  # solve checks first; a direct caller
+        raise TypeError(f"{owner} needs an optsolve.LeastSquaresProblem, got "
+                        f"{type(problem).__name__}.")
+
+
+def _tolerances(options: Any) -> tuple[Any, Any]:
+    ftol = options.ftol if options.ftol is not None else DEFAULT_TOL
+    xtol = options.get("xtol")
+    return ftol, DEFAULT_TOL if xtol is None else xtol
+
+
+# --------------------------------------------------------------------------- Gauss-Newton
+
+class _GaussNewtonSolver(DescentSolver):
+    tests_tolerances: ClassVar[bool] = True
+
+    def __init__(self, alg: "GaussNewton", problem: LeastSquaresProblem):
+        _check_problem("GaussNewton", problem)
+        super().__init__(alg, problem)
+        self.m = residual_size(problem)
+        self.dense = _uses_dense(alg, self.m, self.n)
+        self.ftol = self.xtol = DEFAULT_TOL
+
+    def bind_options(self, options):
+        self.ftol, self.xtol = _tolerances(options)
+
+    def direction(self, model, x, g, state, flat):
+        residuals = Residuals(self.problem, flat.objective.p)
+        if self.dense:
+            # the least-norm solution of J d = -r (an SVD: rank-deficient J is fine)
+            d = -jnp.linalg.lstsq(residuals.jacobian(x, self.m), residuals(x))[0]
+        else:
+            r, jvp, vjp = residuals.linearized(x)
+            maxiter = self.alg.cg_maxiter if self.alg.cg_maxiter is not None else 2 * self.n
+            d = cg(lambda v: vjp(jvp(v)), -g, rtol=self.alg.cg_rtol, maxiter=maxiter).x
+        return d.astype(self.dtype), jnp.zeros((), bool)
+
+    def step(self, objective: Objective, x, f, g, state) -> Step:
+        step = super().step(objective, x, f, g, state)
+        xf, xn = ravel_pytree(x)[0], ravel_pytree(step.x)[0]
+        # scipy's tests, |df| < ftol f and |dx| < xtol (xtol + |x|), on a full Gauss-Newton
+        # step only: a step the line search cut short (at the edge of a non-finite region,
+        # say) says nothing about convergence
+        full = jnp.any(xn != xf) & (step.state.alpha == 1) & ~step.nonfinite_trials
+        reduced = full & (jnp.abs(f - step.f) <= self.ftol * f)
+        small = full & (jnp.linalg.norm(xn - xf)
+                        <= self.xtol * (self.xtol + jnp.linalg.norm(xn)))
+        return step._replace(reduction_converged=reduced, radius_converged=small)
+
+
+@register
+@pytree_dataclass
+class GaussNewton(ClassicalAlgorithm):
+    """Gauss-Newton with a backtracking line search, for least-squares problems.
+
+    Each iteration solves the linearised problem ``min_d |J d + r|`` (the least-norm
+    solution, by an SVD of J, or matrix-free by conjugate gradients on ``J^T J d = -J^T r``)
+    and backtracks along d from the unit step until the Armijo condition holds (Nocedal &
+    Wright, *Numerical Optimization*, 2006, §10.3). It stops when the gradient ``J^T r``
+    meets gtol, when ``|f_k - f_{k+1}| <= ftol f_k`` or when
+    ``|x_k - x_{k+1}| <= xtol (xtol + |x_{k+1}|)`` (scipy's tests; ftol and xtol are
+    ``solve`` options, default 1e-8).
+
+    Args:
+      linear_solver: "auto" (default: dense when the Jacobian has at most 2^24 entries),
+        "dense" or "cg" (static).
+      cg_rtol: the relative residual at which CG stops (matrix-free; default 1e-6).
+      cg_maxiter: the most CG iterations per step (static; default 2n).
+      linesearch: :class:`Backtracking` (default) or :class:`Zoom`.
+
+    Example:
+      >>> sol = optsolve.solve(optsolve.LeastSquaresProblem(r, x0, p), optsolve.GaussNewton())
+    """
+
+    needs_residuals: ClassVar[bool] = True
+    default_maxiters: ClassVar[int] = 1000
+
+    linear_solver: str = static_field(default="auto")
+    cg_rtol: Any = 1e-6
+    cg_maxiter: int | None = static_field(default=None)
+    linesearch: Any = None
+
+    def __post_init__(self):
+        _check_linear_solver("GaussNewton", self.linear_solver)
+        check_positive("GaussNewton", "cg_rtol", self.cg_rtol)
+        _default_linesearch(self, Backtracking())
+
+    def make_solver(self, problem: LeastSquaresProblem) -> _GaussNewtonSolver:
+        return _GaussNewtonSolver(self, problem)
+
+
+# ------------------------------------------------------------------ Levenberg-Marquardt
+
+class _LMState(NamedTuple):
+    r: Array        # residuals at x
+    jac: Array      # the Jacobian at x (dense path; shape (0,) matrix-free)
+    diag: Array     # Moré's scaling D
+    delta: Array    # trust radius in the D-norm
+    par: Array      # the Levenberg-Marquardt parameter
+    first: Array    # no step taken yet: delta is set from |D x0| at the first step
+    nonfinite: Array  # some trial met non-finite residuals (a stall then says so)
+
+
+def _secular_parameter(s: Array, a: Array, delta: Array, par: Array) -> Array:
+    """The Levenberg-Marquardt parameter for the scaled Jacobian's SVD ``U diag(s) V^T``
+    and ``a = s * U^T r``: 0 if the Gauss-Newton step is within 1.1 delta, else the
+    lambda > 0 with ``|p(lambda)| = delta`` to 10% (Moré 1978, §5; MINPACK's lmpar), by
+    safeguarded Newton steps on ``1/|p| - 1/delta`` (at most 10), where
+    ``|p(lambda)|^2 = sum (a_i / (s_i^2 + lambda))^2``."""
+    s2 = jnp.square(s)
+    tiny = jnp.finfo(s.dtype).tiny
+
+    def norms(lam):
+        d = s2 + lam
+        safe = d > 0
+        q = jnp.where(safe, a / jnp.where(safe, d, 1.0), 0.0)
+        return jnp.linalg.norm(q), jnp.sum(jnp.where(safe, jnp.square(q) / jnp.where(safe, d, 1.0), 0.0))
+
+    gn_norm, gn_q = norms(jnp.zeros((), s.dtype))
+    full_rank = jnp.all(s > 0)
+    fp0 = gn_norm - delta
+    # the Newton step from 0 bounds lambda below when J has full rank (Moré 1978, §5)
+    lower = jnp.where(full_rank, fp0 / delta * jnp.square(gn_norm) / jnp.maximum(gn_q, tiny),
+                      0.0)
+    lower = jnp.maximum(lower, 0.0)
+    upper = jnp.linalg.norm(a) / delta
+    upper = jnp.where(upper == 0, tiny / jnp.minimum(delta, 0.1), upper)
+    lam = jnp.clip(par, lower, upper)
+    lam = jnp.where(lam == 0, upper * 1e-3, lam)
+
+    def body(_, c):
+        lam, lower, upper, done = c
+        bad = (lam <= lower) | (lam > upper)
+        lam = jnp.where(bad & ~done, jnp.maximum(1e-3 * upper, jnp.sqrt(lower * upper)), lam)
+        pn, q = norms(lam)
+        fp = pn - delta
+        done = done | (jnp.abs(fp) <= 0.1 * delta)
+        lower = jnp.where(fp > 0, jnp.maximum(lower, lam), lower)
+        upper = jnp.where(fp < 0, jnp.minimum(upper, lam), upper)
+        newton = lam + fp / delta * jnp.square(pn) / jnp.maximum(q, tiny)
+        return jnp.where(done, lam, jnp.maximum(lower, newton)), lower, upper, done
+
+    lam = lax.fori_loop(0, 10, body, (lam, lower, upper, jnp.zeros((), bool)))[0]
+    return jnp.where(gn_norm <= 1.1 * delta, jnp.zeros_like(lam), lam)
+
+
+class _Trial(NamedTuple):
+    k: Array
+    delta: Array
+    par: Array
+    x: Array
+    r: Array
+    accepted: Array
+    reduction_converged: Array
+    radius_converged: Array
+    stalled: Array
+    nonfinite: Array
+    done: Array
+
+
+class _LevenbergMarquardtSolver(SteppingSolver):
+    select_state = False  # a failed step ends the run; the carried Jacobian is not copied
+    tests_tolerances: ClassVar[bool] = True
+
+    def __init__(self, alg: "LevenbergMarquardt", problem: LeastSquaresProblem):
+        _check_problem("LevenbergMarquardt", problem)
+        self.alg, self.problem = alg, problem
+        x0 = ravel_pytree(problem.x0)[0]
+        self.n, self.dtype = x0.size, x0.dtype
+        self.m = residual_size(problem)
+        self.dense = _uses_dense(alg, self.m, self.n)
+        self.default_gtol = default_gtol(self.dtype)
+        self.default_maxiters = type(alg).default_maxiters
+        self.ftol = self.xtol = DEFAULT_TOL
+
+    def bind_options(self, options):
+        self.ftol, self.xtol = _tolerances(options)
+
+    def init(self, objective: Objective, x, f, g) -> _LMState:
+        residuals = Residuals(self.problem, objective.p)
+        xf = ravel_pytree(x)[0]
+        r = residuals(xf)
+        jac = residuals.jacobian(xf, self.m) if self.dense else jnp.zeros((0,), r.dtype)
+        zero = jnp.zeros((), self.dtype)
+        return _LMState(r, jac, jnp.ones_like(xf), zero, zero, jnp.ones((), bool),
+                        jnp.zeros((), bool))
+
+    def step(self, objective: Objective, x, f, g, state: _LMState) -> Step:
+        residuals = Residuals(self.problem, objective.p)
+        xf = ravel_pytree(x)[0]
+        gf = ravel_pytree(g)[0]
+        r, fnorm = state.r, jnp.linalg.norm(state.r)
+        zero_residual = fnorm == 0  # an exact fit: no step can reduce |r|
+        fnorm = jnp.where(zero_residual, 1.0, fnorm)
+        alg, eps = self.alg, jnp.finfo(self.dtype).eps
+        if self.dense:
+            colnorm = jnp.linalg.norm(state.jac, axis=0).astype(self.dtype)
+            diag = jnp.where(state.first, jnp.where(colnorm == 0, 1.0, colnorm),
+                             jnp.maximum(state.diag, colnorm))
+            u, s, vt = jnp.linalg.svd(state.jac / diag, full_matrices=False)
+            a = s * (u.T @ r)
+            # the relative reduction the Gauss-Newton step predicts: |r's part in range(J)|^2
+            gn_prered = jnp.sum(jnp.square(jnp.where(s > 0, u.T @ r, 0.0))) / jnp.square(
+                jnp.where(fnorm == 0, 1.0, fnorm))
+        else:  # matrix-free: the unscaled norm (column norms would cost n products)
+            diag = state.diag
+            _, jvp, vjp = residuals.linearized(xf)
+        xnorm = jnp.linalg.norm(diag * xf)
+        delta0 = jnp.where(state.first, jnp.where(xnorm == 0, alg.factor, alg.factor * xnorm),
+                           state.delta)
+
+        def trial_step(delta, par):
+            """(step p, scaled norm |D p|, par, predicted relative reduction, dirder)."""
+            if self.dense:
+                par = _secular_parameter(s, a, delta, par)
+                d = jnp.square(s) + par
+                safe = d > 0
+                coef = jnp.where(safe, a / jnp.where(safe, d, 1.0), 0.0)
+                scaled = -(vt.T @ coef)
+                jp = jnp.linalg.norm(s * (vt @ scaled))  # |J p| = |S V^T D p|
+                pnorm = jnp.linalg.norm(scaled)
+                temp1, temp2 = jp / fnorm, jnp.sqrt(par) * pnorm / fnorm
+                return (scaled / diag, pnorm, par, jnp.square(temp1) + 2 * jnp.square(temp2),
+                        -(jnp.square(temp1) + jnp.square(temp2)), par == 0, gn_prered)
+            # Steihaug-CG on the Gauss-Newton model within |p| <= delta
+            maxiter = alg.cg_maxiter if alg.cg_maxiter is not None else 2 * self.n
+            p, model, boundary = steihaug_cg(lambda v: vjp(jvp(v)), gf, delta,
+                                             alg.cg_rtol * jnp.linalg.norm(gf), maxiter)
+            prered = -2 * model / jnp.square(fnorm)
+            # inside the region, the step is the Gauss-Newton one (to CG's tolerance)
+            gn = jnp.where(boundary, jnp.inf, prered)
+            return p, jnp.linalg.norm(p), jnp.zeros_like(par), prered, -prered, ~boundary, gn
+
+        def cond(t: _Trial):
+            return ~t.done
+
+        def body(t: _Trial) -> _Trial:
+            p, pnorm, par, prered, dirder, inside, gn_prered = trial_step(t.delta, t.par)
+            delta = jnp.where(state.first, jnp.minimum(t.delta, pnorm), t.delta)
+            x_trial = xf + p
+            r_trial = residuals(x_trial)
+            fnorm1 = jnp.linalg.norm(r_trial)
+            finite = jnp.isfinite(fnorm1)
+            actred = jnp.where(finite & (0.1 * fnorm1 < fnorm),
+                               1 - jnp.square(fnorm1 / fnorm), -1.0)
+            ratio = jnp.where(prered != 0, actred / jnp.where(prered != 0, prered, 1.0), 0.0)
+            # Moré's radius update (MINPACK lmder)
+            shrink = jnp.where(actred >= 0, 0.5,
+                               0.5 * dirder / jnp.where(dirder + 0.5 * actred != 0,
+                                                        dirder + 0.5 * actred, 1.0))
+            shrink = jnp.where(~finite | (0.1 * fnorm1 >= fnorm) | (shrink < 0.1), 0.1, shrink)
+            low = ratio <= 0.25
+            grow = ~low & ((par == 0) | (ratio >= 0.75))
+            delta = jnp.where(low, shrink * jnp.minimum(delta, pnorm / 0.1),
+                              jnp.where(grow, pnorm / 0.5, delta))
+            par = jnp.where(low, par / shrink, jnp.where(grow, 0.5 * par, par))
+            accepted = finite & (ratio >= 1e-4)
+            xnorm_new = jnp.where(accepted, jnp.linalg.norm(diag * x_trial), xnorm)
+            # Moré's tests; but a region that stops the Gauss-Newton step (non-finite values
+            # ahead, say) is small for another reason than convergence, so the reduction
+            # the Gauss-Newton step predicts must be small too, and the step must be it
+            reduced = ((jnp.abs(actred) <= self.ftol) & (prered <= self.ftol)
+                       & (0.5 * ratio <= 1) & (gn_prered <= self.ftol))
+            radius = inside & (delta <= self.xtol * xnorm_new)
+            stalled = ((jnp.abs(actred) <= eps) & (prered <= eps) & (0.5 * ratio <= 1)) | (
+                delta <= eps * xnorm_new)
+            k = t.k + 1
+            return _Trial(k, delta, par, x_trial, r_trial, accepted, reduced, radius, stalled,
+                          t.nonfinite | ~finite,
+                          accepted | reduced | radius | stalled | (k >= alg.max_trials))
+
+        false = jnp.zeros((), bool)
+        t = inner_while_loop(cond, body, _Trial(
+            jnp.zeros((), jnp.int32), delta0, state.par, xf, r, false, zero_residual, false,
+            false, false, zero_residual), alg.max_trials)
+        x_new = jnp.where(t.accepted, t.x, xf)
+        r_new = jnp.where(t.accepted, t.r, r)
+        if self.dense:
+            jac = lax.cond(t.accepted, lambda: residuals.jacobian(t.x, self.m),
+                           lambda: state.jac)
+            g_new = jnp.where(t.accepted, (jac.T @ r_new).astype(self.dtype), gf)
+        else:
+            jac = state.jac
+            g_new = jnp.where(t.accepted, jax.vjp(residuals, x_new)[1](r_new)[0], gf)
+        f_new = jnp.where(t.accepted, _sum_squares(r_new), f)
+        unravel = ravel_pytree(x)[1]
+        nonfinite = state.nonfinite | t.nonfinite
+        new_state = _LMState(r_new, jac, diag, t.delta, t.par, state.first & ~t.accepted,
+                             nonfinite)
+        return Step(unravel(x_new), f_new, unravel(g_new), new_state, t.k,
+                    t.accepted.astype(jnp.int32), false, t.stalled & ~t.accepted,
+                    nonfinite, t.reduction_converged, t.radius_converged)
+
+
+@register
+@pytree_dataclass
+class LevenbergMarquardt(ClassicalAlgorithm):
+    """Levenberg-Marquardt as implemented by Moré: a trust region in the norm scaled by the
+    Jacobian's column norms, with the damping parameter found for each radius (Moré, "The
+    Levenberg-Marquardt algorithm: implementation and theory", Lecture Notes in
+    Mathematics 630, 1978; MINPACK's ``lmder``).
+
+    Each iteration takes the Jacobian J at x and, for the radius delta, the step
+    ``p = -(J^T J + lambda D^2)^-1 J^T r`` with lambda = 0 if the Gauss-Newton step fits,
+    else ``|D p| ~= delta`` (dense: from an SVD of ``J D^-1``). A trial whose actual to
+    predicted reduction ratio is below 1e-4 is rejected and retried with a smaller radius
+    (no new Jacobian); the radius follows Moré's rules. The scaling D is the running
+    maximum of J's column norms. Matrix-free ("cg"), the step is a Steihaug-CG solution of
+    the Gauss-Newton model within ``|p| <= delta`` (unscaled). It stops when the gradient
+    ``J^T r`` meets gtol, when the actual and predicted relative reductions of ``|r|^2``
+    are both <= ftol, or when ``delta <= xtol |D x|`` (Moré's tests; ftol and xtol are
+    ``solve`` options, default 1e-8 as in MINPACK and scipy).
+
+    Counts: ``f_evals`` are residual evaluations (trials), ``grad_evals`` Jacobian
+    evaluations, each with the driver's one at x0.
+
+    Args:
+      factor: the first radius is ``factor |D x0|`` (``factor`` if that is 0); default 100.
+      max_trials: the most trial steps per iteration before it ends without a step (static;
+        default 30).
+      linear_solver: "auto" (default: dense when the Jacobian has at most 2^24 entries),
+        "dense" or "cg" (static).
+      cg_rtol: the relative residual at which CG stops (matrix-free; default 1e-6).
+      cg_maxiter: the most CG iterations per step (static; default 2n).
+
+    Example:
+      >>> sol = optsolve.solve(optsolve.LeastSquaresProblem(r, x0, p),
+      ...                      optsolve.LevenbergMarquardt())
+    """
+
+    needs_residuals: ClassVar[bool] = True
+    default_maxiters: ClassVar[int] = 1000
+
+    factor: Any = 100.0
+    max_trials: int = static_field(default=30)
+    linear_solver: str = static_field(default="auto")
+    cg_rtol: Any = 1e-6
+    cg_maxiter: int | None = static_field(default=None)
+
+    def __post_init__(self):
+        check_positive("LevenbergMarquardt", "factor", self.factor)
+        check_positive("LevenbergMarquardt", "cg_rtol", self.cg_rtol)
+        if isinstance(self.max_trials, bool) or not isinstance(self.max_trials, int) \
+                or self.max_trials < 1:
+            raise ValueError("LevenbergMarquardt: `max_trials` must be an integer >= 1, got "
+                             f"{self.max_trials!r}.")
+        _check_linear_solver("LevenbergMarquardt", self.linear_solver)
+
+    def make_solver(self, problem: LeastSquaresProblem) -> _LevenbergMarquardtSolver:
+        return _LevenbergMarquardtSolver(self, problem)
