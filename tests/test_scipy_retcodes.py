@@ -129,6 +129,53 @@ def test_incompatible_constraints_are_infeasible(method):
     assert sol.retcode == ReturnCode.INFEASIBLE, sol.original.message
 
 
+def _on_the_sphere(lower, upper):
+    """min |x - (1, 1, 2)|^2 subject to lower <= (|x|^2, x0 - x1, x0 + x1 + x2) <= upper,
+    one vector constraint."""
+    g = lambda x, p: jnp.stack([jnp.sum(x ** 2), x[0] - x[1], x[0] + x[1] + x[2]])
+    return g, OptimizationProblem(
+        lambda x, p: jnp.sum((x - p) ** 2), jnp.zeros(3), p=jnp.array([1.0, 1.0, 2.0]),
+        constraints=[Constraint(g, lower=jnp.array(lower), upper=jnp.array(upper))])
+
+
+def test_cobyla_is_judged_by_optsolves_feasibility_tolerance():
+    """On the unit sphere with x0 <= x1 and x0 + x1 + x2 <= 1.5: all three constraints
+    are active at the solution, x0 = x1 = a, x2 = 1.5 - 2a with
+    2a^2 + (1.5 - 2a)^2 = 1: a = (6 - sqrt(6)) / 12. COBYLA ends 1.7e-8 off the sphere (its
+    linear models resolve a curved constraint to ~rho^2 at the final radius 1e-4), above
+    catol's default sqrt(eps), so scipy's flag is False; optsolve's verdict is the one it
+    gives every method: within FEASIBILITY_TOL is SUCCESS."""
+    from optsolve.backends.scipy.run import FEASIBILITY_TOL
+
+    g, prob = _on_the_sphere([1.0, -np.inf, -np.inf], [1.0, 0.0, 1.5])
+    sol = solve(prob, ScipyMinimize("COBYLA"))
+    assert sol.retcode == ReturnCode.SUCCESS, sol.message
+    assert not sol.original.success and sol.original.maxcv > np.sqrt(np.finfo(float).eps)
+    values = np.asarray(g(sol.x, None))
+    violation = max(abs(values[0] - 1.0), values[1], values[2] - 1.5)
+    assert violation <= FEASIBILITY_TOL
+    assert violation == pytest.approx(sol.original.maxcv, rel=1e-6)
+    a = (6.0 - np.sqrt(6.0)) / 12.0
+    np.testing.assert_allclose(np.asarray(sol.x), [a, a, 1.5 - 2 * a], atol=1e-4)
+    assert "FEASIBILITY_TOL" in sol.message
+    # a catol the user gives is the user's test: scipy's verdict by it stands
+    tight = solve(prob, ScipyMinimize("COBYLA", catol=1e-10))
+    assert tight.retcode == ReturnCode.INFEASIBLE and tight.original.maxcv > 1e-10
+
+
+def test_cobyla_slightly_infeasible_stays_infeasible():
+    # x0 + x1 + x2 is at most sqrt(3) = 1.7320508 on the unit sphere: x0 + x1 + x2 >= 1.7321
+    # cannot hold there, by 4.9e-5 (28x FEASIBILITY_TOL relative to 1.7321).
+    from optsolve.backends.scipy.run import FEASIBILITY_TOL
+
+    g, prob = _on_the_sphere([1.0, -np.inf, 1.7321], [1.0, np.inf, np.inf])
+    sol = solve(prob, ScipyMinimize("COBYLA"))
+    assert sol.retcode == ReturnCode.INFEASIBLE, sol.message
+    values = np.asarray(g(sol.x, None))
+    violation = max(abs(values[0] - 1.0), (1.7321 - values[2]) / 1.7321)
+    assert violation > FEASIBILITY_TOL
+
+
 def test_maxtime_and_callback_codes():
     assert solve(ROSEN, ScipyMinimize("BFGS"), maxtime=1e-9).retcode == ReturnCode.MAXTIME
     assert solve(ROSEN, ScipyMinimize("BFGS"), callback=lambda k, x, f: True).retcode \

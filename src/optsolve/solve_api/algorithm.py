@@ -93,6 +93,15 @@ class Algorithm:
         changes one (basinhopping's local method). ``solve`` checks these, once."""
         return type(self).traits()
 
+    def minimised_problem(self, problem: Any) -> Any:
+        """The problem this configuration actually minimises: ``problem`` itself by default.
+
+        The implicit adjoint differentiates the optimality condition of this problem's ``f``
+        and ``Solution.objective`` is its value, so an algorithm that minimises something
+        else than ``problem.f`` (a robust loss of the residuals, as
+        :class:`~optsolve.ScipyLeastSquares` can) returns that objective's problem here."""
+        return problem
+
     def inverse_hessian_estimate(self, problem: Any, state: Any
                                  ) -> Callable[[Any], Any] | None:
         """The run's own estimate of v -> H^-1 v at its solution, on x flattened with

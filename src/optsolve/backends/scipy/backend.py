@@ -273,6 +273,7 @@ def _plain_options(options: SolveOptions) -> dict:
         return None if v is None else kind(np.asarray(v))
     return {"maxiters": num(options.maxiters, int), "maxtime": num(options.maxtime, float),
             "gtol": num(options.gtol, float), "ftol": num(options.ftol, float),
+            "xtol": num(options.get("xtol"), float),  # (least_squares takes it)
             "callback": options.callback, "callback_every": options.callback_every,
             "progress": bool(options.progress), "history": bool(options.history)}
 
@@ -299,9 +300,10 @@ def _objective_dtype(problem: OptimizationProblem):
 
 
 def solve_scipy(problem: OptimizationProblem, algorithm: _ScipyAlgorithm,
-                options: SolveOptions, loop: Any = None) -> Solution:
+                options: SolveOptions, loop: Any = None, *, host_run=run_host) -> Solution:
     """Run a scipy-family algorithm; through ``jax.pure_callback`` when inputs are traced.
-    ``loop`` is unused: scipy's iterations run on the host (no algorithm here unrolls)."""
+    ``loop`` is unused: scipy's iterations run on the host (no algorithm here unrolls).
+    ``host_run``: the run on concrete inputs (least_squares has its own)."""
     _check_early(problem, algorithm, options)
     f_dtype = _objective_dtype(problem)
     resume = options.resume
@@ -309,7 +311,7 @@ def solve_scipy(problem: OptimizationProblem, algorithm: _ScipyAlgorithm,
         # A warm start: scipy keeps no state between runs, only the point carries over.
         problem = problem.replace(x0=resume.x)
     if not is_traced(problem, options):
-        run = run_host(problem, algorithm, _plain_options(options))
+        run = host_run(problem, algorithm, _plain_options(options))
         # One transfer for x's leaves and the objective.
         x_tree, objective = jax.device_put((run.host.unravel_numpy(run.x),
                                             np.asarray(run.fun, f_dtype)))
@@ -322,7 +324,7 @@ def solve_scipy(problem: OptimizationProblem, algorithm: _ScipyAlgorithm,
                 run.multipliers, run.host.dtype),
         )
     else:
-        solution = _solve_traced(problem, algorithm, options, f_dtype)
+        solution = _solve_traced(problem, algorithm, options, f_dtype, host_run)
     return solution if resume is None else _add_counts(solution, resume.stats)
 
 
@@ -363,7 +365,7 @@ def _check_early(problem: OptimizationProblem, algorithm: _ScipyAlgorithm,
         )
 
 
-def _solve_traced(problem, algorithm, options, f_dtype) -> Solution:
+def _solve_traced(problem, algorithm, options, f_dtype, host_run=run_host) -> Solution:
     """The host run inside ``jax.pure_callback``: x, objective, retcode and counts only."""
     if options.history:
         raise ValueError(
@@ -392,7 +394,7 @@ def _solve_traced(problem, algorithm, options, f_dtype) -> Solution:
     def host_fn(prob, opts):
         plain = _plain_options(opts)
         plain.update(static_options)
-        run = run_host(prob, algorithm, plain, p_weak)
+        run = host_run(prob, algorithm, plain, p_weak)
         xs = jax.tree_util.tree_leaves(run.host.unravel_numpy(run.x))
         ints = [run.nit, run.nfev] + ([run.njev] if has_njev else [])
         lam = [] if not n_lam else [np.asarray(

@@ -39,6 +39,7 @@ class MethodSpec:
         optsolve then also tests solve's infinity norm after each iteration.
       native_ftol: scipy's own ``ftol`` option is solve's ``ftol`` (same definition:
         |f_k - f_{k+1}| / max(|f_k|, |f_{k+1}|, 1)); elsewhere optsolve tests it.
+      native_xtol: scipy's own ``xtol`` option is ``solve(..., xtol=...)`` (least_squares).
       maxiter_name: scipy's option counting iterations, or None (optsolve counts them).
       maxiter_offset: added to maxiters for scipy, whose count includes iterations the
         callback never sees: Nelder-Mead counts from 1 (``maxiter=m`` performs m - 1),
@@ -53,6 +54,7 @@ class MethodSpec:
       callback: "intermediate" (callback(intermediate_result), StopIteration stops it) or
         "x" (callback(xk), which optsolve stops by an exception of its own).
       extra: option names valid beyond the function's signature.
+      owner: the algorithm class errors name (ScipyMinimize or ScipyGlobal when empty).
     """
 
     key: str
@@ -64,6 +66,7 @@ class MethodSpec:
     takes_constraints: bool = False
     native_gtol: bool = False
     native_ftol: bool = False
+    native_xtol: bool = False
     gtol_2norm: bool = False
     maxiter_name: str | None = "maxiter"
     maxiter_offset: int = 0
@@ -71,6 +74,7 @@ class MethodSpec:
     callback_per_iteration: bool = True
     callback: str = "intermediate"
     extra: tuple[str, ...] = ()
+    owner: str = ""
 
 
 MINIMIZE_SPECS: dict[str, MethodSpec] = {s.key: s for s in (
@@ -124,6 +128,7 @@ GLOBAL_SPECS: dict[str, MethodSpec] = {s.key: s for s in (
 _SUPPLIED = {
     "fun": "the objective is the problem's f", "func": "the objective is the problem's f",
     "x0": "the start is the problem's x0", "args": "p is the problem's p",
+    "kwargs": "p is the problem's p",
     "jac": "derivatives come from JAX", "grad": "derivatives come from JAX",
     "hess": "derivatives come from JAX", "hessp": "derivatives come from JAX",
     "bounds": "bounds are set on the problem: OptimizationProblem(..., bounds=(lower, upper))",
@@ -137,7 +142,7 @@ _SUPPLIED = {
     "vectorized": "optsolve evaluates one point per call",
     "unknown_options": "", "trust_region_options": "",
 }
-_FINITE_DIFFERENCES = ("eps", "finite_diff_rel_step", "workers")
+_FINITE_DIFFERENCES = ("eps", "finite_diff_rel_step", "workers", "diff_step", "jac_sparsity")
 _SOLVE_OWNED_ITER = ("maxiter", "niter", "iters")
 
 
@@ -171,7 +176,8 @@ def valid_options(spec: MethodSpec) -> tuple[str, ...]:
             continue
         if name in _SOLVE_OWNED_ITER and spec.maxiter_name is not None:
             continue  # (COBYLA's maxiter counts evaluations: it stays an option)
-        if (name == "gtol" and spec.native_gtol) or (name == "ftol" and spec.native_ftol):
+        if (name == "gtol" and spec.native_gtol) or (name == "ftol" and spec.native_ftol) \
+                or (name == "xtol" and spec.native_xtol):
             continue
         if name == "inexact" or name == "subproblem_maxiter":
             continue  # only where listed in spec.extra
@@ -180,7 +186,7 @@ def valid_options(spec: MethodSpec) -> tuple[str, ...]:
 
 
 def _owner(spec: MethodSpec) -> str:
-    kind = "ScipyMinimize" if spec.key in MINIMIZE_SPECS else "ScipyGlobal"
+    kind = spec.owner or ("ScipyMinimize" if spec.key in MINIMIZE_SPECS else "ScipyGlobal")
     return f"{kind}(method={spec.name!r})"
 
 
@@ -201,7 +207,8 @@ def check_options(spec: MethodSpec, options: dict[str, Any]) -> dict[str, Any]:
             raise TypeError(
                 f"{who}: `{name}` is set through solve's common option: "
                 f"solve(..., maxiters={value!r}); got {name}={value!r} here.")
-        if (name == "gtol" and spec.native_gtol) or (name == "ftol" and spec.native_ftol):
+        if (name == "gtol" and spec.native_gtol) or (name == "ftol" and spec.native_ftol) \
+                or (name == "xtol" and spec.native_xtol):
             raise TypeError(f"{who}: `{name}` is set through solve's common option: "
                             f"solve(..., {name}={value!r}).")
         if name == "workers" and spec.key in GLOBAL_SPECS:

@@ -117,6 +117,17 @@ METHOD_TABLES: dict[str, dict[int, ReturnCode]] = {
     "direct": {1: MI, 2: MI, 3: S, 4: S, 5: S},
 }
 
+# _lsq/least_squares.TERMINATION_MESSAGES: every method of least_squares (trf, dogbox, lm).
+LEAST_SQUARES_TABLE: dict[int, ReturnCode] = {
+    -2: T,   # "Stopped because `callback` function raised `StopIteration` or returned `True`"
+    -1: F,   # "Improper input parameters status returned from `leastsq`"
+    0: MI,   # "The maximum number of function evaluations is exceeded." (max_nfev)
+    1: S,    # "`gtol` termination condition is satisfied."
+    2: S,    # "`ftol` termination condition is satisfied."
+    3: S,    # "`xtol` termination condition is satisfied."
+    4: S,    # "Both `ftol` and `xtol` termination conditions are satisfied."
+}
+
 
 def global_retcode(method: str, result: Any) -> ReturnCode:
     """ReturnCode of a global method whose result carries ``success`` and a message.
@@ -167,6 +178,11 @@ def minimize_retcode(method: str, status: Any, success: bool = True) -> ReturnCo
     return code
 
 
+def least_squares_retcode(status: Any) -> ReturnCode:
+    """ReturnCode for scipy.optimize.least_squares' ``status`` (the same on every method)."""
+    return LEAST_SQUARES_TABLE.get(int(status), F)
+
+
 def scipy_message(result: Any) -> str:
     """scipy's message in full, as one string (some global methods give a list)."""
     message = result.get("message", "")
@@ -183,6 +199,7 @@ _BUDGET_STATUS = {
     "tnc": (3, "maxfun"),          # "Max. number of function evaluations reached"
     "cobyla": (3, "maxiter"),      # MAXFUN_REACHED (COBYLA's maxiter counts evaluations)
     "direct": (1, "maxfun"),       # "Number of function evaluations done is larger than maxfun"
+    **dict.fromkeys(("trf", "dogbox", "lm"), (0, "max_nfev")),  # least_squares' only budget
 }
 # Where only the message tells: method -> (words of the message, the option).
 _BUDGET_MESSAGE = {
