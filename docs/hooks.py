@@ -1,7 +1,17 @@
-"""mkdocs hook: replace the ``<!-- catalog -->`` marker with the algorithm catalog, generated
-from the capability traits of every registered algorithm class, so it is never stale."""
+"""mkdocs hook: replace the ``<!-- catalog -->`` marker with the algorithm catalog and the
+``<!-- defaults -->`` marker with every algorithm's default stopping settings, both generated
+from the registered algorithm classes (their capability traits), so they are never stale.
+
+Also a Griffe extension, :class:`NoBuiltinDocstrings` (loaded by mkdocstrings, see
+mkdocs.yml), for the API reference."""
 
 from __future__ import annotations
+
+import builtins
+import inspect
+from typing import Any
+
+from griffe import Extension
 
 
 def catalog_markdown() -> str:
@@ -28,7 +38,88 @@ def catalog_markdown() -> str:
     return "\n".join(rows)
 
 
+# The floating-point widths default_gtol distinguishes (by item size), as the table names them.
+_WIDTHS = {8: "float64", 4: "float32", 2: "16-bit floats"}
+
+
+def algorithm_defaults() -> list[dict[str, Any]]:
+    """What ``solve`` uses for every registered algorithm class when given no ``gtol`` and no
+    ``maxiters``, and whether it takes ``solve``'s ``xtol``.
+
+    One dict per class: ``name``, ``family``, ``gtol`` ({dtype name: tolerance}, None for
+    no default test, or "scipy" for scipy's own defaults), ``maxiters`` (an int, None, or
+    "scipy"), ``xtol`` (True where ``xtol`` is in the class's ``extra_options``) and
+    ``scipy_xtol`` (the scipy method has an ``xtol`` option of its own).
+    """
+    import optsolve  # noqa: F401  (registers every backend)
+    from optsolve.backends.classical.descent import DEFAULT_GTOL
+    from optsolve.backends.scipy.options import valid_options
+    from optsolve.solve_api.registry import algorithm_classes
+
+    out = []
+    for cls in algorithm_classes():
+        t = cls.traits()
+        row = {"name": cls.__name__, "family": t["family"],
+               "xtol": "xtol" in t["extra_options"], "scipy_xtol": False}
+        if t["family"] == "scipy":
+            # optsolve passes no tolerance or budget of its own unless solve is given one
+            row.update(gtol="scipy", maxiters="scipy",
+                       scipy_xtol="xtol" in valid_options(cls.spec))
+        elif not t["stops_by_itself"]:
+            row.update(gtol=None, maxiters=None)
+        elif t["family"] == "classical":
+            # the solvers' own: default_gtol(x's dtype) and the class's default_maxiters
+            row.update(gtol={_WIDTHS[size]: tol for size, tol in DEFAULT_GTOL.items()},
+                       maxiters=cls.default_maxiters)
+        else:
+            raise ValueError(f"docs/hooks.py: no rule for the defaults of {cls.__name__} "
+                             f"(family {t['family']!r}, stops by itself); add one.")
+        out.append(row)
+    return out
+
+
+def _number(value: float) -> str:
+    """1e-08 as "1e-8", 0.01 as "1e-2"."""
+    mantissa, exponent = f"{value:.12e}".split("e")
+    return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+
+
+def defaults_markdown() -> str:
+    rows = ["| algorithm | family | default gtol | default maxiters | `xtol` |",
+            "|---|---|---|---|---|"]
+    for d in algorithm_defaults():
+        if d["gtol"] == "scipy":
+            gtol, maxiters = "scipy's own", "scipy's own"
+        elif d["gtol"] is None:
+            gtol = "none"
+            maxiters = "none: give `maxiters` (or gtol, ftol, maxtime)"
+        else:
+            gtol = ", ".join(f"{_number(tol)} ({width})" for width, tol in d["gtol"].items())
+            maxiters = str(d["maxiters"])
+        xtol = "yes" if d["xtol"] else (
+            "scipy's own, as a method option" if d["scipy_xtol"] else "-")
+        rows.append(f"| `{d['name']}` | {d['family']} | {gtol} | {maxiters} | {xtol} |")
+    return "\n".join(rows)
+
+
 def on_page_markdown(markdown: str, page, config, files) -> str:
     if "<!-- catalog -->" in markdown:
         markdown = markdown.replace("<!-- catalog -->", catalog_markdown())
+    if "<!-- defaults -->" in markdown:
+        markdown = markdown.replace("<!-- defaults -->", defaults_markdown())
     return markdown
+
+
+class NoBuiltinDocstrings(Extension):
+    """Griffe extension: an attribute holding an instance of a builtin type (a ClassVar
+    trait ``jittable = True``, a dataclass field's default ``learning_rate = 0.15``) has no
+    docstring of its own, but inspection reads ``value.__doc__``, which is the type's
+    ("bool(x) -> bool"); drop it, so such attributes are not rendered as documented."""
+
+    def on_attribute_instance(self, *, node, attr, agent, **kwargs) -> None:
+        value = getattr(node, "obj", None)  # an ObjectNode: dynamic analysis
+        if attr.docstring is None or type(value).__module__ != builtins.__name__ or (
+                inspect.isclass(value) or inspect.isroutine(value) or inspect.ismodule(value)):
+            return
+        if getattr(value, "__doc__", None) == getattr(type(value), "__doc__", None):
+            attr.docstring = None

@@ -1,5 +1,6 @@
 """The documentation: every Python code block runs, and the site builds in strict mode."""
 
+import html
 import os
 import re
 import subprocess
@@ -27,23 +28,102 @@ def test_code_blocks_run(page, capsys):
         exec(compile(block, str(page), "exec"), namespace)  # noqa: S102 - our own docs
 
 
-def test_catalog_lists_every_algorithm():
+def _hooks():
     sys.path.insert(0, str(ROOT / "docs"))
     try:
-        from hooks import catalog_markdown
+        import hooks
     finally:
         sys.path.pop(0)
+    return hooks
+
+
+def test_catalog_lists_every_algorithm():
     from optsolve.solve_api.registry import algorithm_classes
-    table = catalog_markdown()
+    table = _hooks().catalog_markdown()
     for cls in algorithm_classes():
         assert f"| `{cls.__name__}` |" in table
     assert len(algorithm_classes()) >= 70
 
 
-def test_site_builds_in_strict_mode(tmp_path):
+def _table_rows(markdown: str) -> dict[str, list[str]]:
+    rows = {}
+    for line in markdown.splitlines()[2:]:
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        rows[cells[0].strip("`")] = cells[1:]
+    return rows
+
+
+def test_defaults_table_has_a_row_for_every_algorithm():
+    from optsolve.solve_api.registry import algorithm_classes
+    rows = _table_rows(_hooks().defaults_markdown())
+    names = [cls.__name__ for cls in algorithm_classes()]
+    assert sorted(rows) == sorted(names)
+    for cls in algorithm_classes():
+        family, gtol, maxiters, xtol = rows[cls.__name__]
+        assert family == cls.traits()["family"]
+        assert (xtol == "yes") == ("xtol" in cls.traits()["extra_options"])
+        if family == "scipy":
+            assert gtol == maxiters == "scipy's own", cls.__name__
+    assert rows["ScipyMinimize(method='Newton-CG')"][3] == "scipy's own, as a method option"
+    assert rows["ScipyMinimize(method='BFGS')"][3] == "-"
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "bfloat16"])
+def test_defaults_table_is_what_the_solvers_use(dtype):
+    """The table's figures are those the JAX-native solvers themselves fall back on (their
+    default_gtol for x0's dtype, their default_maxiters), for every classical class and
+    for an optax optimizer (which has none)."""
+    import jax.numpy as jnp
+
+    import optsolve
+    from optsolve.backends.optax.backend import _make_solver
+    from optsolve.solve_api.registry import algorithm_classes
+    defaults = {d["name"]: d for d in _hooks().algorithm_defaults()}
+    width = {"float64": "float64", "float32": "float32", "bfloat16": "16-bit floats"}[dtype]
+    x0 = jnp.zeros(2, dtype)
+    checked = 0
+    for cls in algorithm_classes():
+        if cls.traits()["family"] != "classical":
+            continue
+        prob = (optsolve.LeastSquaresProblem(lambda x, p: x, x0)
+                if cls.traits()["needs_residuals"]
+                else optsolve.OptimizationProblem(lambda x, p: jnp.sum(x ** 2), x0))
+        solver = cls().make_solver(prob)
+        d = defaults[cls.__name__]
+        assert (None if d["gtol"] is None else d["gtol"][width]) == solver.default_gtol
+        assert d["maxiters"] == solver.default_maxiters
+        checked += 1
+    assert checked >= 7
+    quadratic = optsolve.OptimizationProblem(lambda x, p: jnp.sum(x ** 2), x0)
+    solver = _make_solver(optsolve.Adam(0.1), quadratic)
+    assert defaults["Adam"]["gtol"] is None and solver.default_gtol is None
+    assert defaults["Adam"]["maxiters"] is None and solver.default_maxiters is None
+    lbfgs = _table_rows(_hooks().defaults_markdown())["LBFGS"]
+    assert lbfgs[1] == "1e-8 (float64), 1e-5 (float32), 1e-2 (16-bit floats)"
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    out = tmp_path_factory.mktemp("docs") / "site"
     env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
     result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d",
-                             str(tmp_path / "site")], cwd=ROOT, capture_output=True, text=True,
+                             str(out)], cwd=ROOT, capture_output=True, text=True,
                             env=env, timeout=900)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert (tmp_path / "site" / "catalog" / "index.html").exists()
+    return out
+
+
+def test_site_builds_in_strict_mode(site):
+    assert (site / "catalog" / "index.html").exists()
+
+
+def test_api_page_has_no_builtin_docstrings_and_shows_the_defaults(site):
+    page = html.unescape(re.sub(r"<[^>]+>", " ", (site / "api" / "index.html").read_text()))
+    page = re.sub(r"\s+", " ", page)
+    for kind in (bool, int, float, complex, str, bytes, tuple, list, dict, set, frozenset):
+        first_line = kind.__doc__.strip().splitlines()[0]
+        assert first_line not in page, (kind.__name__, first_line)
+    assert "bool(x) -> bool" not in page
+    assert "Default stopping settings" in page and "xtol" in page
+    for d in _hooks().algorithm_defaults():
+        assert f" {d['name']} " in page, d["name"]
