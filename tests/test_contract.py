@@ -97,6 +97,10 @@ def _cases() -> dict[type, Case]:
     for cls in (optsolve.GaussNewton, optsolve.LevenbergMarquardt):
         cases[cls] = Case(cls, iterations=3, least_squares=True)
     for cls in algorithm_classes():
+        if issubclass(cls, optsolve.ScipyLeastSquares):  # one class per method: trf, dogbox, lm
+            cases[cls] = Case(lambda method=cls.spec.name: optsolve.ScipyLeastSquares(method),
+                              iterations=3, least_squares=True)
+    for cls in algorithm_classes():
         if issubclass(cls, (optsolve.ScipyMinimize, optsolve.ScipyGlobal)):
             method = cls.spec.name
             box = issubclass(cls, optsolve.ScipyGlobal) and method != "basinhopping"
@@ -339,6 +343,33 @@ def test_no_recompilation_for_new_numbers(cls):
     with count_compilations() as counter:
         solve(prob.replace(p=11.0, x0=moved), scaled, maxiters=CASES[cls].iterations - 1)
     assert counter.count == 0
+
+
+def _negated_with_aux(x, p):
+    """-_objective, with an auxiliary output: maximising it is minimising _objective."""
+    return -_objective(x, p), {"x": x, "scaled": p * x[0]}
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=_id)
+def test_maximisation_and_aux_are_the_minimisation_in_the_users_terms(cls):
+    """Maximising -f takes f's minimisation's iterates; the objective (and the callback's)
+    is the user's -f, and aux is f's auxiliary output at the solution. Least-squares
+    classes solve residual problems, which have neither."""
+    alg, k = CASES[cls].make(), CASES[cls].iterations
+    prob = OptimizationProblem(_negated_with_aux, X0, 10.0, sense="max", has_aux=True,
+                               bounds=BOX if CASES[cls].box else None)
+    if CASES[cls].least_squares:
+        with pytest.raises(TypeError, match="works on residuals"):
+            solve(prob, alg, maxiters=k)
+        return
+    seen = CALLBACK.reset(lambda i: None)
+    sol = solve(prob, alg, maxiters=k, callback=seen)
+    minimised = solve(_problem(cls), alg, maxiters=k)
+    np.testing.assert_allclose(sol.x, minimised.x, rtol=1e-12, atol=1e-14)
+    assert sol.retcode == minimised.retcode
+    np.testing.assert_allclose(sol.objective, -_rosenbrock(sol.x, 10.0), rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(sol.aux["x"], sol.x, rtol=1e-15)
+    np.testing.assert_allclose(sol.aux["scaled"], 10.0 * sol.x[0], rtol=1e-15)
 
 
 @pytest.mark.parametrize("cls", CLASSES, ids=_id)

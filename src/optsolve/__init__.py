@@ -12,6 +12,9 @@ from optsolve.backends.classical.quasi_newton import BFGS, LBFGS
 from optsolve.backends.classical.second_order import AdaHessian, Newton, TrustRegion
 from optsolve.backends.classical.least_squares import GaussNewton, LevenbergMarquardt
 from optsolve.backends.scipy.backend import ScipyGlobal, ScipyMinimize
+from optsolve.backends.scipy.least_squares import ScipyLeastSquares
+from optsolve.solve_api.covariance import covariance
+from optsolve.fitting import curve_fit
 
 globals().update(_OPTAX_ALGORITHMS)
 
@@ -22,5 +25,6 @@ __all__ = [
     "AdaHessian", "BFGS", "Backtracking", "GaussNewton", "GradientDescent", "LBFGS",
     "LevenbergMarquardt", "Newton", "NonlinearCG",
     "TrustRegion", "Zoom",
-    "ScipyGlobal", "ScipyMinimize",
+    "ScipyGlobal", "ScipyLeastSquares", "ScipyMinimize",
+    "covariance", "curve_fit",
 ]

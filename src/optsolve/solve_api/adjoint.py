@@ -92,7 +92,7 @@ def _held_by(fn: Any) -> list[Any]:
     return held
 
 
-def _closes_over_tracers(fn: Any, depth: int = 3) -> bool:
+def _closes_over_tracers(fn: Any, depth: int = 4) -> bool:
     """Whether ``fn`` (a closure, a functools.partial, a bound method, a callable object,
     or what they hold, ``depth`` levels down) holds a JAX tracer: a value of an enclosing
     jit, grad or vmap."""
@@ -171,6 +171,8 @@ def _cg(matvec: Callable[[PyTree], PyTree], b: PyTree, tol: Any,
 def _tangents(adjoint, problem, algorithm, x, state, p_dot, p_dot_or_zero, bounds_dot,
               constraints_dot):
     """dx and d(objective) at the solution ``x`` (see :meth:`ImplicitAdjoint.apply`)."""
+    # the optimality condition of what the algorithm minimised (a robust loss, say)
+    problem = algorithm.minimised_problem(problem)
     if problem.constraints:
         dx = kkt_tangent(problem, x, p_dot, bounds_dot, constraints_dot)
     else:

@@ -78,6 +78,10 @@ def _normalize_bound(bound: Any, x0: PyTree, fill: float, name: str) -> PyTree:
         return jax.tree_util.tree_unflatten(
             x0_def, [jnp.full(jnp.shape(l), fill, jnp.result_type(l)) for l in x0_leaves]
         )
+    if isinstance(bound, list) and len(x0_leaves) == 1 and all(
+            isinstance(b, (int, float, np.number)) or b is None for b in bound):
+        # scipy's form for an array x0: one number per entry (None: no bound)
+        bound = np.asarray([fill if b is None else b for b in bound], dtype=float)
     if isinstance(bound, (int, float, np.number)) or (
         hasattr(bound, "shape") and jnp.ndim(bound) == 0
     ):
@@ -130,6 +134,10 @@ class OptimizationProblem:
       hvp: optional ``hvp(x, v, p) -> pytree like x``, the Hessian of ``f`` at ``x`` times
         ``v``; when given, second-order methods use it instead of forward-over-reverse
         differentiation of the gradient.
+      sense: "min" (default) or "max": maximise f instead. Every algorithm then minimises
+        ``-f``; ``sol.objective``, the history and the callback's objective are f's own.
+      has_aux: f returns ``(value, aux)``, any pytree aux (metrics, predictions); the
+        algorithms use the value, and ``sol.aux`` holds aux at the solution.
 
     Example:
       >>> import jax.numpy as jnp
@@ -143,8 +151,16 @@ class OptimizationProblem:
     constraints: tuple[Constraint, ...] | None = None
     grad: Callable[[PyTree, PyTree], PyTree] | None = static_field(default=None)
     hvp: Callable[[PyTree, PyTree, PyTree], PyTree] | None = static_field(default=None)
+    sense: str = static_field(default="min")
+    has_aux: bool = static_field(default=False)
 
-    def __init__(self, f, x0, p=None, *, bounds=None, constraints=None, grad=None, hvp=None):
+    def __init__(self, f, x0, p=None, *, bounds=None, constraints=None, grad=None, hvp=None,
+                 sense="min", has_aux=False):
+        if sense not in ("min", "max"):
+            raise ValueError(f"OptimizationProblem: `sense` must be 'min' or 'max', got {sense!r}.")
+        if not isinstance(has_aux, bool):
+            raise TypeError(f"OptimizationProblem: `has_aux` must be True or False, got "
+                            f"{has_aux!r}.")
         if not callable(f):
             raise TypeError(f"OptimizationProblem: `f` must be a callable f(x, p) -> scalar, got {f!r}.")
         if grad is not None and not callable(grad):
@@ -197,15 +213,17 @@ class OptimizationProblem:
         object.__setattr__(self, "constraints", constraints)
         object.__setattr__(self, "grad", grad)
         object.__setattr__(self, "hvp", hvp)
+        object.__setattr__(self, "sense", sense)
+        object.__setattr__(self, "has_aux", has_aux)
 
     def replace(self, **changes: Any) -> "OptimizationProblem":
         """A new problem with some of ``f``, ``x0``, ``p``, ``bounds``, ``constraints``, ``grad``,
-        ``hvp`` changed."""
+        ``hvp``, ``sense``, ``has_aux`` changed."""
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
         if unknown:
             raise TypeError(
                 f"OptimizationProblem.replace: unknown field(s) {sorted(unknown)}; valid fields "
-                "are f, x0, p, bounds, constraints, grad, hvp."
+                "are f, x0, p, bounds, constraints, grad, hvp, sense, has_aux."
             )
         return replace(self, **changes)
 

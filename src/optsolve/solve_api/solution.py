@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import numpy as np
@@ -85,8 +85,15 @@ class Solution:
         conditions (:func:`~optsolve.solve_api.kkt.multipliers`, zero where inactive). One
         sign everywhere: ``-multipliers[j]`` is the derivative of the optimal objective with
         respect to constraint j's active bound. None without constraints.
+      aux: for a problem with ``has_aux=True``, the auxiliary output of f at ``x``; else
+        None.
       detail: the backend's own reason in full (scipy's message), or None.
+      problem: the problem ``solve`` solved (what :func:`~optsolve.covariance` reads); an
+        attribute of this object, not a pytree leaf, so it does not cross ``jax.jit`` (None
+        on a Solution that did).
     """
+
+    problem: ClassVar[Any] = None  # set per object by solve
 
     x: PyTree
     objective: Any
@@ -97,6 +104,7 @@ class Solution:
     history: History | None = None
     reason: Any = None
     multipliers: Any = None
+    aux: Any = None
     detail: str | None = static_field(default=None)
 
     @property

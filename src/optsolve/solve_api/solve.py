@@ -14,7 +14,7 @@ import numpy as np
 from jax import lax
 
 from optsolve.solve_api.adjoint import ImplicitAdjoint
-from optsolve.solve_api import host
+from optsolve.solve_api import host, sense
 from optsolve.solve_api.capabilities import check_capabilities, check_objective, resume_point
 from optsolve.solve_api.kkt import multipliers, per_constraint
 from optsolve.solve_api.options import DataSpec, make_options
@@ -110,6 +110,19 @@ def _eager(solution: Solution, elapsed: float, interrupted: bool = False) -> Sol
         solution, retcode=retcode, reason=reason,
         stats=replace(stats, iterations=count(iterations), f_evals=count(f_evals),
                       grad_evals=count(grad_evals), time=elapsed))
+
+
+def _with_problem(solution: Solution, problem: OptimizationProblem) -> Solution:
+    """The solution holding the problem it solves (not a pytree field: it goes no further
+    than this Solution object), which :func:`~optsolve.covariance` reads."""
+    object.__setattr__(solution, "problem", problem)
+    return solution
+
+
+def _finish(user_problem: OptimizationProblem, problem: OptimizationProblem,
+            solution: Solution) -> Solution:
+    """The solution in the terms of the user's problem, holding the problem it solves."""
+    return _with_problem(sense.in_user_terms(user_problem, solution), problem)
 
 
 def _check_adjoint(adjoint: Any) -> Any:
@@ -263,6 +276,14 @@ def solve(problem: OptimizationProblem, algorithm: Any, *, maxiters: int | None 
         raise TypeError(
             f"solve: `problem` must be an optsolve.OptimizationProblem, got {type(problem).__name__}."
         )
+    user_problem, problem = problem, sense.to_minimisation(problem)
+    callback = sense.user_callback(user_problem, callback)
+    if resume is not None and user_problem.sense == "max" and isinstance(resume, Solution):
+        resume = replace(resume, objective=-resume.objective)
+    if data is not None and user_problem.has_aux:
+        raise ValueError(
+            "solve: `has_aux` is not supported when training on `data` (aux would belong to "
+            "one batch); evaluate f(sol.x, p, batch) on the batch you want after the run.")
     algorithm = as_algorithm(algorithm)
     opts = make_options(algorithm, maxiters=maxiters, maxtime=maxtime, gtol=gtol, ftol=ftol,
                         callback=callback, resume=resume_point(problem, resume),
@@ -273,7 +294,8 @@ def solve(problem: OptimizationProblem, algorithm: Any, *, maxiters: int | None 
                 "solve: `adjoint` does not apply when training on `data`: the run is a host "
                 f"loop over batches, which is not differentiated; got adjoint={adjoint!r}. "
                 "Remove it.")
-        return _solve_on_data(problem, algorithm, opts, data, batch_size, key, epochs)
+        solution = _solve_on_data(problem, algorithm, opts, data, batch_size, key, epochs)
+        return _finish(user_problem, problem, solution)
     for name, value in (("batch_size", batch_size), ("key", key), ("epochs", epochs)):
         if value is not None:
             raise ValueError(f"solve: `{name}` is only meaningful together with `data`.")
@@ -292,10 +314,12 @@ def solve(problem: OptimizationProblem, algorithm: Any, *, maxiters: int | None 
     traced = is_traced(problem, algorithm, opts)
     if (opts.maxiters is not None and not is_traced(opts.maxiters) and int(opts.maxiters) == 0
             and not compiled_driver):
-        solution = _with_multipliers(problem, _no_iterations(problem, opts))
-        return solution if traced else _eager(solution, 0.0)
+        start = _no_iterations(algorithm.minimised_problem(problem), opts)
+        solution = _with_multipliers(problem, start)
+        return _finish(user_problem, problem, solution if traced else _eager(solution, 0.0))
     if traced:
-        return _with_multipliers(problem, adjoint.apply(backend, problem, algorithm, opts))
+        solution = _with_multipliers(problem, adjoint.apply(backend, problem, algorithm, opts))
+        return _finish(user_problem, problem, solution)
     start = time.perf_counter()
     with progress_bar(progress, maxiters), host.HostCalls() as calls:
         solution = jax.block_until_ready(
@@ -304,5 +328,6 @@ def solve(problem: OptimizationProblem, algorithm: Any, *, maxiters: int | None 
             host.advance_progress(int(solution.stats.iterations), solution.objective)
     elapsed = time.perf_counter() - start
     if np.ndim(solution.retcode) != 0:  # a batch (a vmapped problem solved eagerly)
-        return replace(solution, stats=replace(solution.stats, time=elapsed))
-    return _eager(solution, elapsed, calls.interrupted)
+        solution = replace(solution, stats=replace(solution.stats, time=elapsed))
+        return _finish(user_problem, problem, solution)
+    return _finish(user_problem, problem, _eager(solution, elapsed, calls.interrupted))
