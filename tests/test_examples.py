@@ -71,3 +71,24 @@ def test_line_search_example_matches_the_documented_loop(tmp_path):
     assert runs["lbfgs (zoom)"]["retcode"] == "SUCCESS"
     # line-search trials are counted
     assert runs["sgd + backtracking (Armijo)"]["f_evals"] > runs["sgd + backtracking (Armijo)"]["iterations"]
+
+
+def test_curve_fitting_matches_scipy_curve_fit(tmp_path):
+    import scipy.optimize
+
+    example = load("curve_fitting")
+    result = example.main(small=True, out=tmp_path)
+    assert Path(result["plot"]).stat().st_size > 10_000
+    assert result["retcode"] == "SUCCESS"
+    length, width, _, _ = example.petals()
+    # method="trf": pcov from the Jacobian at the solution (scipy's default "lm" takes
+    # MINPACK's last factorised Jacobian, an iterate earlier)
+    popt, pcov = scipy.optimize.curve_fit(lambda t, a, b: a * t ** b, length, width,
+                                          p0=[0.2, 1.0], method="trf")
+    np.testing.assert_allclose(result["params"], popt, rtol=1e-6)
+    np.testing.assert_allclose(result["stderr"], np.sqrt(np.diag(pcov)), rtol=1e-5)
+    # the band is the delta method's: 1.96 standard errors of the fitted curve, > 0
+    band = result["band"]
+    assert np.all(band["half_width"] > 0)
+    np.testing.assert_allclose(band["curve"], result["params"][0] * band["t"] ** result["params"][1],
+                               rtol=1e-12)

@@ -214,3 +214,44 @@ def test_covariance_needs_its_problem_after_jit_and_refuses_huge_dense_matrices(
     big = OptimizationProblem(lambda x, p: jnp.sum(x ** 2), jnp.zeros(5000))
     with pytest.raises(ValueError, match="limited to 4096 parameters"):
         optsolve.covariance(solve(big, optsolve.LBFGS()))
+
+
+def test_a_new_xtol_reuses_the_compiled_run_and_may_be_traced():
+    from compile_count import count_compilations
+    prob = LeastSquaresProblem(_decay, X0, DATA)
+    for alg in (optsolve.LevenbergMarquardt(), optsolve.LBFGS()):
+        solve(prob, alg, xtol=1e-8)
+        with count_compilations() as counter:
+            solve(prob, alg, xtol=1e-9)
+        assert counter.count == 0, type(alg).__name__
+        run = jax.jit(lambda xtol: solve(prob, alg, xtol=xtol).x)
+        np.testing.assert_allclose(run(1e-9), run(1e-10), rtol=1e-6)
+
+
+def test_a_rank_deficient_start_stays_out_of_the_null_space():
+    """a exp(-k t) + c from zeros: J's columns for k and c are 0 and t-dependent, so J has
+    rank 1 at the start; scipy's lm (MINPACK) converges from there, and so must ours."""
+    t, y = DATA
+    y = y + 0.3
+    residual = lambda b, d: b[0] * jnp.exp(-b[1] * d[0]) + b[2] - d[1]
+    jac = jax.jit(jax.jacfwd(lambda b: residual(b, (t, y))))
+    ref = so.least_squares(lambda b: np.asarray(residual(jnp.asarray(b), (t, y))), np.zeros(3),
+                           jac=lambda b: np.asarray(jac(b)), method="lm", ftol=1e-14,
+                           xtol=1e-14, gtol=1e-14)
+    for alg in (optsolve.LevenbergMarquardt(), optsolve.GaussNewton()):
+        sol = solve(LeastSquaresProblem(residual, jnp.zeros(3), (t, y)), alg)
+        assert sol.retcode == ReturnCode.SUCCESS, sol.message
+        np.testing.assert_allclose(sol.x, ref.x, rtol=1e-7)
+
+
+def test_covariance_of_a_maximised_log_likelihood_with_its_problem_passed():
+    y = jnp.asarray(Y)
+    loglik = lambda m, d: (-0.5 * jnp.sum((d - m[0]) ** 2) / m[1] ** 2 - d.size * jnp.log(m[1]),
+                           m[1] ** 2)
+    prob = OptimizationProblem(loglik, jnp.array([0.0, 1.0]), y, sense="max", has_aux=True)
+    sol = solve(prob, optsolve.LBFGS())
+    n, var = y.size, float(jnp.var(y))
+    expected = np.diag([var / n, var / (2 * n)])
+    np.testing.assert_allclose(optsolve.covariance(sol), expected, rtol=1e-6, atol=1e-12)
+    np.testing.assert_allclose(optsolve.covariance(sol, prob), expected, rtol=1e-6, atol=1e-12)
+    np.testing.assert_allclose(sol.aux, var, rtol=1e-8)

@@ -116,9 +116,20 @@ def data(name):
     return jnp.asarray(P.x), jnp.asarray(P.y)
 
 
+def _model(residual):
+    """scipy's form of a NIST model, ``model(x, *b)``, for curve_fit."""
+    return lambda x, *b: residual(jnp.stack(b), (x, 0.0))
+
+
+CURVE_FIT_MODELS = {f: _model(f) for _, f in MODELS.values()}  # one per model: shared code
+
+
 def problem(name, start):
-    return optsolve.LeastSquaresProblem(MODELS[name][1], jnp.asarray(getattr(load(name), start)),
-                                        data(name))
+    """The residual problem curve_fit solves for the model, from the start: the solves
+    below share their compilations with curve_fit's."""
+    x, y = data(name)
+    return optsolve.curve_fit_problem(CURVE_FIT_MODELS[MODELS[name][1]], x, y,
+                                      getattr(load(name), start))
 
 
 def relative(a, b):
@@ -132,8 +143,6 @@ def reached(name, ssr):
 # ------------------------------------------------------------------------ the solvers
 
 ALGORITHMS = {"LM": optsolve.LevenbergMarquardt(), "GN": optsolve.GaussNewton()}
-# covariance under jit: one compilation per model (eager, its ops compile one by one)
-_covariance = jax.jit(optsolve.covariance)
 
 
 @cache
@@ -226,7 +235,7 @@ def test_levenberg_marquardt_parameters(name, start):
     assert int(sol.retcode) == ReturnCode.SUCCESS, sol.message
     assert reached(name, ssr(sol))
     np.testing.assert_array_less(relative(sol.x, P.certified), PARAM_RTOL)
-    sd = np.sqrt(np.diag(np.asarray(_covariance(sol, problem(name, start)))))
+    sd = np.sqrt(np.diag(np.asarray(optsolve.covariance(sol))))
     np.testing.assert_array_less(relative(sd, P.certified_sd), SD_RTOL)
 
 
@@ -276,3 +285,25 @@ if __name__ == "__main__":
     for row in table():
         print(" | ".join(" ".join(str(v) for v in part)
                          for part in (row[:2], row[2:6], row[6:10], row[10:])))
+
+
+# ------------------------------------------- curve_fit and ScipyLeastSquares, Start 1
+
+@pytest.mark.parametrize("name", NAMES)
+def test_curve_fit_and_scipy_least_squares_from_start1(name):
+    """From NIST's first start, wherever scipy's lm reaches the certified SSR: curve_fit
+    (on LevenbergMarquardt) and ScipyLeastSquares reach it with SUCCESS, and at tight
+    tolerances curve_fit's covariance gives the certified standard deviations."""
+    if not reached(name, 2 * scipy_lm(name, "start1").cost):
+        pytest.skip(f"scipy's lm does not reach {name}'s certified SSR from Start 1")
+    P = load(name)
+    model = CURVE_FIT_MODELS[MODELS[name][1]]
+    x, y = data(name)
+    popt, _, sol = optsolve.curve_fit(model, x, y, P.start1, full_output=True)
+    assert reached(name, ssr(sol)) and int(sol.retcode) == ReturnCode.SUCCESS, sol.message
+    ftol, gtol = TIGHT
+    popt, pcov = optsolve.curve_fit(model, x, y, P.start1, ftol=ftol, gtol=gtol)
+    np.testing.assert_array_less(relative(popt, P.certified), PARAM_RTOL)
+    np.testing.assert_array_less(relative(np.sqrt(np.diag(pcov)), P.certified_sd), SD_RTOL)
+    sol = optsolve.solve(problem(name, "start1"), optsolve.ScipyLeastSquares("lm"))
+    assert reached(name, ssr(sol)) and int(sol.retcode) == ReturnCode.SUCCESS, sol.message

@@ -272,7 +272,7 @@ def test_errors_scipy_would_raise_mid_run_come_first():
     with pytest.raises(ValueError, match=r"needs one of ftol, xtol, gtol >= machine epsilon"):
         solve(LeastSquaresProblem(decay, X0, Y), ScipyLeastSquares("trf"),
               gtol=0.0, ftol=0.0, xtol=0.0)
-    with pytest.raises(ValueError, match=r"solve: `xtol` must be a real number >= 0"):
+    with pytest.raises(ValueError, match=r"solve: `xtol` must be >= 0, got -1.0"):
         solve(LeastSquaresProblem(decay, X0, Y), ScipyLeastSquares("trf"), xtol=-1.0)
 
 

@@ -14,7 +14,7 @@ from optsolve.backends.classical.least_squares import GaussNewton, LevenbergMarq
 from optsolve.backends.scipy.backend import ScipyGlobal, ScipyMinimize
 from optsolve.backends.scipy.least_squares import ScipyLeastSquares
 from optsolve.solve_api.covariance import covariance
-from optsolve.fitting import curve_fit
+from optsolve.fitting import curve_fit, curve_fit_problem
 
 globals().update(_OPTAX_ALGORITHMS)
 
@@ -26,5 +26,5 @@ __all__ = [
     "LevenbergMarquardt", "Newton", "NonlinearCG",
     "TrustRegion", "Zoom",
     "ScipyGlobal", "ScipyLeastSquares", "ScipyMinimize",
-    "covariance", "curve_fit",
+    "covariance", "curve_fit", "curve_fit_problem",
 ]

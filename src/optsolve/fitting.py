@@ -46,6 +46,26 @@ def _residual_of(model: Callable[..., Any]) -> Callable[[Any, Any], jax.Array]:
         return _weighted_residual(model)
 
 
+def curve_fit_problem(model: Callable[..., Any], xdata: Any, ydata: Any, p0: Any,
+                      sigma: Any = None, bounds: Any = None) -> LeastSquaresProblem:
+    """The :class:`~optsolve.LeastSquaresProblem` that :func:`curve_fit` solves: the
+    residuals ``(model(xdata, *params) - ydata)`` whitened by ``sigma``, from ``p0``, with
+    ``p = (xdata, ydata, sigma)`` (so new data reuse the compiled solve). For solving the
+    fit with any algorithm and options: ``solve(curve_fit_problem(...), algorithm)``.
+    Arguments as for :func:`curve_fit`."""
+    p0 = jnp.asarray(p0)
+    if not jnp.issubdtype(p0.dtype, jnp.floating):
+        p0 = p0.astype(jnp.result_type(float))
+    if p0.ndim != 1:
+        raise ValueError(f"curve_fit: `p0` must be a 1-D array of parameters, got shape "
+                         f"{p0.shape}.")
+    if sigma is not None and jnp.ndim(sigma) not in (1, 2):
+        raise ValueError(f"curve_fit: `sigma` must be None, a 1-D array of standard "
+                         f"deviations or a 2-D covariance matrix, got shape {jnp.shape(sigma)}.")
+    data = (xdata, ydata, None if sigma is None else jnp.asarray(sigma))
+    return LeastSquaresProblem(_residual_of(model), p0, data, bounds=bounds)
+
+
 def curve_fit(model: Callable[..., Any], xdata: Any, ydata: Any, p0: Any, sigma: Any = None,
               absolute_sigma: bool = False, bounds: Any = None, *, algorithm: Any = None,
               full_output: bool = False, **solve_options: Any) -> tuple:
@@ -94,17 +114,7 @@ def curve_fit(model: Callable[..., Any], xdata: Any, ydata: Any, p0: Any, sigma:
         else:
             from optsolve.backends.scipy.least_squares import ScipyLeastSquares
             algorithm = ScipyLeastSquares("trf")
-    p0 = jnp.asarray(p0)
-    if not jnp.issubdtype(p0.dtype, jnp.floating):
-        p0 = p0.astype(jnp.result_type(float))
-    if p0.ndim != 1:
-        raise ValueError(f"curve_fit: `p0` must be a 1-D array of parameters, got shape "
-                         f"{p0.shape}.")
-    if sigma is not None and jnp.ndim(sigma) not in (1, 2):
-        raise ValueError(f"curve_fit: `sigma` must be None, a 1-D array of standard "
-                         f"deviations or a 2-D covariance matrix, got shape {jnp.shape(sigma)}.")
-    data = (xdata, ydata, None if sigma is None else jnp.asarray(sigma))
-    problem = LeastSquaresProblem(_residual_of(model), p0, data, bounds=bounds)
+    problem = curve_fit_problem(model, xdata, ydata, p0, sigma, bounds)
     solution = solve(problem, algorithm, **solve_options)
     if not is_traced(solution.x) and not bool(np.asarray(solution.success)):
         raise RuntimeError(f"curve_fit: optimal parameters not found: {solution.message}")

@@ -16,6 +16,7 @@ from jax.flatten_util import ravel_pytree
 
 from optsolve.solve_api.least_squares import LeastSquaresProblem
 from optsolve.solve_api.problem import OptimizationProblem
+from optsolve.solve_api.sense import to_minimisation
 from optsolve.solve_api.solution import Solution
 
 # Dense n x n matrices only: beyond this many parameters the matrix (and the n products
@@ -34,7 +35,8 @@ def covariance(solution: Solution, problem: OptimizationProblem | None = None, *
       comes from an SVD of J, dropping singular values below ``eps max(m, n) s_max``
       (scipy's rule); with ``m <= n`` and ``scale=True`` every entry is inf.
     - A scalar objective: the inverse Hessian of f at x (for f a negative log-likelihood,
-      the asymptotic covariance of the maximum-likelihood estimate); ``scale`` is ignored.
+      the asymptotic covariance of the maximum-likelihood estimate; for a log-likelihood
+      maximised with ``sense="max"``, of -f); ``scale`` is ignored.
 
     Standard errors are ``jnp.sqrt(jnp.diag(cov))``. Rows and columns follow x flattened
     by ``jax.flatten_util.ravel_pytree`` (x itself when it is one array). Works under
@@ -57,6 +59,8 @@ def covariance(solution: Solution, problem: OptimizationProblem | None = None, *
         raise ValueError(
             "covariance: this Solution holds no problem (it crossed jax.jit, or was built by "
             "hand); pass it: covariance(sol, problem).")
+    # the curvature of what was minimised: -f for sense="max", f's value for has_aux
+    problem = to_minimisation(problem)
     n = sum(int(np.size(leaf)) for leaf in jax.tree_util.tree_leaves(solution.x))
     if n > MAX_DENSE_PARAMETERS:
         raise ValueError(

@@ -41,6 +41,8 @@ class SolveOptions:
       maxtime: the most wall-clock seconds to run.
       gtol: stop with SUCCESS once the gradient's infinity norm is <= gtol.
       ftol: stop with SUCCESS once |f_k - f_{k+1}| <= ftol * max(|f_k|, |f_{k+1}|, 1).
+      xtol: the step-size test of the algorithms that take one (``extra_options``); a
+        leaf like gtol and ftol, so a new value does not recompile.
       callback: ``callback(iteration, x, objective[, grad_norm]) -> bool | None``; True
         stops the run. The gradient's infinity norm is passed when the callback takes a
         fourth argument.
@@ -62,6 +64,7 @@ class SolveOptions:
     maxtime: Any = None
     gtol: Any = None
     ftol: Any = None
+    xtol: Any = None
     callback: Callable[..., Any] | None = static_field(default=None)
     callback_every: int = static_field(default=1)
     extra: tuple[tuple[str, Any], ...] = static_field(default=())
@@ -73,7 +76,10 @@ class SolveOptions:
     replay: Any = None
 
     def get(self, name: str, default: Any = None) -> Any:
-        """A backend-specific option's value, or ``default`` when not given."""
+        """A backend-specific option's value (``xtol`` included), or ``default`` when not
+        given."""
+        if name == "xtol":
+            return default if self.xtol is None else self.xtol
         return dict(self.extra).get(name, default)
 
 
@@ -109,6 +115,8 @@ def make_options(algorithm: Algorithm, *, maxiters=None, maxtime=None, gtol=None
     _check_number("maxtime", maxtime, positive=True)
     _check_number("gtol", gtol)
     _check_number("ftol", ftol)
+    xtol = extra.pop("xtol", None)
+    _check_number("xtol", xtol)
     if callback is not None and not callable(callback):
         raise TypeError(
             f"solve: `callback` must be callable as callback(iteration, x, objective), got "
@@ -120,7 +128,7 @@ def make_options(algorithm: Algorithm, *, maxiters=None, maxtime=None, gtol=None
     # -1: a history without a known length, which only a training loop on data can record
     length = -1 if maxiters is None or isinstance(maxiters, jax.core.Tracer) else int(maxiters) + 1
     return SolveOptions(
-        maxiters=maxiters, maxtime=maxtime, gtol=gtol, ftol=ftol, callback=callback,
+        maxiters=maxiters, maxtime=maxtime, gtol=gtol, ftol=ftol, xtol=xtol, callback=callback,
         callback_every=int(callback_every), extra=tuple(sorted(extra.items())),
         resume=resume, history=length if history else 0, progress=bool(progress),
     )

@@ -32,9 +32,10 @@ from optsolve.solve_api.pytree import pytree_dataclass, static_field
 
 Array = jax.Array
 
-# The dense path materialises the m x n Jacobian; beyond this many entries "auto" goes
-# matrix-free.
+# The dense path materialises the m x n Jacobian (n forward passes) and factorises it;
+# "auto" goes matrix-free beyond this many entries or parameters.
 DENSE_ENTRIES = 2 ** 24
+DENSE_PARAMETERS = 256
 _LINEAR_SOLVERS = ("auto", "dense", "cg")
 # MINPACK's defaults (and scipy.optimize.least_squares'): relative tests at 1e-8.
 DEFAULT_TOL = 1e-8
@@ -75,7 +76,7 @@ def _check_linear_solver(owner: str, value: str) -> None:
 
 def _uses_dense(alg: Any, m: int, n: int) -> bool:
     if alg.linear_solver == "auto":
-        return m * n <= DENSE_ENTRIES
+        return m * n <= DENSE_ENTRIES and n <= DENSE_PARAMETERS
     return alg.linear_solver == "dense"
 
 
@@ -144,8 +145,8 @@ class GaussNewton(ClassicalAlgorithm):
     ``solve`` options, default 1e-8).
 
     Args:
-      linear_solver: "auto" (default: dense when the Jacobian has at most 2^24 entries),
-        "dense" or "cg" (static).
+      linear_solver: "auto" (default: dense for at most 256 parameters and 2^24 Jacobian
+        entries, else matrix-free), "dense" or "cg" (static).
       cg_rtol: the relative residual at which CG stops (matrix-free; default 1e-6).
       cg_maxiter: the most CG iterations per step (static; default 2n).
       linesearch: :class:`Backtracking` (default) or :class:`Zoom`.
@@ -174,13 +175,22 @@ class GaussNewton(ClassicalAlgorithm):
 # ------------------------------------------------------------------ Levenberg-Marquardt
 
 class _LMState(NamedTuple):
-    r: Array        # residuals at x
-    jac: Array      # the Jacobian at x (dense path; shape (0,) matrix-free)
+    rfac: Array     # R of the Jacobian's QR factorisation J = Q R at x (dense path; (0,)
+    qtr: Array      # matrix-free), and Q^T r: all the step needs, n x n and n, not m x n
     diag: Array     # Moré's scaling D
     delta: Array    # trust radius in the D-norm
     par: Array      # the Levenberg-Marquardt parameter
     first: Array    # no step taken yet: delta is set from |D x0| at the first step
     nonfinite: Array  # some trial met non-finite residuals (a stall then says so)
+
+
+def _factorised(jac: Array, r: Array) -> tuple[Array, Array]:
+    """(R, Q^T r) of ``jac = Q R``, from one QR factorisation of ``[jac | r]`` (Q is never
+    formed: the last column of that R is ``Q^T r``); R is min(m, n) x n."""
+    k = min(jac.shape[0], jac.shape[1])
+    aug = jnp.linalg.qr(jnp.concatenate([jac, r[:, None].astype(jac.dtype)], axis=1),
+                        mode="r")
+    return aug[:k, :-1], aug[:k, -1]
 
 
 def _secular_parameter(s: Array, a: Array, delta: Array, par: Array) -> Array:
@@ -241,7 +251,6 @@ class _Trial(NamedTuple):
 
 
 class _LevenbergMarquardtSolver(SteppingSolver):
-    select_state = False  # a failed step ends the run; the carried Jacobian is not copied
     tests_tolerances: ClassVar[bool] = True
 
     def __init__(self, alg: "LevenbergMarquardt", problem: LeastSquaresProblem):
@@ -261,29 +270,36 @@ class _LevenbergMarquardtSolver(SteppingSolver):
     def init(self, objective: Objective, x, f, g) -> _LMState:
         residuals = Residuals(self.problem, objective.p)
         xf = ravel_pytree(x)[0]
-        r = residuals(xf)
-        jac = residuals.jacobian(xf, self.m) if self.dense else jnp.zeros((0,), r.dtype)
+        if self.dense:
+            rfac, qtr = _factorised(residuals.jacobian(xf, self.m), residuals(xf))
+        else:
+            rfac = qtr = jnp.zeros((0,), self.dtype)
         zero = jnp.zeros((), self.dtype)
-        return _LMState(r, jac, jnp.ones_like(xf), zero, zero, jnp.ones((), bool),
+        return _LMState(rfac, qtr, jnp.ones_like(xf), zero, zero, jnp.ones((), bool),
                         jnp.zeros((), bool))
 
     def step(self, objective: Objective, x, f, g, state: _LMState) -> Step:
         residuals = Residuals(self.problem, objective.p)
         xf = ravel_pytree(x)[0]
         gf = ravel_pytree(g)[0]
-        r, fnorm = state.r, jnp.linalg.norm(state.r)
+        fnorm = jnp.sqrt(2 * f)  # f = |r|^2 / 2
         zero_residual = fnorm == 0  # an exact fit: no step can reduce |r|
         fnorm = jnp.where(zero_residual, 1.0, fnorm)
         alg, eps = self.alg, jnp.finfo(self.dtype).eps
         if self.dense:
-            colnorm = jnp.linalg.norm(state.jac, axis=0).astype(self.dtype)
+            # J's column norms are R's; J D^-1 = Q (R D^-1), so the SVD of the small
+            # R D^-1 is the scaled Jacobian's, and U^T Q^T r its residual's coordinates
+            colnorm = jnp.linalg.norm(state.rfac, axis=0).astype(self.dtype)
             diag = jnp.where(state.first, jnp.where(colnorm == 0, 1.0, colnorm),
                              jnp.maximum(state.diag, colnorm))
-            u, s, vt = jnp.linalg.svd(state.jac / diag, full_matrices=False)
-            a = s * (u.T @ r)
+            u, s, vt = jnp.linalg.svd(state.rfac / diag, full_matrices=False)
+            # a rank-deficient J: singular values at rounding level are zero (the step
+            # stays out of the null space; scipy's rule for its pseudo-inverse)
+            s = jnp.where(s > eps * max(self.m, self.n) * s[0], s, 0.0)
+            c = u.T @ state.qtr
+            a = s * c
             # the relative reduction the Gauss-Newton step predicts: |r's part in range(J)|^2
-            gn_prered = jnp.sum(jnp.square(jnp.where(s > 0, u.T @ r, 0.0))) / jnp.square(
-                jnp.where(fnorm == 0, 1.0, fnorm))
+            gn_prered = jnp.sum(jnp.square(jnp.where(s > 0, c, 0.0))) / jnp.square(fnorm)
         else:  # matrix-free: the unscaled norm (column norms would cost n products)
             diag = state.diag
             _, jvp, vjp = residuals.linearized(xf)
@@ -353,21 +369,22 @@ class _LevenbergMarquardtSolver(SteppingSolver):
 
         false = jnp.zeros((), bool)
         t = inner_while_loop(cond, body, _Trial(
-            jnp.zeros((), jnp.int32), delta0, state.par, xf, r, false, zero_residual, false,
-            false, false, zero_residual), alg.max_trials)
+            jnp.zeros((), jnp.int32), delta0, state.par, xf,
+            jnp.zeros((self.m,), jnp.result_type(f)), false, zero_residual, false, false,
+            false, zero_residual), alg.max_trials)
         x_new = jnp.where(t.accepted, t.x, xf)
-        r_new = jnp.where(t.accepted, t.r, r)
         if self.dense:
-            jac = lax.cond(t.accepted, lambda: residuals.jacobian(t.x, self.m),
-                           lambda: state.jac)
-            g_new = jnp.where(t.accepted, (jac.T @ r_new).astype(self.dtype), gf)
+            rfac, qtr = lax.cond(
+                t.accepted, lambda: _factorised(residuals.jacobian(t.x, self.m), t.r),
+                lambda: (state.rfac, state.qtr))
+            g_new = jnp.where(t.accepted, (rfac.T @ qtr).astype(self.dtype), gf)  # J^T r
         else:
-            jac = state.jac
-            g_new = jnp.where(t.accepted, jax.vjp(residuals, x_new)[1](r_new)[0], gf)
-        f_new = jnp.where(t.accepted, _sum_squares(r_new), f)
+            rfac, qtr = state.rfac, state.qtr
+            g_new = jnp.where(t.accepted, jax.vjp(residuals, x_new)[1](t.r)[0], gf)
+        f_new = jnp.where(t.accepted, _sum_squares(t.r), f)
         unravel = ravel_pytree(x)[1]
         nonfinite = state.nonfinite | t.nonfinite
-        new_state = _LMState(r_new, jac, diag, t.delta, t.par, state.first & ~t.accepted,
+        new_state = _LMState(rfac, qtr, diag, t.delta, t.par, state.first & ~t.accepted,
                              nonfinite)
         return Step(unravel(x_new), f_new, unravel(g_new), new_state, t.k,
                     t.accepted.astype(jnp.int32), false, t.stalled & ~t.accepted,
@@ -400,8 +417,8 @@ class LevenbergMarquardt(ClassicalAlgorithm):
       factor: the first radius is ``factor |D x0|`` (``factor`` if that is 0); default 100.
       max_trials: the most trial steps per iteration before it ends without a step (static;
         default 30).
-      linear_solver: "auto" (default: dense when the Jacobian has at most 2^24 entries),
-        "dense" or "cg" (static).
+      linear_solver: "auto" (default: dense for at most 256 parameters and 2^24 Jacobian
+        entries, else matrix-free), "dense" or "cg" (static).
       cg_rtol: the relative residual at which CG stops (matrix-free; default 1e-6).
       cg_maxiter: the most CG iterations per step (static; default 2n).
 
