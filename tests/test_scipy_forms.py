@@ -10,6 +10,7 @@ import scipy.optimize as so
 
 import optsolve
 from optsolve import OptimizationProblem, solve
+from fresh_interpreter import run_without_x64
 
 F = lambda x, p: jnp.sum((x - 3.0) ** 2)  # noqa: E731
 F_NP = lambda x: float(np.sum((x - 3.0) ** 2))  # noqa: E731
@@ -94,11 +95,4 @@ def test_a_float32_objective_under_scipy_warns_once_naming_x64():
         "    solve(prob, optsolve.LBFGS())\n"
         "print(sum('jax_enable_x64' in str(w.message) for w in caught))\n"
     )
-    import os
-    import subprocess
-    import sys
-    env = {k: v for k, v in os.environ.items() if k != "JAX_ENABLE_X64"}
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         env=env, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split()[-1] == "1"
+    assert run_without_x64(script).split()[-1] == "1"

@@ -9,10 +9,6 @@ least squares: dx*/dy = pinv(A)) and central finite differences of the solution.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -21,6 +17,7 @@ import scipy.optimize as so
 
 import optsolve
 from optsolve import LeastSquaresProblem, OptimizationProblem, ReturnCode, ScipyLeastSquares, solve
+from fresh_interpreter import run_without_x64
 
 pytestmark = pytest.mark.usefixtures("one_blas_thread")
 
@@ -195,11 +192,7 @@ def test_float32_evaluation_warns_once_naming_x64():
         "print(sum('jax_enable_x64' in str(w.message) for w in caught),\n"
         "      *[s.retcode.name for s in sols], sols[0].x.dtype, *sols[0].x.tolist())\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "JAX_ENABLE_X64"}
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         env=env, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    count, trf, lm, dtype, amp, rate = out.stdout.split()
+    count, trf, lm, dtype, amp, rate = run_without_x64(script).split()
     assert (count, trf, lm, dtype) == ("1", "SUCCESS", "SUCCESS", "float32")
     np.testing.assert_allclose([float(amp), float(rate)], [2.0, 1.3], rtol=1e-4)
 
