@@ -265,7 +265,9 @@ def solve(problem: OptimizationProblem, algorithm: Any, *, maxiters: int | None 
 
     Returns:
       A :class:`Solution`; ``retcode`` says why the run stopped. Numerical trouble gives
-      ``ReturnCode.FAILURE`` with the last finite iterate, never an exception.
+      ``ReturnCode.FAILURE`` with the last finite iterate, never an exception. For a problem
+      with ``sense="max"`` every algorithm minimises ``-f``, and the objective, history and
+      callback values are f's own; with ``has_aux=True``, ``sol.aux`` is aux at ``sol.x``.
 
     Example:
       >>> import jax.numpy as jnp, optsolve
