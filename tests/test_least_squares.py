@@ -219,7 +219,7 @@ def test_covariance_needs_its_problem_after_jit_and_refuses_huge_dense_matrices(
 def test_a_new_xtol_reuses_the_compiled_run_and_may_be_traced():
     from compile_count import count_compilations
     prob = LeastSquaresProblem(_decay, X0, DATA)
-    for alg in (optsolve.LevenbergMarquardt(), optsolve.LBFGS()):
+    for alg in (optsolve.LevenbergMarquardt(), optsolve.LBFGS(), optsolve.ScipyLeastSquares()):
         solve(prob, alg, xtol=1e-8)
         with count_compilations() as counter:
             solve(prob, alg, xtol=1e-9)

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 import numpy as np
 
+from optsolve.solve_api.cache import BoundedCache
 from optsolve.solve_api.covariance import covariance
 from optsolve.solve_api.least_squares import LeastSquaresProblem
 from optsolve.solve_api.pytree import is_traced
@@ -36,14 +37,11 @@ def _weighted_residual(model: Callable[..., Any]) -> Callable[[Any, Any], jax.Ar
 
 
 # one residual function per model, so that fits of one model share compiled code
-_RESIDUALS: dict[Any, Callable[[Any, Any], jax.Array]] = {}
+_RESIDUALS = BoundedCache(256)
 
 
 def _residual_of(model: Callable[..., Any]) -> Callable[[Any, Any], jax.Array]:
-    try:
-        return _RESIDUALS.setdefault(model, _weighted_residual(model))
-    except TypeError:  # an unhashable callable: no sharing
-        return _weighted_residual(model)
+    return _RESIDUALS.get_or_make(model, lambda: _weighted_residual(model))
 
 
 def curve_fit_problem(model: Callable[..., Any], xdata: Any, ydata: Any, p0: Any,

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
-from optsolve.solve_api.least_squares import LeastSquaresProblem
+from optsolve.solve_api.least_squares import LeastSquaresProblem, jacobian_of
 from optsolve.solve_api.problem import OptimizationProblem
 from optsolve.solve_api.sense import to_minimisation
 from optsolve.solve_api.solution import Solution
@@ -91,7 +91,7 @@ def _least_squares_covariance(problem: LeastSquaresProblem, flat: jax.Array, unr
 
     r = residuals(flat)
     m, n = r.size, flat.size
-    jac = jax.jacfwd(residuals)(flat) if m >= n else jax.jacrev(residuals)(flat)
+    jac = jacobian_of(residuals, m, n)(flat)
     _, s, vt = jnp.linalg.svd(jac, full_matrices=False)
     threshold = jnp.finfo(s.dtype).eps * max(m, n) * s[0]
     inverse_s2 = jnp.where(s > threshold, 1.0 / jnp.where(s > 0, s, 1.0) ** 2, 0.0)

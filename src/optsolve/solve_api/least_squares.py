@@ -104,6 +104,13 @@ class LeastSquaresProblem(OptimizationProblem):
                                    bounds=fields["bounds"])
 
 
+def jacobian_of(fn: Callable[[jax.Array], jax.Array], m: int, n: int
+                ) -> Callable[[jax.Array], jax.Array]:
+    """The dense Jacobian function of ``fn``: R^n -> R^m: forward mode (n passes) when
+    m >= n, else reverse mode (m passes), the cheaper of the two."""
+    return jax.jacfwd(fn) if m >= n else jax.jacrev(fn)
+
+
 def residual_size(problem: LeastSquaresProblem) -> int:
     """The number of residuals (all leaves together), from the residual's shapes."""
     out = jax.eval_shape(problem.residual, problem.x0, problem.p)

@@ -25,7 +25,7 @@ from optsolve.backends.classical.linesearch import Backtracking
 from optsolve.backends.classical.second_order import steihaug_cg
 from optsolve.backends.native.objective import Objective
 from optsolve.backends.native.protocol import Step, SteppingSolver
-from optsolve.solve_api.least_squares import LeastSquaresProblem, residual_size
+from optsolve.solve_api.least_squares import LeastSquaresProblem, jacobian_of, residual_size
 from optsolve.solve_api.linear_solve import cg
 from optsolve.solve_api.loops import inner_while_loop
 from optsolve.solve_api.pytree import pytree_dataclass, static_field
@@ -53,9 +53,7 @@ class Residuals:
 
     def jacobian(self, x: Array, m: int) -> Array:
         """The dense m x n Jacobian: forward mode when m >= n, else reverse mode."""
-        if m >= x.size:
-            return jax.jacfwd(self)(x)
-        return jax.jacrev(self)(x)
+        return jacobian_of(self, m, x.size)(x)
 
     def linearized(self, x: Array) -> tuple[Array, Any, Any]:
         """(r(x), v -> J v, u -> J^T u), linearised once at x."""

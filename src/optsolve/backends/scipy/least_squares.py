@@ -286,10 +286,6 @@ def _check_before_running(problem: OptimizationProblem, algorithm: ScipyLeastSqu
     if not isinstance(problem, LeastSquaresProblem):
         return  # (refused centrally: needs_residuals)
     xtol = options.get("xtol")
-    if xtol is not None and (isinstance(xtol, bool) or not isinstance(
-            xtol, (int, float, np.integer, np.floating)) or not xtol >= 0):
-        raise ValueError(f"solve: `xtol` must be a real number >= 0 (or None: scipy's "
-                         f"default, 1e-8), got xtol={xtol!r}.")
     if spec.key == "lm":
         m = number_of_residuals(problem)
         n = int(sum(np.size(leaf) for leaf in jax.tree_util.tree_leaves(problem.x0)))

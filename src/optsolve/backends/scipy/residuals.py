@@ -24,7 +24,7 @@ from optsolve.backends.scipy.host_executable import HostCall, HostExecutable
 from optsolve.backends.scipy.losses import robust_cost
 from optsolve.solve_api.cache import BoundedCache
 from optsolve.solve_api.host import raise_if_interrupted
-from optsolve.solve_api.least_squares import LeastSquaresProblem, residual_size
+from optsolve.solve_api.least_squares import LeastSquaresProblem, jacobian_of, residual_size
 from optsolve.solve_api.problem import OptimizationProblem
 from optsolve.solve_api.pytree import tree_spec
 
@@ -73,8 +73,7 @@ def residual_executables(problem: LeastSquaresProblem, p: PyTree) -> ResidualExe
         vec = jax.ShapeDtypeStruct((n,), flat0.dtype)
         fn = flat_residuals(problem.residual, unravel, flat0.dtype)
         m = jax.eval_shape(fn, vec, p).shape[0]
-        # forward mode costs n passes, reverse mode m: the cheaper of the two
-        jac = jax.jacfwd(fn) if m >= n else jax.jacrev(fn)
+        jac = jacobian_of(fn, m, n)
         return ResidualExecutables(HostExecutable(fn, (vec,), p),
                                    HostExecutable(jac, (vec,), p), m, n)
 
