@@ -22,8 +22,8 @@ def catalog_markdown() -> str:
         return "yes" if flag else "-"
 
     header = ("| algorithm | backend | derivatives | bounds | constraints | jit | vmap | "
-              "history | resume | data | implicit diff | unrolled diff |")
-    rows = [header, "|" + "---|" * 12]
+              "history | resume | data | model state | implicit diff | unrolled diff |")
+    rows = [header, "|" + "---|" * 13]
     for cls in algorithm_classes():
         t = cls.traits()
         derivatives = "Hessian" if t["needs_hessian"] else (
@@ -33,7 +33,7 @@ def catalog_markdown() -> str:
             f"| `{cls.__name__}` | {t['family']} | {derivatives} | {mark(t['takes_bounds'])} | "
             f"{mark(t['takes_constraints'])} | {mark(t['jittable'])} | {mark(t['vmappable'])} | "
             f"{mark(t['records_history'])} | {resume} | {mark(t['takes_data'])} | "
-            f"yes | {mark(t['unrollable'])} |"
+            f"{mark(t['threads_model_state'])} | yes | {mark(t['unrollable'])} |"
         )
     return "\n".join(rows)
 

@@ -282,6 +282,11 @@ def test_data_errors():
         solve(prob, optax.lbfgs(), data=batches())
     with pytest.raises(TypeError, match=r"`data` must be an iterable of batches"):
         solve(prob, optsolve.Adam(0.05), data=3.0)
+    # in-memory arrays without batch_size would be read as one batch per array
+    with pytest.raises(ValueError, match=r"`data` is a tuple of arrays .*pass `batch_size`"):
+        solve(prob, optsolve.Adam(0.05), data=(FEATURES, LABELS))
+    with pytest.raises(ValueError, match=r"`data` is a dict of arrays .*pass `batch_size`"):
+        solve(prob, optsolve.Adam(0.05), data={"x": FEATURES, "y": LABELS})
 
 
 def test_data_path_runs_the_full_batch_step():

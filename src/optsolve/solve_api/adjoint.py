@@ -295,6 +295,13 @@ class ImplicitAdjoint:
             solution = jax.tree_util.tree_unflatten(side["treedef"], [
                 obj if obj is not None else leaf for leaf, obj in zip(leaves, side["objects"])
             ])
+            if solution.model_state is not None:
+                raise ValueError(
+                    "ImplicitAdjoint: f changes the model's state in place (BatchNorm "
+                    "statistics, RNG counters), so the solution is not the minimiser of one "
+                    "f(x, p) and has no implicit derivative; differentiate a model evaluated "
+                    "in eval mode, or the iterations themselves with "
+                    "solve(..., adjoint=UnrolledAdjoint()).")
             code = solution.retcode
             if isinstance(code, jax.core.Tracer):
                 jax.debug.callback(lambda c: [_warn_not_converged(ci) for ci in np.ravel(c)],

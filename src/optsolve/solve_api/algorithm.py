@@ -43,6 +43,9 @@ class Algorithm:
       resumable: ``solve(..., resume=sol)`` continues an earlier run.
       records_history: ``solve(..., history=True)`` records every iterate's objective.
       takes_data: trains on ``solve(..., data=...)`` with an objective f(x, p, batch).
+      threads_model_state: evaluates f once per step, so that a model's state that f
+        changes in place (BatchNorm statistics, RNG counters; a problem with ``trainable``)
+        is carried from step to step and returned in ``sol.x``.
       compiled_driver: runs in optsolve's compiled JAX loop, which starts from x0 itself
         (``maxiters=0`` returns its initial state); other backends are not called then.
       conditional_traits: traits that hold only for some configurations of an instance
@@ -64,6 +67,7 @@ class Algorithm:
     records_history: ClassVar[bool] = False
     takes_data: ClassVar[bool] = False
     compiled_driver: ClassVar[bool] = False
+    threads_model_state: ClassVar[bool] = False
     conditional_traits: ClassVar[dict[str, str]] = {}
 
     @classmethod
@@ -73,6 +77,7 @@ class Algorithm:
             "family", "needs_gradient", "needs_hessian", "needs_residuals", "takes_bounds", "takes_constraints",
             "jittable", "vmappable", "stops_by_itself", "extra_options", "unrollable",
             "resumable", "records_history", "takes_data", "compiled_driver",
+            "threads_model_state",
         )
         return {n: getattr(cls, n) for n in names}
 

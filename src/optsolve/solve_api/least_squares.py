@@ -82,7 +82,7 @@ class LeastSquaresProblem(OptimizationProblem):
     def replace(self, **changes: Any) -> "LeastSquaresProblem":
         """A new problem with some of ``residual``, ``x0``, ``p``, ``bounds`` changed."""
         # solve's internals pass grad/hvp/constraints unchanged (None) when they rebuild one
-        for name in ("sense", "has_aux"):  # solve's internals pass them unchanged
+        for name in ("sense", "has_aux", "trainable"):  # solve's internals pass them unchanged
             if changes.pop(name, getattr(self, name)) != getattr(self, name):
                 raise TypeError(f"LeastSquaresProblem.replace: `{name}` cannot change (a sum of "
                                 "squares is minimised); valid fields are residual, x0, p, bounds.")

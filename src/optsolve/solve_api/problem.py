@@ -11,8 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import scipy.optimize as so
 
-from optsolve.solve_api import scipy_forms
-from optsolve.solve_api.pytree import pytree_dataclass, replace, static_field
+from optsolve.solve_api import scipy_forms, trainable as trainable_leaves
+from optsolve.solve_api.pytree import freeze, pytree_dataclass, replace, static_field
 
 PyTree = Any
 
@@ -59,15 +59,28 @@ def _check_x0(x0: PyTree) -> None:
     leaves = jax.tree_util.tree_leaves(x0)
     if not leaves:
         raise ValueError("OptimizationProblem: `x0` must contain at least one array, got an empty pytree.")
+    hint = trainable_leaves.untrainable_hint(x0)
+    if hint is not None:
+        raise ValueError(hint)
     for path, leaf in jax.tree_util.tree_leaves_with_path(x0):
+        where = "x0" + jax.tree_util.keystr(path)
+        if not (hasattr(leaf, "dtype") or isinstance(leaf, (bool, int, float, complex))):
+            raise TypeError(
+                f"OptimizationProblem: leaf {where} of `x0` is a {type(leaf).__name__}, not an "
+                "array. To train a model that holds other leaves (an equinox module's "
+                "activation functions), say which leaves are trained: trainable="
+                "eqx.is_inexact_array, an nnx filter such as nnx.Param, or a pytree of bools."
+            )
         dtype = jnp.result_type(leaf)
-        where = jax.tree_util.keystr(path) or "x0"
         if not jnp.issubdtype(dtype, jnp.floating):
             kind = "complex" if jnp.issubdtype(dtype, jnp.complexfloating) else str(dtype)
             raise TypeError(
                 f"OptimizationProblem: `x0` must hold real floating-point arrays (float32 or "
-                f"float64), but leaf x0{'' if where == 'x0' else where} has dtype {kind}. "
-                f"Convert it, e.g. jnp.asarray(x0, dtype=jnp.float32)."
+                f"float64), but leaf {where} has dtype {kind}. Convert it, e.g. "
+                "jnp.asarray(x0, dtype=jnp.float32); or, if it is model state that is not "
+                "trained (an RNG counter, a step count), leave it out of the training with "
+                "`trainable=` (an nnx filter such as nnx.Param, a predicate such as "
+                "eqx.is_inexact_array, or a pytree of bools)."
             )
 
 
@@ -138,6 +151,16 @@ class OptimizationProblem:
         ``-f``; ``sol.objective``, the history and the callback's objective are f's own.
       has_aux: f returns ``(value, aux)``, any pytree aux (metrics, predictions); the
         algorithms use the value, and ``sol.aux`` holds aux at the solution.
+      trainable: which leaves of x0 are trained, where x0 is a model that holds more than
+        parameters (:mod:`~optsolve.solve_api.trainable`): an nnx filter for a flax NNX
+        module (``nnx.Param``), a predicate ``leaf -> bool`` (``eqx.is_inexact_array``),
+        or a pytree of bools shaped like x0 (or a prefix of it). The other leaves are
+        carried, not optimised (bounds are then scalars, or pytrees shaped like the trained
+        leaves: the model with None elsewhere, as ``eqx.filter`` gives it): f receives the whole model, and state f changes in place
+        (an NNX BatchNorm's statistics in train mode, a Dropout's RNG counter) is carried
+        from step to step by the algorithms that evaluate f once per step (the optax
+        family) and returned in ``sol.x``. None (default): every leaf is trained and must
+        be a floating-point array.
 
     Example:
       >>> import jax.numpy as jnp
@@ -153,9 +176,10 @@ class OptimizationProblem:
     hvp: Callable[[PyTree, PyTree, PyTree], PyTree] | None = static_field(default=None)
     sense: str = static_field(default="min")
     has_aux: bool = static_field(default=False)
+    trainable: Any = static_field(default=None)
 
     def __init__(self, f, x0, p=None, *, bounds=None, constraints=None, grad=None, hvp=None,
-                 sense="min", has_aux=False):
+                 sense="min", has_aux=False, trainable=None):
         if sense not in ("min", "max"):
             raise ValueError(f"OptimizationProblem: `sense` must be 'min' or 'max', got {sense!r}.")
         if not isinstance(has_aux, bool):
@@ -174,16 +198,28 @@ class OptimizationProblem:
                 f"like x, got {hvp!r}."
             )
         x0 = scipy_forms.start_point(x0)
-        _check_x0(x0)
+        bounded = x0  # what bounds are shaped like: x0, or a model's trained leaves
+        if trainable is None:
+            _check_x0(x0)
+        else:
+            for name, value in (("constraints", constraints), ("grad", grad), ("hvp", hvp)):
+                if value is not None:
+                    raise ValueError(
+                        f"OptimizationProblem: `{name}` cannot be combined with `trainable` (a "
+                        "model as x0); declare the problem over the trained leaves themselves "
+                        "to use it.")
+            trainable = freeze(trainable)
+            # its errors, at construction
+            bounded = trainable_leaves.cached_split(x0, trainable).trained(x0)
         if bounds is not None:
-            bounds = scipy_forms.box(bounds, x0)
+            bounds = scipy_forms.box(bounds, bounded)
             if not isinstance(bounds, (tuple, list)) or len(bounds) != 2:
                 raise ValueError(
                     "OptimizationProblem: `bounds` must be a pair (lower, upper), each None, a "
                     f"scalar or a pytree like x0; got {bounds!r}."
                 )
-            lower = _normalize_bound(bounds[0], x0, -jnp.inf, "lower")
-            upper = _normalize_bound(bounds[1], x0, jnp.inf, "upper")
+            lower = _normalize_bound(bounds[0], bounded, -jnp.inf, "lower")
+            upper = _normalize_bound(bounds[1], bounded, jnp.inf, "upper")
             for lo, up in zip(jax.tree_util.tree_leaves(lower), jax.tree_util.tree_leaves(upper)):
                 if _is_concrete(lo) and _is_concrete(up) and np.any(np.asarray(lo) > np.asarray(up)):
                     raise ValueError(
@@ -215,15 +251,16 @@ class OptimizationProblem:
         object.__setattr__(self, "hvp", hvp)
         object.__setattr__(self, "sense", sense)
         object.__setattr__(self, "has_aux", has_aux)
+        object.__setattr__(self, "trainable", trainable)
 
     def replace(self, **changes: Any) -> "OptimizationProblem":
         """A new problem with some of ``f``, ``x0``, ``p``, ``bounds``, ``constraints``, ``grad``,
-        ``hvp``, ``sense``, ``has_aux`` changed."""
+        ``hvp``, ``sense``, ``has_aux``, ``trainable`` changed."""
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
         if unknown:
             raise TypeError(
                 f"OptimizationProblem.replace: unknown field(s) {sorted(unknown)}; valid fields "
-                "are f, x0, p, bounds, constraints, grad, hvp, sense, has_aux."
+                "are f, x0, p, bounds, constraints, grad, hvp, sense, has_aux, trainable."
             )
         return replace(self, **changes)
 

@@ -125,5 +125,7 @@ def in_user_terms(problem: OptimizationProblem, solution: Solution) -> Solution:
         if solution.multipliers is not None:
             changes["multipliers"] = negate(solution.multipliers)
     if problem.has_aux:
-        changes["aux"] = problem.f(solution.x, problem.p)[1]
+        # on a copy of x: an NNX model's forward pass may change its state in place
+        changes["aux"] = problem.f(jax.tree_util.tree_map(lambda v: v, solution.x),
+                                   problem.p)[1]
     return replace(solution, **changes)

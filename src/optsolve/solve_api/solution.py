@@ -87,6 +87,9 @@ class Solution:
         respect to constraint j's active bound. None without constraints.
       aux: for a problem with ``has_aux=True``, the auxiliary output of f at ``x``; else
         None.
+      model_state: inside ``solve`` only: the carried leaves of a model (a problem with
+        ``trainable``) as the run left them, which ``solve`` puts back into ``x``; None on
+        the Solution ``solve`` returns.
       detail: the backend's own reason in full (scipy's message), or None.
       problem: the problem ``solve`` solved (what :func:`~optsolve.covariance` reads); an
         attribute of this object, not a pytree leaf, so it does not cross ``jax.jit`` (None
@@ -105,6 +108,7 @@ class Solution:
     reason: Any = None
     multipliers: Any = None
     aux: Any = None
+    model_state: Any = None
     detail: str | None = static_field(default=None)
 
     @property

@@ -14,7 +14,7 @@ import numpy as np
 from jax import lax
 
 from optsolve.solve_api.adjoint import ImplicitAdjoint
-from optsolve.solve_api import host, sense
+from optsolve.solve_api import host, sense, trainable
 from optsolve.solve_api.capabilities import check_capabilities, check_objective, resume_point
 from optsolve.solve_api.kkt import multipliers, per_constraint
 from optsolve.solve_api.options import DataSpec, make_options
@@ -60,6 +60,13 @@ def _solve_on_data(problem, algorithm, opts, data, batch_size, key, epochs) -> S
             f"solve: `data` must be an iterable of batches, or arrays with `batch_size`; got "
             f"{type(data).__name__}."
         )
+    elif _in_memory_arrays(data):
+        shapes = [tuple(jax.numpy.shape(a)) for a in jax.tree_util.tree_leaves(data)]
+        raise ValueError(
+            f"solve: `data` is a {type(data).__name__} of arrays (shapes {shapes}), which "
+            "would be read as an iterable of batches, one per element; to train on in-memory "
+            "arrays cut into batches, pass `batch_size` (and `key` to shuffle), or pass a "
+            "list of batches.")
     check_capabilities(problem, algorithm, opts, stops_with_data=True)
     if is_traced(problem, algorithm):
         raise ValueError(
@@ -76,6 +83,15 @@ def _solve_on_data(problem, algorithm, opts, data, batch_size, key, epochs) -> S
         if opts.progress:
             host.advance_progress(int(solution.stats.iterations), solution.objective)
     return _eager(solution, time.perf_counter() - start, calls.interrupted)
+
+
+def _in_memory_arrays(data: Any) -> bool:
+    """Whether ``data`` is a tuple or dict of arrays (``(X, y)``): in-memory data given
+    without ``batch_size``, not batches (a list of batches is an iterable's usual form)."""
+    if isinstance(data, dict):
+        return True
+    return isinstance(data, tuple) and not hasattr(data, "_fields") and len(data) > 0 and all(
+        hasattr(a, "shape") and hasattr(a, "dtype") for a in data)
 
 
 def _data_steps(data, batch_size, epochs, maxiters) -> int | None:
@@ -120,8 +136,10 @@ def _with_problem(solution: Solution, problem: OptimizationProblem) -> Solution:
 
 
 def _finish(user_problem: OptimizationProblem, problem: OptimizationProblem,
-            solution: Solution) -> Solution:
-    """The solution in the terms of the user's problem, holding the problem it solves."""
+            solution: Solution, split: trainable.Split | None = None) -> Solution:
+    """The solution in the terms of the user's problem (the whole model where the problem
+    trains some of its leaves), holding the problem it solves."""
+    solution = trainable.outer(split, problem, solution)
     return _with_problem(sense.in_user_terms(user_problem, solution), problem)
 
 
@@ -282,6 +300,11 @@ def solve(problem: OptimizationProblem, algorithm: Any, *, maxiters: int | None 
     callback = sense.user_callback(user_problem, callback)
     if resume is not None and user_problem.sense == "max" and isinstance(resume, Solution):
         resume = replace(resume, objective=-resume.objective)
+    if resume is not None and not isinstance(resume, Solution):
+        resume_point(problem, resume)  # its error
+    problem, split, resume = trainable.inner(problem, resume)
+    if split is not None and callback is not None:
+        callback = trainable.ModelCallback(callback, split, problem.p.carried)
     if data is not None and user_problem.has_aux:
         raise ValueError(
             "solve: `has_aux` is not supported when training on `data` (aux would belong to "
@@ -297,7 +320,7 @@ def solve(problem: OptimizationProblem, algorithm: Any, *, maxiters: int | None 
                 f"loop over batches, which is not differentiated; got adjoint={adjoint!r}. "
                 "Remove it.")
         solution = _solve_on_data(problem, algorithm, opts, data, batch_size, key, epochs)
-        return _finish(user_problem, problem, solution)
+        return _finish(user_problem, problem, solution, split)
     for name, value in (("batch_size", batch_size), ("key", key), ("epochs", epochs)):
         if value is not None:
             raise ValueError(f"solve: `{name}` is only meaningful together with `data`.")
@@ -311,6 +334,9 @@ def solve(problem: OptimizationProblem, algorithm: Any, *, maxiters: int | None 
     adjoint = _check_adjoint(adjoint)
     check_capabilities(problem, algorithm, opts, adjoint=adjoint)
     check_objective(problem)
+    if split is not None and not algorithm.capabilities()["threads_model_state"] and \
+            trainable.mutates(problem):
+        raise trainable.state_mutation_error(type(algorithm).__name__)
     problem = _project_start(problem)
     backend = backend_for(algorithm)
     traced = is_traced(problem, algorithm, opts)
@@ -318,10 +344,11 @@ def solve(problem: OptimizationProblem, algorithm: Any, *, maxiters: int | None 
             and not compiled_driver):
         start = _no_iterations(algorithm.minimised_problem(problem), opts)
         solution = _with_multipliers(problem, start)
-        return _finish(user_problem, problem, solution if traced else _eager(solution, 0.0))
+        return _finish(user_problem, problem, solution if traced else _eager(solution, 0.0),
+                       split)
     if traced:
         solution = _with_multipliers(problem, adjoint.apply(backend, problem, algorithm, opts))
-        return _finish(user_problem, problem, solution)
+        return _finish(user_problem, problem, solution, split)
     start = time.perf_counter()
     with progress_bar(progress, maxiters), host.HostCalls() as calls:
         solution = jax.block_until_ready(
@@ -331,5 +358,5 @@ def solve(problem: OptimizationProblem, algorithm: Any, *, maxiters: int | None 
     elapsed = time.perf_counter() - start
     if np.ndim(solution.retcode) != 0:  # a batch (a vmapped problem solved eagerly)
         solution = replace(solution, stats=replace(solution.stats, time=elapsed))
-        return _finish(user_problem, problem, solution)
-    return _finish(user_problem, problem, _eager(solution, elapsed, calls.interrupted))
+        return _finish(user_problem, problem, solution, split)
+    return _finish(user_problem, problem, _eager(solution, elapsed, calls.interrupted), split)

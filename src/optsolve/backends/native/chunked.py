@@ -85,8 +85,10 @@ def _interrupted(solution: Solution, make_solver, problem, algorithm) -> Solutio
     the state belong together and ``resume=`` continues exactly."""
     if isinstance(make_solver(algorithm, problem), GradientStepSolver):
         value = _VALUES.get_or_make(problem.f, lambda: jax.jit(problem.f))
-        stats = solution.stats
-        solution = replace(solution, objective=value(solution.x, problem.p),
+        stats, p = solution.stats, problem.p
+        if solution.model_state is not None:  # the model's state as the run left it
+            p = replace(p, carried=solution.model_state)
+        solution = replace(solution, objective=value(solution.x, p),
                            stats=replace(stats, f_evals=stats.f_evals + 1))
     return replace(solution, retcode=ReturnCode.INTERRUPTED, reason=None)
 

@@ -43,6 +43,7 @@ from optsolve.solve_api.options import SolveOptions
 from optsolve.solve_api.problem import OptimizationProblem
 from optsolve.solve_api.returncode import RUNNING, ReturnCode
 from optsolve.solve_api.solution import Solution, Stats
+from optsolve.solve_api.trainable import ModelPoint, state_mutation_error
 
 PyTree = Any
 
@@ -85,6 +86,9 @@ def _stepping_loop(solver: SteppingSolver, objective: Objective, problem: Optimi
         start = start_point(problem, options,
                        lambda x: solver.init(objective, x, *objective.value_and_grad(x)))
         x0 = start.x
+        if objective.mutates_state(x0):
+            raise state_mutation_error("this configuration (its steps evaluate f at trial "
+                                       "points)")
         f0, g0 = objective.value_and_grad(x0)
         state0 = solver.init(objective, x0, f0, g0) if start.state is None else start.state
         false = jnp.zeros((), bool)
@@ -151,6 +155,7 @@ def _stepping_loop(solver: SteppingSolver, objective: Objective, problem: Optimi
 class _GradientCarry(NamedTuple):
     x: PyTree          # the iterate to evaluate next (the last evaluated one once stopped)
     state: PyTree
+    carried: tuple | None  # a model's state that f changes in place (None where it changes none)
     x_prev: PyTree     # the iterate evaluated before x (updated only by running steps, so
     f_last: jax.Array  # a failure keeps the last good one); the last finite value
     iteration: jax.Array  # index of x in this run
@@ -190,19 +195,27 @@ def _gradient_parts(solver: GradientStepSolver, problem: OptimizationProblem,
         state0 = solver.init(objective, x0) if start.state is None else start.state
         f_dtype = jax.eval_shape(objective.value, x0).dtype
         zero = jnp.zeros((), INT)
-        return _GradientCarry(x0, state0, x0, jnp.zeros((), f_dtype), zero, zero, zero,
+        carried = objective.p.carried if objective.mutates_state(x0) else None
+        return _GradientCarry(x0, state0, carried, x0, jnp.zeros((), f_dtype), zero, zero, zero,
                               jnp.asarray(RUNNING, INT), zero, rules.start_time(zero),
                               empty_record(options, f_dtype), base_counts(start))
 
     def step(carry: _GradientCarry, objective: Objective) -> _GradientCarry:
         x, k = carry.x, carry.iteration
-        f, g = objective.value_and_grad(x)
+        point, carried = x, None
+        if carry.carried is not None:
+            # the step evaluates f with the model's state as the previous step left it
+            objective = objective.with_state(carry.carried)
+            f, g, carried = objective.value_grad_and_state(x)
+            point = ModelPoint(x, carry.carried)
+        else:
+            f, g = objective.value_and_grad(x)
         # On data a non-finite gradient is caught through the iterate its update makes (the
         # next loss, or finish's check of x): a reduction over g per step costs more there.
         f_ok, g_ok = all_finite(f), (true_() if stream else all_finite(g))
         ok = f_ok & g_ok
         has_prev = k > 0
-        stop = rules.callback_stop(ok & has_prev, k, x, f, g)
+        stop = rules.callback_stop(ok & has_prev, k, point, f, g)
         false = jnp.zeros((), bool)
         # x is finite here: an update to a non-finite x shows as a non-finite f first.
         converged = rules.converged(x, f, g, carry.x_prev, carry.f_last, has_prev)
@@ -222,10 +235,10 @@ def _gradient_parts(solver: GradientStepSolver, problem: OptimizationProblem,
         else:
             # x_prev moves only in the running branch: a stop keeps the previous good
             # iterate without a select over every parameter at every step.
-            upd, x_prev = lax.cond(
-                is_running, lambda: (solver.update(objective, x, f, g, carry.state), x),
+            upd, x_prev, carried = lax.cond(
+                is_running, lambda: (solver.update(objective, x, f, g, carry.state), x, carried),
                 lambda: (Update(x, carry.state, zero, zero, jnp.zeros((), bool)),
-                         carry.x_prev))
+                         carry.x_prev, carry.carried))
         # A failed update ends the run at x, which counts as completed (finish subtracts
         # the failing step, so the counter takes one more).
         status = jnp.where(upd.failed, int(ReturnCode.FAILURE), status).astype(INT)
@@ -237,7 +250,7 @@ def _gradient_parts(solver: GradientStepSolver, problem: OptimizationProblem,
             record = record_at(record, k, f, rules.grad_norm(x, g), keep=ok)
         # on data a stopped step (a failed update included) is undone: it counts no update
         advanced = is_running & ~upd.failed if stream else is_running | upd.failed
-        return _GradientCarry(upd.x, upd.state, x_prev, f_last, k + advanced.astype(INT),
+        return _GradientCarry(upd.x, upd.state, carried, x_prev, f_last, k + advanced.astype(INT),
                               carry.f_evals + 1 + upd.f_evals.astype(INT),
                               carry.grad_evals + 1 + upd.grad_evals.astype(INT), status,
                               reason, carry.t_start, record, carry.base)
@@ -268,7 +281,7 @@ def _gradient_parts(solver: GradientStepSolver, problem: OptimizationProblem,
                         f_evals=start.f_evals + final.f_evals,
                         grad_evals=start.grad_evals + final.grad_evals, time=None),
             original=final.state, state=final.state, history=history_of(final.record),
-            reason=reason,
+            reason=reason, model_state=final.carried,
         )
 
     return StreamLoop(init, step, finish)

@@ -36,7 +36,7 @@ class Chunk(NamedTuple):
 
 
 def _on_batch(problem: OptimizationProblem, batch) -> Objective:
-    return Objective(lambda x, p: problem.f(x, p, batch), problem.p)
+    return Objective(problem.f, problem.p, batch=(batch,))
 
 
 class _Steps(NamedTuple):

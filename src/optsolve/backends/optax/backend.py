@@ -63,11 +63,23 @@ class OptaxFamily(Algorithm):
     records_history: ClassVar[bool] = True
     takes_data: ClassVar[bool] = True
     compiled_driver: ClassVar[bool] = True
+    threads_model_state: ClassVar[bool] = True
+    conditional_traits: ClassVar[dict[str, str]] = {"threads_model_state": "without a line search"}
 
     def unrolls_by_forward_passes(self) -> bool:
         """Where the transformation runs a line search: its while loop has no transpose
         (:mod:`~optsolve.solve_api.forward_passes`)."""
         return _linesearch_in(self.transformation())
+
+    def capabilities(self) -> dict[str, Any]:
+        """The family's traits; a configuration with a line search evaluates f at trial
+        points within a step, so it does not carry a model's state (``trainable``)."""
+        caps = super().capabilities()
+        # the structure (not the numbers) decides whether there is a line search
+        key = (type(self), jax.tree_util.tree_structure(self))
+        caps["threads_model_state"] = not _LINESEARCH.get_or_make(
+            key, self.unrolls_by_forward_passes)
+        return caps
 
 
 class OptaxAlgorithm(OptaxFamily):

@@ -21,15 +21,36 @@ PyTree = Any
 Group = OptaxAlgorithm | optax.GradientTransformation | None
 
 
+def _is_label_function(labels: Any) -> bool:
+    # a model (an NNX or equinox module) is callable too, but it is a pytree with leaves
+    return callable(labels) and jax.tree_util.treedef_is_leaf(
+        jax.tree_util.tree_structure(labels))
+
+
+def _on_trained_leaves(labels: PyTree, x: PyTree) -> PyTree:
+    """A labels pytree of a whole model, cut to the leaves ``x`` holds (the trained ones of a
+    problem with ``trainable``, None elsewhere); other label trees unchanged."""
+    slots, treedef = jax.tree_util.tree_flatten(x, is_leaf=lambda n: n is None)
+    if not any(slot is None for slot in slots):
+        return labels
+    try:
+        per_slot = treedef.flatten_up_to(labels)
+    except (ValueError, TypeError):
+        return labels  # a prefix of x's structure: optax matches it
+    return treedef.unflatten([None if slot is None else label
+                              for slot, label in zip(slots, per_slot)])
+
+
 class ParameterGroups(OptaxFamily):
     """Route each part of ``x`` to its own algorithm, by a label per leaf.
 
     Args:
       groups: label -> algorithm: an optsolve optax algorithm (``optsolve.Adam(1e-4)``), a raw
         ``optax.GradientTransformation``, or None to freeze that part (zero updates).
-      labels: either a pytree of labels with the structure of ``x`` (or a prefix of it), or a
-        function of a leaf's path string (``jax.tree_util.keystr``, e.g. ``"['encoder']['w']"``)
-        returning its label.
+      labels: either a pytree of labels with the structure of ``x`` (or a prefix of it; for
+        a model trained with ``trainable``, the whole model's structure, e.g. a module with
+        a label per leaf), or a function of a leaf's path string (``jax.tree_util.keystr``,
+        e.g. ``"['encoder']['w']"``) returning its label.
 
     Example:
       >>> groups = optsolve.ParameterGroups(
@@ -65,11 +86,11 @@ class ParameterGroups(OptaxFamily):
                                changes.get("labels", self.labels))
 
     def _label_tree(self, x: PyTree) -> PyTree:
-        if callable(self.labels):
+        if _is_label_function(self.labels):
             labels = jax.tree_util.tree_map_with_path(
                 lambda path, _: self.labels(jax.tree_util.keystr(path)), x)
         else:
-            labels = self.labels
+            labels = _on_trained_leaves(self.labels, x)
         unknown = set(jax.tree_util.tree_leaves(labels)) - set(self.groups)
         if unknown:
             raise ValueError(

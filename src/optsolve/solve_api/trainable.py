@@ -1,0 +1,325 @@
+"""Models as x: train some leaves of x0 (a flax NNX module, an equinox module, any pytree),
+carry the others, and thread the state f mutates (BatchNorm statistics, RNG counters).
+
+``OptimizationProblem(f, model, trainable=...)`` declares which leaves are trained. Each leaf
+of the model then has one role:
+
+- *trained*: selected by the filter (it must be floating point);
+- *carried*: an array outside the filter (BatchNorm statistics, RNG keys and counters, a
+  frozen layer); it rides along in ``p`` and is never optimised;
+- *static*: anything else outside the filter (an equinox activation function), part of the
+  problem's structure.
+
+``solve`` hands the backends the problem over the trained leaves alone (:func:`inner`): x is
+the model with ``None`` in place of every other leaf (equinox's ``partition`` convention),
+``p`` is :class:`ModelArgs` of the user's p and the carried leaves, and f is
+:class:`ModelObjective`, which rebuilds the model around x before calling the user's f.
+Where f changes carried leaves in place (an NNX BatchNorm in train mode, an NNX Dropout's
+RNG counter), the JAX-native driver reads them back after each step's evaluation and
+carries them to the next (:meth:`ModelObjective.with_state`); the run's final carried
+leaves come back in ``Solution.model_state`` and :func:`outer` rebuilds the whole model.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from optsolve.solve_api.cache import BoundedCache
+from optsolve.solve_api.host import wants_grad_norm
+from optsolve.solve_api.pytree import pytree_dataclass, replace, thaw
+
+PyTree = Any
+TRAIN, CARRY, STATIC = "train", "carry", "static"
+
+
+def _nnx() -> Any:
+    # flax is optional: a model can only be an NNX one where flax.nnx is already imported
+    return sys.modules.get("flax.nnx")
+
+
+def _holds_nnx_variables(x0: PyTree) -> bool:
+    nnx = _nnx()
+    if nnx is None:
+        return False
+    leaves = jax.tree_util.tree_leaves(x0, is_leaf=lambda n: isinstance(n, nnx.Variable))
+    return any(isinstance(leaf, nnx.Variable) for leaf in leaves)
+
+
+def _key_name(key: Any) -> Any:
+    for attr in ("name", "key", "idx"):
+        if hasattr(key, attr):
+            return getattr(key, attr)
+    return str(key)
+
+
+def _is_array(leaf: Any) -> bool:
+    return hasattr(leaf, "shape") and hasattr(leaf, "dtype") or isinstance(
+        leaf, (bool, int, float, complex))
+
+
+def _is_float(leaf: Any) -> bool:
+    return _is_array(leaf) and jnp.issubdtype(jnp.result_type(leaf), jnp.floating)
+
+
+def _selected(x0: PyTree, trainable: Any) -> list[bool]:
+    """Whether ``trainable`` selects each leaf of ``x0`` (in ``tree_leaves`` order)."""
+    if _holds_nnx_variables(x0):
+        nnx = _nnx()
+        predicate = nnx.filterlib.to_predicate(trainable)
+        is_var = lambda n: isinstance(n, nnx.Variable)
+        selected = []
+        for path, node in jax.tree_util.tree_flatten_with_path(x0, is_leaf=is_var)[0]:
+            chosen = bool(predicate(tuple(_key_name(k) for k in path), node))
+            selected += [chosen] * len(jax.tree_util.tree_leaves(node))
+        return selected
+    if callable(trainable):
+        return [bool(trainable(leaf)) for leaf in jax.tree_util.tree_leaves(x0)]
+    mask_leaves, mask_def = jax.tree_util.tree_flatten(trainable)
+    try:
+        subtrees = mask_def.flatten_up_to(x0)
+    except (ValueError, TypeError) as err:
+        raise ValueError(
+            "OptimizationProblem: `trainable` must be a filter (an nnx filter such as "
+            "nnx.Param for a flax NNX model, or a predicate leaf -> bool such as "
+            "eqx.is_inexact_array) or a pytree of bools with x0's structure (or a prefix of "
+            f"it); got a pytree of structure {mask_def}.") from err
+    selected = []
+    for flag, sub in zip(mask_leaves, subtrees):
+        if not isinstance(flag, (bool, np.bool_)):
+            raise TypeError(f"OptimizationProblem: a `trainable` mask holds bools, got {flag!r}.")
+        selected += [bool(flag)] * len(jax.tree_util.tree_leaves(sub))
+    return selected
+
+
+class Split(NamedTuple):
+    """The roles of a model's leaves (hashable: it keys compiled code). ``statics`` holds
+    the static leaves' values, in order."""
+
+    treedef: Any
+    roles: tuple[str, ...]
+    statics: tuple
+
+    def trained(self, model: PyTree) -> PyTree:
+        """The model with None in place of every leaf that is not trained."""
+        leaves = self.treedef.flatten_up_to(model)
+        return self.treedef.unflatten(
+            [leaf if role == TRAIN else None for leaf, role in zip(leaves, self.roles)])
+
+    def carried(self, model: PyTree) -> tuple:
+        """The carried leaves of ``model``."""
+        leaves = self.treedef.flatten_up_to(model)
+        return tuple(jnp.asarray(leaf) if isinstance(leaf, (bool, int, float)) else leaf
+                     for leaf, role in zip(leaves, self.roles) if role == CARRY)
+
+    def combine(self, trained: PyTree, carried: tuple) -> PyTree:
+        """The whole model from its trained leaves (as :meth:`trained` gives them) and its
+        carried ones."""
+        trained_leaves = iter(self.treedef.flatten_up_to(trained))
+        carried, statics = iter(carried), iter(self.statics)
+        leaves = []
+        for role in self.roles:
+            leaf = next(trained_leaves)
+            leaves.append(leaf if role == TRAIN else next(carried) if role == CARRY
+                          else next(statics))
+        return self.treedef.unflatten(leaves)
+
+    @property
+    def carries(self) -> bool:
+        return CARRY in self.roles
+
+
+def _leaf_names(x0: PyTree) -> list[str]:
+    return ["x0" + jax.tree_util.keystr(path)
+            for path, _ in jax.tree_util.tree_flatten_with_path(x0)[0]]
+
+
+def split_of(x0: PyTree, trainable: Any) -> Split:
+    """The roles of ``x0``'s leaves under the filter ``trainable`` (a ``Frozen`` mask is
+    unwrapped), with a clear error for a selected leaf that cannot be trained."""
+    trainable = thaw(trainable)
+    leaves, treedef = jax.tree_util.tree_flatten(x0)
+    selected = _selected(x0, trainable)
+    roles, statics = [], []
+    for name, leaf, chosen in zip(_leaf_names(x0), leaves, selected):
+        if chosen and not _is_float(leaf):
+            kind = str(jnp.result_type(leaf)) if _is_array(leaf) else type(leaf).__name__
+            raise TypeError(
+                f"OptimizationProblem: `trainable`={trainable!r} selects leaf {name}, which "
+                f"is {kind}; only floating-point arrays can be trained. Narrow the filter "
+                "(e.g. nnx.Param for a flax NNX model, eqx.is_inexact_array for equinox).")
+        roles.append(TRAIN if chosen else CARRY if _is_array(leaf) else STATIC)
+        if roles[-1] == STATIC:
+            statics.append(leaf)
+    if TRAIN not in roles:
+        raise ValueError(
+            f"OptimizationProblem: `trainable`={trainable!r} selects no leaf of x0; nothing "
+            "would be trained.")
+    return Split(treedef, tuple(roles), tuple(statics))
+
+
+def untrainable_hint(x0: PyTree) -> str | None:
+    """Without a ``trainable`` filter: a message naming the leaves of ``x0`` that should not
+    be trained (NNX variables other than ``nnx.Param``: BatchNorm statistics, RNG state),
+    or None."""
+    if not _holds_nnx_variables(x0):
+        return None
+    nnx = _nnx()
+    is_var = lambda n: isinstance(n, nnx.Variable)
+    others = [f"x0{jax.tree_util.keystr(path)} ({type(node).__name__})"
+              for path, node in jax.tree_util.tree_flatten_with_path(x0, is_leaf=is_var)[0]
+              if is_var(node) and not isinstance(node, nnx.Param)
+              and jax.tree_util.tree_leaves(node)]  # a trained part's None: not there
+    if not others:
+        return None
+    shown = ", ".join(others[:4]) + (", ..." if len(others) > 4 else "")
+    return (f"OptimizationProblem: x0 holds NNX variables that are not parameters: {shown}. "
+            "Training them as parameters would be silently wrong (BatchNorm statistics are "
+            "updated by the forward pass, not by gradients); declare what is trained with "
+            "trainable=nnx.Param (they are then carried, and updated where f updates them), "
+            "or trainable=nnx.Variable to train every variable.")
+
+
+@pytree_dataclass
+class ModelArgs:
+    """The ``p`` of a problem over a model's trained leaves: the user's p and the model's
+    carried leaves."""
+
+    p: PyTree
+    carried: tuple
+
+
+class ModelObjective:
+    """The user's ``f(model, p[, batch])`` as a function of the trained leaves and
+    :class:`ModelArgs`. Equal to another one of the same ``f`` and split, so that repeated
+    solves share compiled code."""
+
+    def __init__(self, f: Callable[..., Any], split: Split):
+        self.f, self.split = f, split
+
+    def __call__(self, trained: PyTree, args: ModelArgs, *batch: Any) -> Any:
+        return self.f(self.split.combine(trained, args.carried), args.p, *batch)
+
+    def with_state(self, trained: PyTree, args: ModelArgs, *batch: Any) -> tuple[Any, tuple]:
+        """f's value and the carried leaves as f left them (changed in place by an NNX
+        module's forward pass)."""
+        model = self.split.combine(trained, args.carried)
+        value = self.f(model, args.p, *batch)
+        return value, self.split.carried(model)
+
+    def mutates(self, trained: PyTree, args: ModelArgs, *batch: Any) -> bool:
+        """Whether f changes a carried leaf (decided at trace time: a leaf read back after f
+        is another object than the one passed in)."""
+        if not self.split.carries:
+            return False
+        changed = []
+
+        def probe(trained, args, *batch):
+            _, after = self.with_state(trained, args, *batch)
+            changed.append(any(a is not b for a, b in zip(after, args.carried)))
+            return 0.0
+
+        jax.eval_shape(probe, trained, args, *batch)
+        return changed[0]
+
+    def __eq__(self, other: Any) -> bool:
+        return (isinstance(other, ModelObjective) and other.f == self.f
+                and other.split == self.split)
+
+    def __hash__(self) -> int:
+        return hash((ModelObjective, self.f, self.split))
+
+
+class ModelCallback:
+    """The user's callback, given the whole model: the trained leaves at the iterate with
+    the carried ones the run holds there (:class:`ModelPoint`), or the start's."""
+
+    def __init__(self, callback: Callable[..., Any], split: Split, carried: tuple):
+        self.callback, self.split, self.carried = callback, split, carried
+        self.with_norm = wants_grad_norm(callback)
+
+    def __call__(self, iteration, x, objective, *grad_norm):
+        model = (self.split.combine(x.trained, x.carried) if isinstance(x, ModelPoint)
+                 else self.split.combine(x, self.carried))
+        return self.callback(iteration, model, objective, *(grad_norm if self.with_norm else ()))
+
+    def __eq__(self, other: Any) -> bool:
+        return (isinstance(other, ModelCallback) and other.callback == self.callback
+                and other.split == self.split
+                and all(a is b for a, b in zip(other.carried, self.carried)))
+
+    def __hash__(self) -> int:
+        return hash((ModelCallback, self.callback, self.split))
+
+
+class ModelPoint(NamedTuple):
+    """An iterate of a run that carries model state: the trained leaves and the carried
+    ones that go with them (what the driver hands the callback)."""
+
+    trained: PyTree
+    carried: tuple
+
+
+def state_mutation_error(name: str) -> ValueError:
+    """The error for a model whose f changes its carried leaves, given to an algorithm that
+    cannot carry them from step to step (``name`` says which)."""
+    from optsolve.solve_api.registry import algorithm_classes
+    able_classes = [c for c in algorithm_classes() if c.threads_model_state]
+    families = sorted({c.family for c in able_classes})
+    examples = ", ".join(c.__name__ for c in able_classes[:4])
+    able = f"the {' and '.join(families)} family (e.g. {examples}, ...)"
+    return ValueError(
+        f"solve: f changes the model's state in place (BatchNorm statistics in train mode, "
+        f"a Dropout's RNG counter), and {name} cannot carry it from step to step: it "
+        "evaluates f more than once per step. Evaluate the model in eval mode inside f "
+        "(deterministic, e.g. nnx.BatchNorm(use_running_average=True), nnx.Dropout("
+        f"deterministic=True)), or use an algorithm that evaluates f once per step: {able} "
+        "(without a line search).")
+
+
+_SPLITS = BoundedCache(256)
+
+
+def cached_split(x0: PyTree, trainable: Any) -> Split:
+    """:func:`split_of`, once per (structure, leaf dtypes, filter)."""
+    leaves, treedef = jax.tree_util.tree_flatten(x0)
+    key = (treedef, tuple(getattr(l, "dtype", type(l)) for l in leaves), trainable)
+    return _SPLITS.get_or_make(key, lambda: split_of(x0, trainable))
+
+
+def inner(problem: Any, resume: Any = None) -> tuple[Any, Split | None, Any]:
+    """The problem over the trained leaves of ``problem`` (itself where it has no
+    ``trainable``), its split, and ``resume`` (a Solution of the whole model) as a resume
+    point of the inner problem, whose carried leaves start the run."""
+    if problem.trainable is None:
+        return problem, None, resume
+    split = cached_split(problem.x0, problem.trainable)
+    start = problem.x0 if resume is None else resume.x
+    args = ModelArgs(problem.p, split.carried(start))
+    if resume is not None:
+        resume = replace(resume, x=split.trained(resume.x))
+    model_problem = replace(problem, f=ModelObjective(problem.f, split), x0=split.trained(problem.x0),
+                            p=args, trainable=None)
+    return model_problem, split, resume
+
+
+def mutates(problem: Any) -> bool:
+    """Whether the objective of :func:`inner`'s problem changes the model's carried leaves
+    (traces f once, abstractly)."""
+    return problem.f.mutates(problem.x0, problem.p)
+
+
+def outer(split: Split | None, problem: Any, solution: Any) -> Any:
+    """The inner problem's ``solution`` as a Solution of the whole model: x rebuilt with
+    the carried leaves the run ended with (the start's where f changes none)."""
+    if split is None:
+        return solution
+    carried = solution.model_state
+    if carried is None:
+        carried = problem.p.carried
+    return replace(solution, x=split.combine(solution.x, carried), model_state=None)
