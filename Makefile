@@ -20,7 +20,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -q -n auto --maxprocesses=4 tests
+	$(BIN)/python -m pytest -q -n auto --maxprocesses=4 --dist loadgroup tests
 
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict

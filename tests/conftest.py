@@ -42,3 +42,14 @@ def _bounded_compiled_code():
             import gc
             jax.clear_caches()
             gc.collect()
+
+
+def pytest_collection_modifyitems(config, items):
+    """The contract matrix's rules for one algorithm class run on one xdist worker
+    (``--dist loadgroup``): they share the class's compiled loops, which a worker compiles
+    once where the rules of a class spread over workers compile them on each."""
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and "cls" in callspec.params and \
+                item.module.__name__.startswith("test_contract"):
+            item.add_marker(pytest.mark.xdist_group(callspec.id.split("-")[0]))

@@ -88,6 +88,10 @@ def _cases() -> dict[type, Case]:
             cases[cls] = _optax_case(cls)
     cases[optsolve.OptaxTransform] = Case(lambda: optsolve.OptaxTransform(optax.chain(
         optax.clip_by_global_norm(1.0), optax.scale_by_adam(), optax.scale(-1e-3))))
+    cases[optsolve.Chain] = Case(lambda: optsolve.chain(
+        optsolve.ClipByGlobalNorm(1.0), optsolve.AdamW(1e-3, weight_decay=1e-4)))
+    cases[optsolve.MultiSteps] = Case(lambda: optsolve.MultiSteps(optsolve.Adam(1e-3), 2))
+    cases[optsolve.ApplyIfFinite] = Case(lambda: optsolve.ApplyIfFinite(optsolve.Adam(1e-3), 2))
     cases[optsolve.ParameterGroups] = Case(lambda: optsolve.ParameterGroups(
         {"a": optsolve.Adam(1e-3), "b": optsolve.SGD(1e-3)}, labels=lambda path: "a"))
     for cls in (optsolve.GradientDescent, optsolve.NonlinearCG, optsolve.LBFGS, optsolve.BFGS,

@@ -166,6 +166,21 @@ def test_solve_outside_jit_does_not_recompile_for_new_hyperparameters_or_p():
     assert counter.count == 0
 
 
+def test_python_ints_and_floats_in_hyperparameters_compile_to_the_same_code():
+    """weight_decay=0 is 0.0 (a leaf), learning_rate=1 is 1.0; counts (Muon's ns_steps)
+    stay ints, which fix structure."""
+    f = lambda x, p: jnp.sum((x - p) ** 2)
+    prob = OptimizationProblem(f, jnp.zeros(4), jnp.asarray(1.0))
+    reference = solve(prob, optsolve.AdamW(0.1, weight_decay=0.0), maxiters=10)
+    with count_compilations() as counter:
+        ints = solve(prob, optsolve.AdamW(0.1, weight_decay=0), maxiters=10)
+        solve(prob, optsolve.AdamW(1, weight_decay=2), maxiters=10)
+    assert counter.count == 0
+    assert_tree_close(ints.x, reference.x, rtol=0)
+    assert optsolve.AdamW(1, weight_decay=0).weight_decay == 0.0
+    assert isinstance(optsolve.Muon(0.1, ns_steps=3).ns_steps, int)
+
+
 def test_closure_approach_recompiles_for_comparison():
     # What optsolve avoids: an optax transform as a static argument of a jitted function.
     f = lambda x: jnp.sum((x - 1.0) ** 2)

@@ -1,6 +1,8 @@
 """Training on data: minibatches from iterables and in-memory arrays, equal to hand-written
 optax loops over the same batches; interrupts, failures, callbacks, history, resume."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -329,3 +331,23 @@ def test_a_chunk_holds_at_most_32_batches_and_64_mib():
     assert chunk_length(images) == 1  # 147 MiB a batch
     keys = (np.zeros((64, 10), np.float32), jax.random.split(jax.random.key(0), 64))
     assert chunk_length(keys) == 32  # a batch may hold PRNG keys (dropout, say)
+
+
+def test_resume_on_shuffled_in_memory_data_continues_the_stream_bit_for_bit():
+    """N steps, then M more from the same key, equal N + M steps in one run (float32,
+    bitwise): the resumed run starts mid-epoch, at the batch and permutation where the
+    first one stopped (6 batches an epoch; 7 + 6 steps cross two epoch boundaries)."""
+    prob = make_problem(jnp.float32)
+    data = (FEATURES.astype(np.float32), LABELS.astype(np.float32))
+    run = functools.partial(solve, prob, optsolve.Adam(0.05), data=data, batch_size=16,
+                            key=jax.random.key(3))
+    whole = run(maxiters=13, epochs=3)
+    first = run(maxiters=7)
+    assert first.stats.iterations == 6  # one epoch of 6 batches unless epochs says more
+    first = run(maxiters=7, epochs=2)
+    resumed = run(maxiters=6, epochs=2, resume=first)
+    assert resumed.stats.iterations == 13
+    for a, b in zip(jax.tree_util.tree_leaves((whole.x, whole.state)),
+                    jax.tree_util.tree_leaves((resumed.x, resumed.state)), strict=True):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(whole.objective, resumed.objective)

@@ -5,6 +5,10 @@ from optsolve.solve_api import (
 )
 from optsolve.backends.optax.backend import OptaxAlgorithm, OptaxTransform
 from optsolve.backends.optax.groups import ParameterGroups
+from optsolve.backends.optax import schedules
+from optsolve.backends.optax.compose import (
+    AddDecayedWeights, ApplyIfFinite, Chain, Clip, ClipByGlobalNorm, MultiSteps, Scale, chain,
+)
 from optsolve.backends.optax.algorithms import ALGORITHMS as _OPTAX_ALGORITHMS
 from optsolve.backends.classical.descent import GradientDescent, NonlinearCG
 from optsolve.backends.classical.linesearch import Backtracking, Zoom
@@ -14,6 +18,7 @@ from optsolve.backends.classical.least_squares import GaussNewton, LevenbergMarq
 from optsolve.backends.scipy.backend import ScipyGlobal, ScipyMinimize
 from optsolve.backends.scipy.least_squares import ScipyLeastSquares
 from optsolve.solve_api.covariance import covariance
+from optsolve.solve_api.recompilation import RecompilationWarning
 from optsolve.fitting import curve_fit, curve_fit_problem
 
 globals().update(_OPTAX_ALGORITHMS)
@@ -22,9 +27,11 @@ __version__ = "0.1.0"
 __all__ = [
     "Algorithm", "Constraint", "ImplicitAdjoint", "LeastSquaresProblem", "OptimizationProblem", "ReturnCode", "Solution", "Stats", "UnrolledAdjoint", "load", "save", "solve",
     "OptaxAlgorithm", "OptaxTransform", "ParameterGroups", *sorted(_OPTAX_ALGORITHMS),
+    "AddDecayedWeights", "ApplyIfFinite", "Chain", "Clip", "ClipByGlobalNorm", "MultiSteps",
+    "Scale", "chain",
     "AdaHessian", "BFGS", "Backtracking", "GaussNewton", "GradientDescent", "LBFGS",
     "LevenbergMarquardt", "Newton", "NonlinearCG",
     "TrustRegion", "Zoom",
     "ScipyGlobal", "ScipyLeastSquares", "ScipyMinimize",
-    "covariance", "curve_fit", "curve_fit_problem",
+    "covariance", "curve_fit", "curve_fit_problem", "schedules", "RecompilationWarning",
 ]

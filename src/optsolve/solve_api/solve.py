@@ -14,7 +14,7 @@ import numpy as np
 from jax import lax
 
 from optsolve.solve_api.adjoint import ImplicitAdjoint
-from optsolve.solve_api import host, sense, trainable
+from optsolve.solve_api import host, recompilation, sense, trainable
 from optsolve.solve_api.capabilities import check_capabilities, check_objective, resume_point
 from optsolve.solve_api.kkt import multipliers, per_constraint
 from optsolve.solve_api.options import DataSpec, make_options
@@ -73,6 +73,7 @@ def _solve_on_data(problem, algorithm, opts, data, batch_size, key, epochs) -> S
             "solve: training on `data` runs a host loop over batches; call solve outside "
             "jax.jit / jax.vmap (the steps inside are compiled)."
         )
+    recompilation.note(problem, algorithm, opts.callback)
     total = _data_steps(data, batch_size, epochs, opts.maxiters)
     opts = replace(opts, data=DataSpec(data, batch_size, key, epochs),
                    progress_every=host.progress_every(total))
@@ -349,6 +350,7 @@ def solve(problem: OptimizationProblem, algorithm: Any, *, maxiters: int | None 
     if traced:
         solution = _with_multipliers(problem, adjoint.apply(backend, problem, algorithm, opts))
         return _finish(user_problem, problem, solution, split)
+    recompilation.note(problem, algorithm, opts.callback)
     start = time.perf_counter()
     with progress_bar(progress, maxiters), host.HostCalls() as calls:
         solution = jax.block_until_ready(

@@ -8,7 +8,8 @@ Two ways to feed data, one compiled loop either way:
   ``lax.scan``, not a Python dispatch; the next chunk is dispatched before the previous
   one's status is read;
 - in-memory arrays with ``batch_size`` (and ``key`` to shuffle): each epoch is one compiled
-  call, a permutation of the data then a while loop over its batches.
+  call, a permutation of the data then a while loop over its batches; a resumed run
+  continues the stream at the epoch and batch where the earlier one stopped.
 
 Each step is the shared driver's gradient step on that step's batch
 (:func:`optsolve.backends.native.driver.stream_loop`), so the callback, the progress bar,
@@ -122,25 +123,30 @@ class _IterableChunks:
 
 class _Epochs:
     """Chunks of up to ``EPOCH_SLOTS`` epochs of in-memory data (one epoch with ``maxtime``,
-    which the host checks between chunks)."""
+    which the host checks between chunks). ``position``: the steps an earlier run took
+    (``resume``), so that the stream continues at its epoch and batch; ``epochs`` passes
+    from there."""
 
-    def __init__(self, spec: DataSpec, run: Callable, slots: int):
+    def __init__(self, spec: DataSpec, run: Callable, slots: int, position: int):
         self.spec, self.run, self.slots = spec, run, slots
-        self.epoch, self.epochs = 0, spec.epochs if spec.epochs is not None else 1
         size = jax.tree_util.tree_leaves(spec.source)[0].shape[0]
         self.n_batches = size // spec.batch_size
+        self.position = position
+        self.remaining = (spec.epochs if spec.epochs is not None else 1) * self.n_batches
         self.interrupted = False
 
     def next(self, most: int | None):
-        if self.epoch >= self.epochs or self.n_batches == 0:
+        if self.remaining <= 0 or self.n_batches == 0:
             return None
-        first = self.epoch
-        n_epochs = min(self.slots, self.epochs - first)
-        self.epoch += n_epochs
-        count = n_epochs * self.n_batches
+        first, lead = divmod(self.position, self.n_batches)
+        n_epochs = min(self.slots, -(-(lead + self.remaining) // self.n_batches))
+        count = min(n_epochs * self.n_batches - lead, self.remaining)
         count = count if most is None else min(count, most)
+        self.position += count
+        self.remaining -= count
         return count, lambda carry, n, replay=False: self.run(
-            carry, self.spec.source, self.spec.key, first, n_epochs, n, _replay_flags()[replay])
+            carry, self.spec.source, self.spec.key, first, lead, n_epochs, n,
+            _replay_flags()[replay])
 
 
 class _Dispatched(NamedTuple):
@@ -167,7 +173,9 @@ def run_training(make_solver, problem: OptimizationProblem, algorithm: Any,
             spec.source)
         carry = init_carry(make_solver, problem, algorithm, init_options, first)
         slots = 1 if options.maxtime is not None else EPOCH_SLOTS
-        source = _Epochs(spec, compiled(epochs_chunk, spec.batch_size, slots), slots)
+        resumed = options.resume.stats.iterations if options.resume is not None else None
+        source = _Epochs(spec, compiled(epochs_chunk, spec.batch_size, slots), slots,
+                         int(resumed or 0))
     else:
         batches = iter(_batches(spec))
         try:

@@ -86,11 +86,12 @@ def chunk_of_batches(solver, problem, options, carry, batches: list, n, replay) 
 
 
 def epochs_chunk(solver, problem, options, batch_size, slots, carry, data, key, first_epoch,
-                 n_epochs, n, replay) -> Chunk:
+                 lead, n_epochs, n, replay) -> Chunk:
     """The first ``n`` steps of epochs ``first_epoch`` .. ``first_epoch + n_epochs - 1``
-    (at most ``slots``, static): each a permutation of the data (in order without a key)
-    cut into batches of ``batch_size``. Several epochs per call spare a dispatch and a
-    status read per epoch."""
+    (at most ``slots``, static), from batch ``lead`` of the first (where a resumed run
+    continues): each epoch a permutation of the data (in order without a key) cut into
+    batches of ``batch_size``. Several epochs per call spare a dispatch and a status read
+    per epoch."""
     parts = stream_loop(solver, problem, _replaying(options, replay))
     size = jax.tree_util.tree_leaves(data)[0].shape[0]
     n_batches = size // batch_size
@@ -109,7 +110,7 @@ def epochs_chunk(solver, problem, options, batch_size, slots, carry, data, key, 
 
     def body(outer):
         e, steps = outer
-        offset = first + e * n_batches
+        offset = first - lead + e * n_batches  # the step that takes the epoch's batch 0
         steps = _run_steps(parts, problem, steps, epoch_batches(first_epoch + e), offset,
                            jnp.minimum(first + n, offset + n_batches))
         return e + 1, steps

@@ -23,6 +23,7 @@ import numpy as np
 import optax
 
 from optsolve.backends.native.chunked import run_iterative
+from optsolve.backends.optax.schedules import Schedule
 from optsolve.backends.native.protocol import GradientStepSolver, Step, SteppingSolver, Update
 from optsolve.backends.native.objective import Objective
 from optsolve.backends.native.training import run_training
@@ -40,10 +41,11 @@ PyTree = Any
 
 
 def _is_leaf_value(value: Any) -> bool:
-    """Numbers that are pytree leaves: floats and arrays. Ints and bools fix structure."""
+    """Numbers that are pytree leaves: floats and arrays, and the pytree schedules (whose
+    floats are leaves). Ints and bools fix structure."""
     if isinstance(value, (bool, np.bool_, int, np.integer)):
         return False
-    return isinstance(value, (float, np.floating, np.ndarray, jax.Array))
+    return isinstance(value, (float, np.floating, np.ndarray, jax.Array, Schedule))
 
 
 _SIGNATURES = BoundedCache(1024)  # one per optax factory: a few hundred at most
@@ -71,15 +73,17 @@ class OptaxFamily(Algorithm):
         (:mod:`~optsolve.solve_api.forward_passes`)."""
         return _linesearch_in(self.transformation())
 
-    def capabilities(self) -> dict[str, Any]:
-        """The family's traits; a configuration with a line search evaluates f at trial
-        points within a step, so it does not carry a model's state (``trainable``)."""
-        caps = super().capabilities()
-        # the structure (not the numbers) decides whether there is a line search
-        key = (type(self), jax.tree_util.tree_structure(self))
-        caps["threads_model_state"] = not _LINESEARCH.get_or_make(
-            key, self.unrolls_by_forward_passes)
-        return caps
+    def init(self, params: PyTree) -> PyTree:
+        """optax's ``init``, so that the algorithm works inside ``optax.chain`` (which
+        makes the chain a static optax transformation)."""
+        return self.transformation().init(params)
+
+    def update(self, updates: PyTree, state: PyTree, params: PyTree = None,
+               **extra_args: Any) -> tuple[PyTree, PyTree]:
+        """optax's ``update`` (see :meth:`init`)."""
+        tx = optax.with_extra_args_support(self.transformation())
+        return tx.update(updates, state, params, **extra_args)
+
 
 
 class OptaxAlgorithm(OptaxFamily):
@@ -92,6 +96,7 @@ class OptaxAlgorithm(OptaxFamily):
     factory: ClassVar[Callable[..., optax.GradientTransformation]]
     schedulable: ClassVar[frozenset[str]] = frozenset()
     native_schedules: ClassVar[frozenset[str]] = frozenset()
+    float_valued: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, *args: Any, **kwargs: Any):
         signature = _factory_signature(type(self).factory)
@@ -100,7 +105,12 @@ class OptaxAlgorithm(OptaxFamily):
         except TypeError as err:
             raise TypeError(f"{type(self).__name__}{signature}: {err}") from None
         bound.apply_defaults()
-        object.__setattr__(self, "_hyperparams", dict(bound.arguments))
+        # a Python int where the factory takes a float (weight_decay=0) is that float: a
+        # leaf like any other value, not structure that compiles anew
+        arguments = {name: float(value) if name in self.float_valued and isinstance(
+            value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)) else value
+                     for name, value in bound.arguments.items()}
+        object.__setattr__(self, "_hyperparams", arguments)
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"{type(self).__name__} is immutable; use .replace({name}=...).")
@@ -191,9 +201,25 @@ def _schedulable_names(factory: Callable[..., Any]) -> tuple[frozenset[str], fro
     return frozenset(schedulable), frozenset(native)
 
 
+def _float_valued_names(factory: Callable[..., Any], schedulable: frozenset[str]
+                        ) -> frozenset[str]:
+    """The numeric arguments that take real values: a float default, or none and a scalar
+    annotation (``learning_rate``); not counts such as ``ns_steps`` (an int default)."""
+    names = set()
+    for name, param in inspect.signature(factory).parameters.items():
+        if name not in schedulable or isinstance(param.default, bool):
+            continue
+        if isinstance(param.default, float) or (param.default is inspect.Parameter.empty and any(
+                m in str(param.annotation) for m in ("float", "ScalarOrSchedule"))):
+            names.add(name)
+    return frozenset(names)
+
+
 def make_optax_algorithm(factory: Callable[..., optax.GradientTransformation], name: str,
-                         source: str) -> type[OptaxAlgorithm]:
-    """Generate the algorithm class for one optax factory (``source`` names it in docs)."""
+                         source: str, base: type | None = None) -> type[OptaxAlgorithm]:
+    """Generate the algorithm class for one optax factory (``source`` names it in docs),
+    registered as an algorithm; with ``base`` (a subclass of OptaxAlgorithm), a class of
+    that base that ``solve`` does not run by itself (a part of a chain)."""
     signature = inspect.signature(factory)
     schedulable, native = _schedulable_names(factory)
 
@@ -211,10 +237,11 @@ def make_optax_algorithm(factory: Callable[..., optax.GradientTransformation], n
         f"Example:\n  >>> sol = optsolve.solve(problem, optsolve.{name}(...), maxiters=100)\n\n"
         f"The arguments are those of ``{source}``, whose documentation follows.\n\n"
     )
-    cls = type(name, (OptaxAlgorithm,), {
+    cls = type(name, (base or OptaxAlgorithm,), {
         "factory": staticmethod(factory),
         "schedulable": schedulable,
         "native_schedules": native,
+        "float_valued": _float_valued_names(factory, schedulable),
         "__init__": __init__,
         "__doc__": header + inspect.cleandoc(factory.__doc__ or ""),
         "__module__": "optsolve",
@@ -227,8 +254,9 @@ def make_optax_algorithm(factory: Callable[..., optax.GradientTransformation], n
     jax.tree_util.register_pytree_with_keys(
         cls, cls._tree_flatten_with_keys, cls._tree_unflatten
     )
-    register_algorithm(cls)
-    register_backend(cls, solve_optax)
+    if base is None:
+        register_algorithm(cls)
+        register_backend(cls, solve_optax)
     return cls
 
 
@@ -261,6 +289,13 @@ class OptaxTransform(OptaxFamily):
 
     def unrolls_by_forward_passes(self) -> bool:
         return _has_linesearch(self._transformation)  # a static transformation: cached
+
+    def capabilities(self) -> dict[str, Any]:
+        """The family's traits; a transformation with a line search evaluates f at trial
+        points within a step, so it does not carry a model's state (``trainable``)."""
+        caps = super().capabilities()
+        caps["threads_model_state"] = not _has_linesearch(self._transformation)
+        return caps
 
     def __repr__(self) -> str:
         return f"OptaxTransform({self._transformation!r})"
