@@ -44,6 +44,17 @@ def test_mlp_digits_trains_with_adam_and_lbfgs(tmp_path):
     assert result["adam_test_accuracy"] > 0.7 and result["lbfgs_test_accuracy"] > 0.7
 
 
+def test_cnn_digits_equals_a_hand_written_nnx_optimizer_loop(tmp_path):
+    result = load("cnn_digits").main(small=True, out=tmp_path)
+    assert Path(result["plot"]).stat().st_size > 10_000
+    # 3 epochs of 18 batches, one Dropout draw a step: the state was carried
+    assert result["steps"] == 54 == result["dropout_draws"]
+    assert result["max_parameter_difference"] < 1e-4
+    assert result["max_statistics_difference"] < 1e-4
+    assert result["test_accuracy"][-1] == result["reference_test_accuracy"] > 0.8
+    assert result["losses"][-1] < result["losses"][0]
+
+
 def test_quickstart_every_family_reaches_rosenbrocks_minimum(tmp_path):
     result = load("quickstart").main(small=True, out=tmp_path)
     assert Path(result["plot"]).stat().st_size > 10_000

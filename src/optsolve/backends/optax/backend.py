@@ -19,10 +19,12 @@ from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from optsolve.backends.native.chunked import run_iterative
+from optsolve.backends.optax.factory_arguments import (
+    FactoryArguments, float_valued_names, is_number,
+)
 from optsolve.backends.optax.schedules import Schedule
 from optsolve.backends.native.protocol import GradientStepSolver, Step, SteppingSolver, Update
 from optsolve.backends.native.objective import Objective
@@ -31,7 +33,6 @@ from optsolve.solve_api.algorithm import Algorithm, check_replace
 from optsolve.solve_api.cache import BoundedCache
 from optsolve.solve_api.options import SolveOptions
 from optsolve.solve_api.problem import OptimizationProblem
-from optsolve.solve_api.pytree import freeze, thaw
 from optsolve.solve_api.registry import (
     register_adapter, register_algorithm, register_backend,
 )
@@ -43,17 +44,7 @@ PyTree = Any
 def _is_leaf_value(value: Any) -> bool:
     """Numbers that are pytree leaves: floats and arrays, and the pytree schedules (whose
     floats are leaves). Ints and bools fix structure."""
-    if isinstance(value, (bool, np.bool_, int, np.integer)):
-        return False
-    return isinstance(value, (float, np.floating, np.ndarray, jax.Array, Schedule))
-
-
-_SIGNATURES = BoundedCache(1024)  # one per optax factory: a few hundred at most
-
-
-def _factory_signature(factory: Callable[..., Any]) -> inspect.Signature:
-    # inspect.signature is slow, and algorithms are built and unflattened on every solve
-    return _SIGNATURES.get_or_make(factory, lambda: inspect.signature(factory))
+    return is_number(value) or isinstance(value, Schedule)
 
 
 class OptaxFamily(Algorithm):
@@ -85,8 +76,7 @@ class OptaxFamily(Algorithm):
         return tx.update(updates, state, params, **extra_args)
 
 
-
-class OptaxAlgorithm(OptaxFamily):
+class OptaxAlgorithm(FactoryArguments, OptaxFamily):
     """An optax optimizer as an optsolve algorithm (base of the generated classes).
 
     Hyperparameters are the optax factory's arguments, readable as attributes
@@ -96,49 +86,26 @@ class OptaxAlgorithm(OptaxFamily):
     factory: ClassVar[Callable[..., optax.GradientTransformation]]
     schedulable: ClassVar[frozenset[str]] = frozenset()
     native_schedules: ClassVar[frozenset[str]] = frozenset()
-    float_valued: ClassVar[frozenset[str]] = frozenset()
-
-    def __init__(self, *args: Any, **kwargs: Any):
-        signature = _factory_signature(type(self).factory)
-        try:
-            bound = signature.bind(*args, **kwargs)
-        except TypeError as err:
-            raise TypeError(f"{type(self).__name__}{signature}: {err}") from None
-        bound.apply_defaults()
-        # a Python int where the factory takes a float (weight_decay=0) is that float: a
-        # leaf like any other value, not structure that compiles anew
-        arguments = {name: float(value) if name in self.float_valued and isinstance(
-            value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)) else value
-                     for name, value in bound.arguments.items()}
-        object.__setattr__(self, "_hyperparams", arguments)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError(f"{type(self).__name__} is immutable; use .replace({name}=...).")
-
-    def __getattr__(self, name: str) -> Any:
-        hyperparams = self.__dict__.get("_hyperparams", {})
-        if name in hyperparams:
-            return hyperparams[name]
-        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+    is_leaf_value = staticmethod(_is_leaf_value)  # numbers and the pytree schedules
 
     @property
     def hyperparams(self) -> dict[str, Any]:
         """The factory's arguments, by name (a copy)."""
-        return dict(self._hyperparams)
+        return dict(self._arguments)
 
     def replace(self, **changes: Any) -> "OptaxAlgorithm":
         """A copy with some hyperparameters changed."""
-        check_replace(self, changes, self._hyperparams)
-        return type(self)(**{**self._hyperparams, **changes})
+        check_replace(self, changes, self._arguments)
+        return type(self)(**{**self._arguments, **changes})
 
     def __repr__(self) -> str:
-        args = ", ".join(f"{k}={v!r}" for k, v in self._hyperparams.items())
+        args = ", ".join(f"{k}={v!r}" for k, v in self._arguments.items())
         return f"{type(self).__name__}({args})"
 
     def unrolling_hazards(self) -> list[str]:
         """``eps_root=0``: the step divides by sqrt(nu), whose derivative at nu = 0 (a
         gradient entry that has been exactly zero, a parameter f ignores) is infinite."""
-        eps_root = self._hyperparams.get("eps_root")
+        eps_root = self._arguments.get("eps_root")
         if eps_root is None or isinstance(eps_root, jax.core.Tracer) or callable(eps_root) \
                 or float(eps_root) != 0.0:
             return []
@@ -148,7 +115,7 @@ class OptaxAlgorithm(OptaxFamily):
 
     def transformation(self) -> optax.GradientTransformation:
         """The optax transformation for the current hyperparameters (traced or concrete)."""
-        hp = self._hyperparams
+        hp = self._arguments
         injected = [
             name for name, value in hp.items()
             if callable(value) and name in self.schedulable and name not in self.native_schedules
@@ -159,24 +126,6 @@ class OptaxAlgorithm(OptaxFamily):
         scheduled = {n for n, v in hp.items() if callable(v) and n in self.schedulable}
         static = tuple(n for n, v in hp.items() if not _is_leaf_value(v) and n not in scheduled)
         return optax.inject_hyperparams(type(self).factory, static_args=static)(**hp)
-
-    # pytree protocol (registered per generated class)
-    def _tree_flatten_with_keys(self):
-        leaf_names = tuple(n for n, v in self._hyperparams.items() if _is_leaf_value(v))
-        statics = tuple((n, freeze(v)) for n, v in self._hyperparams.items()
-                        if n not in leaf_names)
-        children = [(jax.tree_util.GetAttrKey(n), self._hyperparams[n]) for n in leaf_names]
-        return children, (leaf_names, statics)
-
-    @classmethod
-    def _tree_unflatten(cls, aux, children):
-        leaf_names, statics = aux
-        obj = object.__new__(cls)
-        values = dict(zip(leaf_names, children))
-        values.update({n: thaw(v) for n, v in statics})
-        order = list(_factory_signature(cls.factory).parameters)
-        object.__setattr__(obj, "_hyperparams", {n: values[n] for n in order if n in values})
-        return obj
 
 
 _NUMERIC_MARKERS = ("float", "numpy.number", "Numeric", "ScalarOrSchedule")
@@ -199,20 +148,6 @@ def _schedulable_names(factory: Callable[..., Any]) -> tuple[frozenset[str], fro
             if "Callable" in annotation:
                 native.add(name)
     return frozenset(schedulable), frozenset(native)
-
-
-def _float_valued_names(factory: Callable[..., Any], schedulable: frozenset[str]
-                        ) -> frozenset[str]:
-    """The numeric arguments that take real values: a float default, or none and a scalar
-    annotation (``learning_rate``); not counts such as ``ns_steps`` (an int default)."""
-    names = set()
-    for name, param in inspect.signature(factory).parameters.items():
-        if name not in schedulable or isinstance(param.default, bool):
-            continue
-        if isinstance(param.default, float) or (param.default is inspect.Parameter.empty and any(
-                m in str(param.annotation) for m in ("float", "ScalarOrSchedule"))):
-            names.add(name)
-    return frozenset(names)
 
 
 def make_optax_algorithm(factory: Callable[..., optax.GradientTransformation], name: str,
@@ -241,7 +176,7 @@ def make_optax_algorithm(factory: Callable[..., optax.GradientTransformation], n
         "factory": staticmethod(factory),
         "schedulable": schedulable,
         "native_schedules": native,
-        "float_valued": _float_valued_names(factory, schedulable),
+        "float_valued": float_valued_names(factory),
         "__init__": __init__,
         "__doc__": header + inspect.cleandoc(factory.__doc__ or ""),
         "__module__": "optsolve",

@@ -17,21 +17,14 @@ from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
-from optsolve.solve_api.pytree import freeze, thaw
+from optsolve.backends.optax.factory_arguments import FactoryArguments, float_valued_names
 
 PyTree = Any
 
 
-def _is_number_leaf(value: Any) -> bool:
-    if isinstance(value, (bool, np.bool_, int, np.integer)):
-        return False
-    return isinstance(value, (float, np.floating, np.ndarray, jax.Array))
-
-
-class Schedule:
+class Schedule(FactoryArguments):
     """Base of the pytree schedules: ``schedule(step)`` is the value at ``step``, as the
     optax factory of the same name and arguments gives it.
 
@@ -46,28 +39,13 @@ class Schedule:
     source: ClassVar[Callable[..., Callable[[Any], Any]]]  # optax's factory of the same name
     static_names: ClassVar[frozenset[str]] = frozenset()
 
-    def __init__(self, *args: Any, **kwargs: Any):
-        signature = inspect.signature(type(self).factory)
-        try:
-            bound = signature.bind(*args, **kwargs)
-        except TypeError as err:
-            raise TypeError(f"{type(self).__name__}{signature}: {err}") from None
-        bound.apply_defaults()
-        floats = _float_arguments(signature)
-        # an int where the factory takes a real number is that number: a leaf, not structure
-        values = {n: float(v) if n in floats and isinstance(v, (int, np.integer))
-                  and not isinstance(v, (bool, np.bool_)) else v
-                  for n, v in bound.arguments.items()}
-        object.__setattr__(self, "_arguments", values)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError(f"{type(self).__name__} is immutable; build a new one.")
-
-    def __getattr__(self, name: str) -> Any:
-        arguments = self.__dict__.get("_arguments", {})
-        if name in arguments:
-            return arguments[name]
-        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+    def replace(self, **changes: Any) -> "Schedule":
+        """A copy with some arguments changed."""
+        unknown = sorted(set(changes) - set(self._arguments))
+        if unknown:
+            raise TypeError(f"{type(self).__name__}.replace: unknown argument(s) {unknown}; "
+                            f"valid: {', '.join(self._arguments)}.")
+        return type(self)(**{**self._arguments, **changes})
 
     def schedule(self) -> Callable[[Any], Any]:
         """The optax schedule of the current (possibly traced) values."""
@@ -79,34 +57,6 @@ class Schedule:
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self._arguments.items())
         return f"optsolve.schedules.{type(self).__name__}({args})"
-
-    def _flatten_with_keys(self):
-        names = tuple(n for n, v in self._arguments.items()
-                      if _is_number_leaf(v) and n not in self.static_names)
-        statics = tuple((n, freeze(v)) for n, v in self._arguments.items() if n not in names)
-        return [(jax.tree_util.GetAttrKey(n), self._arguments[n]) for n in names], (names, statics)
-
-    @classmethod
-    def _unflatten(cls, aux, children):
-        names, statics = aux
-        obj = object.__new__(cls)
-        values = dict(zip(names, children))
-        values.update({n: thaw(v) for n, v in statics})
-        order = list(inspect.signature(cls.factory).parameters)
-        object.__setattr__(obj, "_arguments", {n: values[n] for n in order if n in values})
-        return obj
-
-
-def _float_arguments(signature: inspect.Signature) -> frozenset[str]:
-    names = set()
-    for name, param in signature.parameters.items():
-        if isinstance(param.default, bool) or "int" == getattr(param.annotation, "__name__", ""):
-            continue
-        annotation = str(param.annotation)
-        if isinstance(param.default, float) or (param.default is inspect.Parameter.empty and (
-                "float" in annotation or "Array" in annotation) and annotation != "int"):
-            names.add(name)
-    return frozenset(names)
 
 
 def _warmup_cosine_decay(init_value, peak_value, warmup_steps, decay_steps, end_value=0.0,
@@ -128,14 +78,15 @@ def _make(name: str, factory: Callable[..., Any], static: tuple[str, ...] = (),
         "factory": staticmethod(factory if build is None else _with_signature(build, factory)),
         "source": staticmethod(factory),
         "static_names": frozenset(static),
+        "float_valued": float_valued_names(factory),
         "__doc__": (f"``{source}`` as a pytree: its float arguments are leaves"
                     + (f" (but {', '.join(static)}, on which it branches)" if static else "")
-                    + f", so new values reuse compiled code.\n\n"
+                    + ", so new values reuse compiled code.\n\n"
                     + inspect.cleandoc(factory.__doc__ or "")),
         "__module__": "optsolve.schedules",
         "__qualname__": name,
     })
-    jax.tree_util.register_pytree_with_keys(cls, cls._flatten_with_keys, cls._unflatten)
+    jax.tree_util.register_pytree_with_keys(cls, cls._tree_flatten_with_keys, cls._tree_unflatten)
     return cls
 
 

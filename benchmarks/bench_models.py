@@ -1,0 +1,143 @@
+"""Training a flax NNX model with BatchNorm and Dropout: optsolve against hand-written loops.
+
+Problem: an NNX MLP 64-64 (BatchNorm, ReLU, Dropout 0.1) -10 on scikit-learn's digits (1797
+samples), softmax cross-entropy, Adam(1e-3), shuffled minibatches of 64, 10 epochs, float32.
+The model is x0 (``trainable=nnx.Param``); its batch statistics and the Dropout RNG counter
+are carried from step to step.
+
+- hand-written: a Python loop over the batches calling an ``nnx.jit`` step with an
+  ``nnx.Optimizer`` (the flax documentation's loop);
+- hand-written: a jitted epoch, ``lax.scan`` over the batches of nnx's functional API
+  (``nnx.split`` / ``nnx.merge``), the same shuffling;
+- optsolve: ``solve(..., data=arrays, batch_size=64, key=key, epochs=10)``, and the same with
+  ``progress=True``.
+
+Goal (issue 17): optsolve at most 1.0x the faster hand-written runner in steady state, and
+``progress=True`` at most 1.05x of optsolve without it.
+
+Run: ``python benchmarks/bench_models.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from sklearn.datasets import load_digits
+from threadpoolctl import threadpool_limits
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import optsolve  # noqa: E402
+from common import interleaved_medians, machine_line, markdown_table  # noqa: E402
+
+BATCH, EPOCHS, LR = 64, 10, 1e-3
+
+
+class Net(nnx.Module):
+    def __init__(self, rngs: nnx.Rngs):
+        self.hidden = nnx.Linear(64, 64, use_bias=False, rngs=rngs)
+        self.norm = nnx.BatchNorm(64, rngs=rngs)
+        self.drop = nnx.Dropout(0.1, rngs=rngs)
+        self.out = nnx.Linear(64, 10, rngs=rngs)
+
+    def __call__(self, x):
+        return self.out(self.drop(nnx.relu(self.norm(self.hidden(x)))))
+
+
+def loss(model, _p, batch):
+    x, y = batch
+    return optax.softmax_cross_entropy_with_integer_labels(model(x), y).mean()
+
+
+def main(repeats: int = 15) -> str:
+    digits = load_digits()
+    x = jnp.asarray(digits.data / 16.0, jnp.float32)
+    y = jnp.asarray(digits.target)
+    n_batches = x.shape[0] // BATCH
+    key = jax.random.key(1)
+
+    def epoch_batches(epoch):
+        order = jax.random.permutation(jax.random.fold_in(key, epoch), x.shape[0])
+        order = order[: n_batches * BATCH]
+        return x[order].reshape(n_batches, BATCH, -1), y[order].reshape(n_batches, BATCH)
+
+    @nnx.jit
+    def nnx_step(model, optimizer, batch):
+        optimizer.update(model, nnx.grad(lambda m: loss(m, None, batch))(model))
+
+    def hand_loop():
+        model = Net(nnx.Rngs(0))
+        optimizer = nnx.Optimizer(model, optax.adam(LR), wrt=nnx.Param)
+        for epoch in range(EPOCHS):
+            xb, yb = epoch_batches(epoch)
+            for i in range(n_batches):
+                nnx_step(model, optimizer, (xb[i], yb[i]))
+        return nnx.state(model)
+
+    model0 = Net(nnx.Rngs(0))
+    graphdef, state0 = nnx.split((model0, nnx.Optimizer(model0, optax.adam(LR), wrt=nnx.Param)))
+
+    @jax.jit
+    def scan_epoch(state, epoch):
+        def body(state, batch):
+            model, optimizer = nnx.merge(graphdef, state)
+            optimizer.update(model, nnx.grad(lambda m: loss(m, None, batch))(model))
+            return nnx.state((model, optimizer)), None
+
+        return jax.lax.scan(body, state, epoch_batches(epoch))[0]
+
+    def hand_scan():
+        state = state0
+        for epoch in range(EPOCHS):
+            state = scan_epoch(state, epoch)
+        return state
+
+    prob = optsolve.OptimizationProblem(loss, Net(nnx.Rngs(0)), trainable=nnx.Param)
+
+    def with_optsolve(progress=False):
+        def run():
+            sink = io.StringIO()  # the bar writes to stderr: measured, not shown
+            with contextlib.redirect_stderr(sink):
+                return optsolve.solve(prob, optsolve.Adam(LR), data=(x, y), batch_size=BATCH,
+                                      key=key, epochs=EPOCHS, progress=progress).x
+        return run
+
+    names = ["hand-written: Python loop of an nnx.jit step (nnx.Optimizer)",
+             "hand-written: jitted epoch, lax.scan over nnx.split/merge",
+             "optsolve: solve(..., data=arrays, batch_size=64, key=key, epochs=10)",
+             "optsolve: the same with progress=True"]
+    runners = dict(zip(names, [hand_loop, hand_scan, with_optsolve(), with_optsolve(True)]))
+    results = {name: jax.block_until_ready(fn()) for name, fn in runners.items()}
+    trained = results[names[2]]
+    reference = nnx.merge(graphdef, results[names[1]])[0]
+    difference = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(
+        jax.tree_util.tree_leaves(nnx.state(trained, nnx.Param)),
+        jax.tree_util.tree_leaves(nnx.state(reference, nnx.Param))))
+    medians = interleaved_medians(runners, repeats)
+    fastest = min(medians[names[0]], medians[names[1]])
+    rows = [[name, f"{medians[name] * 1e3:.1f}", f"{medians[name] / fastest:.3f}x"]
+            for name in names]
+    return "\n".join([
+        f"### Training an NNX model with BatchNorm and Dropout: digits, Adam, batches of "
+        f"{BATCH}, {EPOCHS} epochs, float32",
+        "",
+        markdown_table(["runner", "steady median (ms)", "ratio to the faster hand-written"],
+                       rows),
+        "",
+        f"progress=True / without: {medians[names[3]] / medians[names[2]]:.3f}. Largest "
+        f"parameter difference to the hand-written scan: {difference:.1e} (float32). Median "
+        f"of {repeats} interleaved runs after warm-up; BLAS pinned to 1 thread.",
+    ])
+
+
+if __name__ == "__main__":
+    with threadpool_limits(limits=1):
+        print(machine_line())
+        print(main())

@@ -1,0 +1,109 @@
+"""An optax factory's arguments as an immutable pytree: what the generated algorithm classes
+(``optsolve.Adam``) and the pytree schedules (``optsolve.schedules``) share.
+
+Floats and arrays are leaves, so new values reuse compiled code; ints, bools, strings and
+callables are structure (ints fix shapes and loop counts). A Python int given where the
+factory takes a real number (``weight_decay=0``) is that float.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import jax
+import numpy as np
+
+from optsolve.solve_api.cache import BoundedCache
+from optsolve.solve_api.pytree import freeze, thaw
+
+_SIGNATURES = BoundedCache(1024)  # one per optax factory: a few hundred at most
+
+
+def factory_signature(factory: Callable[..., Any]) -> inspect.Signature:
+    # inspect.signature is slow, and algorithms are built and unflattened on every solve
+    return _SIGNATURES.get_or_make(factory, lambda: inspect.signature(factory))
+
+
+def is_number(value: Any) -> bool:
+    """A float or an array (ints and bools are structure)."""
+    if isinstance(value, (bool, np.bool_, int, np.integer)):
+        return False
+    return isinstance(value, (float, np.floating, np.ndarray, jax.Array))
+
+
+def float_valued_names(factory: Callable[..., Any]) -> frozenset[str]:
+    """The arguments that take real values: a float default, or none and a scalar
+    annotation (``learning_rate``); not counts such as ``ns_steps`` (an int default)."""
+    names = set()
+    for name, param in inspect.signature(factory).parameters.items():
+        if isinstance(param.default, bool) or "mask" in name or "dtype" in name:
+            continue
+        annotation = str(param.annotation)
+        if annotation in ("<class 'int'>", "int"):
+            continue
+        if isinstance(param.default, float) or (param.default is inspect.Parameter.empty and any(
+                m in annotation for m in ("float", "ScalarOrSchedule"))):
+            names.add(name)
+    return frozenset(names)
+
+
+class FactoryArguments:
+    """Base of immutable pytrees holding the arguments of ``factory``.
+
+    Attributes:
+      factory: the function whose arguments these are.
+      float_valued: the arguments a Python int is converted to float for.
+      static_names: number arguments kept as structure all the same (the factory branches
+        on them in Python).
+    """
+
+    factory: ClassVar[Callable[..., Any]]
+    float_valued: ClassVar[frozenset[str]] = frozenset()
+    static_names: ClassVar[frozenset[str]] = frozenset()
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        signature = factory_signature(type(self).factory)
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError as err:
+            raise TypeError(f"{type(self).__name__}{signature}: {err}") from None
+        bound.apply_defaults()
+        arguments = {name: float(value) if name in self.float_valued and isinstance(
+            value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)) else value
+                     for name, value in bound.arguments.items()}
+        object.__setattr__(self, "_arguments", arguments)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"{type(self).__name__} is immutable; use .replace({name}=...).")
+
+    def __getattr__(self, name: str) -> Any:
+        arguments = self.__dict__.get("_arguments", {})
+        if name in arguments:
+            return arguments[name]
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+
+    @classmethod
+    def is_leaf_value(cls, value: Any) -> bool:
+        """Whether an argument's value is a pytree child (else structure)."""
+        return is_number(value)
+
+    # pytree protocol (registered per generated class)
+    def _tree_flatten_with_keys(self):
+        leaf_names = tuple(n for n, v in self._arguments.items()
+                           if self.is_leaf_value(v) and n not in self.static_names)
+        statics = tuple((n, freeze(v)) for n, v in self._arguments.items()
+                        if n not in leaf_names)
+        children = [(jax.tree_util.GetAttrKey(n), self._arguments[n]) for n in leaf_names]
+        return children, (leaf_names, statics)
+
+    @classmethod
+    def _tree_unflatten(cls, aux, children):
+        leaf_names, statics = aux
+        obj = object.__new__(cls)
+        values = dict(zip(leaf_names, children))
+        values.update({n: thaw(v) for n, v in statics})
+        order = list(factory_signature(cls.factory).parameters)
+        object.__setattr__(obj, "_arguments", {n: values[n] for n in order if n in values})
+        return obj
