@@ -108,6 +108,9 @@ def test_resume_continues_the_model_state_exactly():
     for a, b in zip(float_leaves(whole.x), float_leaves(resumed.x), strict=True):
         np.testing.assert_array_equal(a, b)
     assert int(resumed.x.drop.rngs.count[...]) == 6
+    first.x.eval()  # in place: the module's structure (its flags) changes
+    with pytest.raises(ValueError, match="`resume` holds a model of another structure"):
+        solve(prob, optsolve.Adam(1e-2), maxiters=2, resume=first)
 
 
 def test_the_callback_gets_the_model_with_its_state_at_the_iterate():

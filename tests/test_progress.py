@@ -41,7 +41,9 @@ def _counting_bar(monkeypatch):
     return record
 
 
-def test_data_path_updates_the_bar_about_100_times_with_a_known_total(monkeypatch, capsys):
+def test_data_path_updates_the_bar_between_chunks_with_a_known_total(monkeypatch, capsys):
+    """On data the host moves the bar between compiled chunks (32 batches each here), not
+    the compiled steps: no host call stops them, and a run makes fewer than 100 updates."""
     record = _counting_bar(monkeypatch)
     rng = np.random.default_rng(0)
     data = [(rng.normal(size=(4, 2)),) for _ in range(50)]
@@ -49,7 +51,7 @@ def test_data_path_updates_the_bar_about_100_times_with_a_known_total(monkeypatc
     sol = solve(prob, optsolve.SGD(0.01), data=data, epochs=20, progress=True)
     assert sol.stats.iterations == 1000
     assert record["total"] == 1000  # epochs x batches, with no maxiters
-    assert 100 <= record["updates"] <= 102  # every 10th step, and the last one
+    assert 25 <= record["updates"] <= 40  # after each chunk but the last, and at the end
     assert "1000/1000" in capsys.readouterr().err
 
 

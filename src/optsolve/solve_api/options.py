@@ -53,8 +53,9 @@ class SolveOptions:
       history: the length of the per-iterate record (maxiters + 1), 0 for none, -1 for one
         of unknown length (training on data).
       progress: show a tqdm progress bar with the loss (the ``progress`` extra).
-      progress_every: iterations between the bar's updates on the data path (about 100
-        updates a run where the total is known).
+      progress_every: iterations between the bar's updates from inside a compiled loop
+        with no ``maxiters`` (every one; tqdm's ``mininterval`` throttles the drawing). On
+        the data path the host moves the bar between chunks instead.
       data: a :class:`DataSpec` for training on data, or None.
       replay: on the data path, a bool array, True while the host replays a chunk of steps
         up to a stopped step (the callback and progress bar stay silent); None elsewhere.

@@ -75,8 +75,7 @@ def _solve_on_data(problem, algorithm, opts, data, batch_size, key, epochs) -> S
         )
     recompilation.note(problem, algorithm, opts.callback)
     total = _data_steps(data, batch_size, epochs, opts.maxiters)
-    opts = replace(opts, data=DataSpec(data, batch_size, key, epochs),
-                   progress_every=host.progress_every(total))
+    opts = replace(opts, data=DataSpec(data, batch_size, key, epochs))
     start = time.perf_counter()
     with progress_bar(opts.progress, total), host.HostCalls() as calls:
         # the same path as every call; the default adjoint runs the backend as it is here
@@ -265,7 +264,8 @@ def solve(problem: OptimizationProblem, algorithm: Any, *, maxiters: int | None 
       history: record the objective and gradient norm at every iterate in
         ``sol.history`` (inside the compiled loop; needs ``maxiters``).
       progress: show a tqdm progress bar with the loss and gradient norm (needs the
-        ``progress`` extra; updated from inside the compiled loop about 100 times a run).
+        ``progress`` extra; updated from inside the compiled loop about 100 times a run,
+        or, on ``data``, by the host between compiled chunks).
       data: train on data: the objective is then ``f(x, p, batch)``. Either an iterable of
         batches (any pytrees of numpy or JAX arrays: a list, a generator, a data loader;
         up to 32 batches of one shape, at most 64 MiB, run per compiled call), or, with

@@ -32,7 +32,7 @@ import numpy as np
 
 from optsolve.solve_api.cache import BoundedCache
 from optsolve.solve_api.host import wants_grad_norm
-from optsolve.solve_api.pytree import pytree_dataclass, replace, thaw
+from optsolve.solve_api.pytree import pytree_dataclass, replace, thaw, tree_spec
 
 PyTree = Any
 TRAIN, CARRY, STATIC = "train", "carry", "static"
@@ -300,7 +300,14 @@ def inner(problem: Any, resume: Any = None) -> tuple[Any, Split | None, Any]:
         return problem, None, resume
     split = cached_split(problem.x0, problem.trainable)
     start = problem.x0 if resume is None else resume.x
-    args = ModelArgs(problem.p, split.carried(start))
+    try:
+        carried = split.carried(start)
+    except (ValueError, TypeError) as err:
+        raise ValueError(
+            "solve: `resume` holds a model of another structure than the problem's x0 (a "
+            "module switched to eval mode in place changes its structure: evaluate a copy, "
+            "nnx.clone(sol.x)); resume a run of the same problem.") from err
+    args = ModelArgs(problem.p, carried)
     if resume is not None:
         resume = replace(resume, x=split.trained(resume.x))
     model_problem = replace(problem, f=ModelObjective(problem.f, split), x0=split.trained(problem.x0),
@@ -308,10 +315,14 @@ def inner(problem: Any, resume: Any = None) -> tuple[Any, Split | None, Any]:
     return model_problem, split, resume
 
 
+_MUTATES = BoundedCache(256)
+
+
 def mutates(problem: Any) -> bool:
     """Whether the objective of :func:`inner`'s problem changes the model's carried leaves
-    (traces f once, abstractly)."""
-    return problem.f.mutates(problem.x0, problem.p)
+    (traces f abstractly, once per objective and shapes)."""
+    key = (problem.f, tree_spec((problem.x0, problem.p)))
+    return _MUTATES.get_or_make(key, lambda: problem.f.mutates(problem.x0, problem.p))
 
 
 def outer(split: Split | None, problem: Any, solution: Any) -> Any:

@@ -41,7 +41,7 @@ from optsolve.backends.native.driver import stopped_at
 from optsolve.backends.native.training_steps import (
     Chunk, Prepared, chunk_of_batches, epochs_chunk, init_carry, run_solution,
 )
-from optsolve.solve_api.host import interrupt_requested
+from optsolve.solve_api.host import advance_progress, interrupt_requested
 from optsolve.solve_api.options import DataSpec, SolveOptions
 from optsolve.solve_api.problem import OptimizationProblem
 from optsolve.solve_api.pytree import replace, tree_spec
@@ -159,8 +159,11 @@ def run_training(make_solver, problem: OptimizationProblem, algorithm: Any,
                  options: SolveOptions) -> Solution:
     """Train ``algorithm`` on ``options.data``; see the module docstring."""
     spec: DataSpec = options.data
-    # the host checks maxtime between chunks; the compiled steps need no clock
-    loop_options = dataclasses.replace(options, data=None, maxtime=None, resume=None)
+    # the host checks maxtime between chunks; the compiled steps need no clock. The host
+    # also moves the progress bar between chunks: a bar updated from inside the compiled
+    # steps stops them at every update, which costs more than the steps of a short run
+    loop_options = dataclasses.replace(options, data=None, maxtime=None, resume=None,
+                                       progress=False)
     # each chunk records its own steps: the first carry holds no record
     init_options = dataclasses.replace(loop_options, resume=options.resume, history=0)
     limit = int(options.maxiters) if options.maxiters is not None else None
@@ -206,6 +209,9 @@ def run_training(make_solver, problem: OptimizationProblem, algorithm: Any,
             # stop runs no step)
             if len(recent) > 1 and int(recent[0].chunk.carry.status) != RUNNING:
                 break
+            if options.progress and len(recent) > 1:
+                done = recent[0].chunk.carry
+                advance_progress(int(done.iteration), float(done.f_last))
             if source.interrupted or interrupt_requested():
                 interrupted = True
                 break
