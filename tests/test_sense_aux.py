@@ -59,7 +59,7 @@ def test_aux_crosses_jit_and_vmap():
     np.testing.assert_allclose(run(jnp.array([1.0, 2.0]))["residual"], 0.0, atol=1e-8)
 
 
-def test_training_on_data_maximises_and_refuses_aux():
+def test_training_on_data_maximises_and_records_aux():
     # the mean log-likelihood of a unit-variance normal, maximised by SGD over batches
     data = jnp.linspace(0.0, 2.0, 64)
     loglik = lambda m, p, batch: -0.5 * jnp.mean((batch - m) ** 2)
@@ -68,9 +68,16 @@ def test_training_on_data_maximises_and_refuses_aux():
     np.testing.assert_allclose(sol.x, 1.0, rtol=1e-6)
     np.testing.assert_allclose(sol.objective, loglik(sol.x, None, data), rtol=1e-6)
     aux = OptimizationProblem(lambda m, p, b: (loglik(m, p, b), m), jnp.array(0.0),
-                              has_aux=True)
-    with pytest.raises(ValueError, match="`has_aux` is not supported when training on `data`"):
-        solve(aux, optsolve.SGD(0.5), data=data, batch_size=8)
+                              sense="max", has_aux=True)
+    # aux belongs to each step's batch: recorded in the history, none on the Solution
+    sol = solve(aux, optsolve.SGD(0.5), data=data, batch_size=8, history=True)
+    assert sol.aux is None
+    m, expected = 0.0, []
+    for batch in data.reshape(8, 8):  # SGD by hand: the iterate each step's aux saw
+        expected.append(m)
+        m -= 0.5 * float(jnp.mean(m - batch))
+    np.testing.assert_allclose(sol.history.metrics, expected, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(sol.x, m, rtol=1e-6)
 
 
 def test_bad_sense_and_aux_get_clear_errors():

@@ -67,6 +67,13 @@ def check_capabilities(problem: OptimizationProblem, algorithm: Algorithm,
             f"solve: {name} does not record a history. Algorithms that do: "
             f"{_names_with('records_history')}."
         )
+    tracked = [o for o, on in (("evaluate", options.evaluate is not None),
+                               ("keep='best'", options.keep == "best")) if on]
+    if tracked and not caps["records_history"]:
+        raise ValueError(
+            f"solve: {name} does not follow its iterates, which {' and '.join(tracked)} "
+            f"need. Algorithms that do: {_names_with('records_history')}."
+        )
     if isinstance(adjoint, UnrolledAdjoint) and not caps["unrollable"]:
         raise ValueError(
             f"UnrolledAdjoint: {name} cannot be differentiated by unrolling its iterations. "

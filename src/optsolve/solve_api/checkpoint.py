@@ -2,29 +2,38 @@
 
 The file is a numpy ``.npz`` archive (read with ``allow_pickle=False``) holding every array
 leaf of the Solution and a JSON record of their key paths, shapes and dtypes. The tree
-structure itself (optax state classes, ...) is not stored: loading takes a template
-Solution of the same structure (``like``), for instance from a zero-iteration solve of the
-same problem and algorithm, and checks every leaf against it. A file from elsewhere can
-therefore only ever yield arrays, never execute anything.
+structure itself (optax state classes, a model's modules, ...) is not stored: loading takes
+a template Solution of the same structure (``like``), for instance from a zero-iteration
+solve of the same problem and algorithm, and checks every leaf against it; or, to resume a
+run, no template: ``x`` and ``state`` then hold the leaves alone, and ``solve(...,
+resume=...)`` rebuilds their structure from the problem and the algorithm (checking every
+leaf). A file from elsewhere can therefore only ever yield arrays, never execute anything.
+
+:class:`Checkpoint` is what ``solve(..., checkpoint=path, checkpoint_every=k)`` writes
+with: the Solution so far, every k iterations of an eager run.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from optsolve.solve_api.returncode import ReturnCode
-from optsolve.solve_api.solution import Solution
+from optsolve.solve_api.solution import Solution, Stats
 
 _FORMAT = "optsolve-solution-v1"
 
 
-def _dtype(leaf: Any) -> np.dtype:
-    return np.dtype(leaf.dtype) if hasattr(leaf, "dtype") else np.asarray(leaf).dtype
+def _dtype(leaf: Any) -> Any:
+    # the leaf's own dtype: a typed PRNG key's is not a numpy one
+    return leaf.dtype if hasattr(leaf, "dtype") else np.asarray(leaf).dtype
 
 
 def _leaves_with_paths(solution: Solution) -> list[tuple[str, Any]]:
@@ -48,34 +57,115 @@ def save(path: str | os.PathLike, solution: Solution) -> None:
             continue
         if isinstance(leaf, jax.core.Tracer):
             raise ValueError("save: the solution is traced; save it outside jax.jit / vmap.")
+        entry = {"key": key}
+        if _is_prng_key(leaf):  # a model's RNG state (Dropout): its data and its impl
+            entry["key_impl"] = str(jax.random.key_impl(leaf))
+            leaf = jax.random.key_data(leaf)
         value = np.asarray(int(leaf) if isinstance(leaf, ReturnCode) else leaf)
         if value.dtype == object:
             raise TypeError(f"save: leaf {key} is not an array ({type(leaf).__name__}).")
         name = f"leaf_{i:05d}"
         arrays[name] = value
-        record.append({"key": key, "name": name, "shape": list(value.shape),
-                       "dtype": str(value.dtype)})
+        record.append(entry | {"name": name, "shape": list(value.shape),
+                               "dtype": str(value.dtype)})
     meta = json.dumps({"format": _FORMAT, "leaves": record})
     with open(path, "wb") as fh:
         np.savez(fh, __meta__=np.frombuffer(meta.encode(), dtype=np.uint8), **arrays)
 
 
-def load(path: str | os.PathLike, like: Solution) -> Solution:
-    """Read a Solution written by :func:`save`, with the structure of ``like``.
+@jax.tree_util.register_pytree_node_class
+class SavedLeaves:
+    """The leaves of a saved pytree (``x`` or ``state``) without its structure, which
+    ``solve(..., resume=...)`` takes from the problem and the algorithm (:meth:`like`)."""
 
-    Args:
-      path: the ``.npz`` file.
-      like: a Solution of the same structure (same problem shapes and algorithm), e.g.
-        ``solve(problem, algorithm, maxiters=0)``; its values are not used.
+    def __init__(self, leaves: list, keys: tuple[str, ...], field: str):
+        self.leaves, self.keys, self.field = list(leaves), tuple(keys), field
 
-    Returns:
-      The saved Solution, ready for ``solve(..., resume=...)``.
-    """
+    def tree_flatten(self):
+        return self.leaves, (self.keys, self.field)
+
+    @classmethod
+    def tree_unflatten(cls, aux, leaves):
+        return cls(leaves, *aux)
+
+    def like(self, template: Any) -> Any:
+        """These leaves in the structure of ``template`` (arrays or shape structs), each
+        checked against its leaf's shape and dtype."""
+        leaves, treedef = jax.tree_util.tree_flatten(template)
+        if len(leaves) != len(self.leaves):
+            raise ValueError(
+                f"solve: the checkpoint's {self.field} has {len(self.leaves)} arrays, but this "
+                f"problem and algorithm's has {len(leaves)}; resume with the problem and "
+                "algorithm that wrote it.")
+        for key, saved, leaf in zip(self.keys, self.leaves, leaves):
+            if jnp.shape(saved) != jnp.shape(leaf) or jnp.result_type(saved) != \
+                    jnp.result_type(leaf):
+                raise ValueError(
+                    f"solve: the checkpoint's {key} is {jnp.result_type(saved)}"
+                    f"{list(jnp.shape(saved))}, but this problem and algorithm's is "
+                    f"{jnp.result_type(leaf)}{list(jnp.shape(leaf))}; resume with the problem "
+                    "and algorithm that wrote it.")
+        return jax.tree_util.tree_unflatten(treedef, self.leaves)
+
+
+def _is_prng_key(leaf: Any) -> bool:
+    dtype = getattr(leaf, "dtype", None)
+    return dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
+
+
+def _read(path: str | os.PathLike) -> dict[str, Any]:
+    """The saved leaves by key path (numpy arrays; typed PRNG keys rebuilt as JAX keys)."""
     with np.load(path, allow_pickle=False) as archive:
         meta = json.loads(bytes(archive["__meta__"]).decode())
         if meta.get("format") != _FORMAT:
             raise ValueError(f"load: {path} is not an optsolve solution file.")
-        saved = {entry["key"]: archive[entry["name"]] for entry in meta["leaves"]}
+        return {entry["key"]: archive[entry["name"]] if "key_impl" not in entry else
+                jax.random.wrap_key_data(archive[entry["name"]], impl=entry["key_impl"])
+                for entry in meta["leaves"]}
+
+
+_FIELD = re.compile(r"^\.(\w+)")
+
+
+def _resume_point(path, saved: dict[str, np.ndarray]) -> Solution:
+    """The saved Solution without a template: what ``resume=`` needs."""
+    fields: dict[str, list[tuple[str, np.ndarray]]] = {}
+    for key, value in saved.items():
+        fields.setdefault(_FIELD.match(key).group(1), []).append((key, value))
+    if "x" not in fields or "retcode" not in fields:
+        raise ValueError(f"load: {path} holds no Solution's x.")
+    leaves = lambda name: SavedLeaves([jnp.asarray(v) for _, v in fields[name]],
+                                      tuple(k for k, _ in fields[name]), name)
+    number = lambda key: saved[key].item() if key in saved else None
+    return Solution(
+        x=leaves("x"), objective=jnp.asarray(saved[".objective"]),
+        retcode=ReturnCode(int(saved[".retcode"])),
+        stats=Stats(iterations=number(".stats.iterations"), f_evals=number(".stats.f_evals"),
+                    grad_evals=number(".stats.grad_evals"), time=number(".stats.time")),
+        state=leaves("state") if "state" in fields else None)
+
+
+def load(path: str | os.PathLike, like: Solution | None = None) -> Solution:
+    """Read a Solution written by :func:`save` (or a checkpoint).
+
+    Args:
+      path: the ``.npz`` file.
+      like: a Solution of the same structure (same problem shapes and algorithm), e.g.
+        ``solve(problem, algorithm, maxiters=0)``, whose values are not used; or None,
+        for a Solution to resume from: its ``x`` and ``state`` are then the saved leaves
+        alone, which ``solve(problem, algorithm, resume=...)`` puts in the structure of
+        that problem and algorithm (checking each one).
+
+    Returns:
+      The saved Solution, ready for ``solve(..., resume=...)``.
+    """
+    saved = _read(path)
+    if like is None:
+        return _resume_point(path, saved)
+    return _like(path, saved, like)
+
+
+def _like(path, saved: dict[str, Any], like: Solution) -> Solution:
     template = _leaves_with_paths(like)
     treedef = jax.tree_util.tree_structure(like)
     leaves = []
@@ -104,3 +194,31 @@ def load(path: str | os.PathLike, like: Solution) -> Solution:
     if extra:
         raise ValueError(f"load: {path} has leaves {extra} that `like` does not have.")
     return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+class Checkpoint:
+    """Where and how often an eager run writes its Solution so far: every ``every``
+    iterations, to ``path`` (replaced atomically, so that a run killed while writing
+    leaves the previous checkpoint whole). ``to_user`` turns the run's Solution into the
+    user's (the whole model, the user's objective).
+
+    Resume a killed run with ``solve(..., resume=optsolve.load(path))``: the x and the
+    optimizer state continue exactly (on in-memory data, at the same epoch and batch)."""
+
+    def __init__(self, path: str | os.PathLike, every: int,
+                 to_user: Callable[[Solution], Solution]):
+        self.path, self.every, self.to_user = os.fspath(path), every, to_user
+
+    def steps_to_next(self, iterations: int) -> int:
+        """Iterations from ``iterations`` (this run's) to the next checkpoint."""
+        return self.every - iterations % self.every
+
+    def due(self, iterations: int) -> bool:
+        return iterations > 0 and iterations % self.every == 0
+
+    def write(self, solution: Solution) -> None:
+        """Save ``solution`` (the backend's, of a run still going) as the checkpoint."""
+        solution = self.to_user(solution)
+        temporary = self.path + ".partial"
+        save(temporary, solution)
+        os.replace(temporary, self.path)

@@ -59,6 +59,15 @@ class SolveOptions:
       data: a :class:`DataSpec` for training on data, or None.
       replay: on the data path, a bool array, True while the host replays a chunk of steps
         up to a stopped step (the callback and progress bar stay silent); None elsewhere.
+      metrics: ``metrics(x, p[, batch]) -> pytree`` recorded in the history at every
+        iterate (the backends' terms: over the trained leaves of a model), or None.
+      evaluate: ``evaluate(x, p) -> score | (score, aux)`` run every ``eval_every``-th
+        iterate, recorded in the history and ranking iterates for ``keep="best"``, or None.
+      eval_every: iterations between evaluations.
+      keep: ``"last"`` (the run's last iterate) or ``"best"`` (the one of lowest score:
+        evaluate's, else the objective).
+      checkpoint: a host hook ``checkpoint(solution)`` an eager run calls every
+        ``checkpoint.every`` iterations with the Solution so far, or None.
     """
 
     maxiters: Any = None
@@ -75,6 +84,11 @@ class SolveOptions:
     progress_every: int = static_field(default=1)
     data: Any = static_field(default=None)
     replay: Any = None
+    metrics: Callable[..., Any] | None = static_field(default=None)
+    evaluate: Callable[..., Any] | None = static_field(default=None)
+    eval_every: int = static_field(default=1)
+    keep: str = static_field(default="last")
+    checkpoint: Any = static_field(default=None)
 
     def get(self, name: str, default: Any = None) -> Any:
         """A backend-specific option's value (``xtol`` included), or ``default`` when not
@@ -100,9 +114,33 @@ def _check_number(name: str, value: Any, *, integer: bool = False, positive: boo
         raise ValueError(f"solve: `{name}` must be {bound}, got {value!r}.")
 
 
+def _check_every(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"solve: `{name}` must be an integer >= 1, got {value!r}.")
+
+
+def _check_tracking(history: bool, metrics, evaluate, eval_every, keep) -> None:
+    """The options of what a run records and keeps (metrics, evaluations, the best iterate)."""
+    for name, fn in (("metrics", metrics), ("evaluate", evaluate)):
+        if fn is not None and not callable(fn):
+            raise TypeError(f"solve: `{name}` must be a function of (x, p), got {fn!r}.")
+    if metrics is not None and not history:
+        raise ValueError("solve: `metrics` are recorded in `sol.history`; pass history=True "
+                         "as well.")
+    if keep not in ("last", "best"):
+        raise ValueError(f"solve: `keep` must be 'last' or 'best', got {keep!r}.")
+    if evaluate is not None and not history and keep != "best":
+        raise ValueError("solve: `evaluate`'s values are recorded in `sol.history` (pass "
+                         "history=True) or rank the iterates for keep='best'; neither is on.")
+    _check_every("eval_every", eval_every)
+    if eval_every != 1 and evaluate is None:
+        raise ValueError("solve: `eval_every` is how often `evaluate` runs; pass `evaluate` too.")
+
+
 def make_options(algorithm: Algorithm, *, maxiters=None, maxtime=None, gtol=None, ftol=None,
                  callback=None, callback_every: int = 1, resume=None, history: bool = False,
-                 progress: bool = False, **extra: Any) -> SolveOptions:
+                 progress: bool = False, metrics=None, evaluate=None, eval_every: int = 1,
+                 keep: str = "last", checkpoint=None, **extra: Any) -> SolveOptions:
     """Validate ``solve``'s keyword options for ``algorithm`` and bundle them."""
     valid_extra = tuple(type(algorithm).extra_options)
     unknown = sorted(set(extra) - set(valid_extra))
@@ -123,13 +161,14 @@ def make_options(algorithm: Algorithm, *, maxiters=None, maxtime=None, gtol=None
             f"solve: `callback` must be callable as callback(iteration, x, objective), got "
             f"{callback!r}."
         )
-    if isinstance(callback_every, bool) or not isinstance(callback_every, (int, np.integer)) \
-            or callback_every < 1:
-        raise ValueError(f"solve: `callback_every` must be an integer >= 1, got {callback_every!r}.")
+    _check_every("callback_every", callback_every)
+    _check_tracking(history, metrics, evaluate, eval_every, keep)
     # -1: a history without a known length, which only a training loop on data can record
     length = -1 if maxiters is None or isinstance(maxiters, jax.core.Tracer) else int(maxiters) + 1
     return SolveOptions(
         maxiters=maxiters, maxtime=maxtime, gtol=gtol, ftol=ftol, xtol=xtol, callback=callback,
         callback_every=int(callback_every), extra=tuple(sorted(extra.items())),
         resume=resume, history=length if history else 0, progress=bool(progress),
+        metrics=metrics, evaluate=evaluate, eval_every=int(eval_every), keep=keep,
+        checkpoint=checkpoint,
     )

@@ -30,20 +30,21 @@ _FINGERPRINTS = BoundedCache(64)  # so no new one takes an address); fingerprint
 _WARNED: set = set()
 
 
-def note(problem: Any, algorithm: Any, callback: Any) -> None:
+def note(problem: Any, algorithm: Any, hooks: Any) -> None:
     """Record the structure of an eager solve; warn (once per fingerprint) where it is new
-    but prints like an earlier one."""
+    but prints like an earlier one. ``hooks``: the options' functions (the callback, the
+    metrics, ...), also structure."""
     leaves, treedef = jax.tree_util.tree_flatten((problem, algorithm))
     # shapes and dtypes too: a new shape compiles anew whatever else changed
     shapes = tuple((getattr(leaf, "shape", None), getattr(leaf, "dtype", type(leaf)))
                    for leaf in leaves)
-    structure = (treedef, shapes, callback)
+    structure = (treedef, shapes, hooks)
     try:
         if _SEEN.get(structure) is not None:
             return
     except TypeError:  # an unhashable static value: JAX itself would refuse it
         return
-    printed = f"{treedef} {shapes} {callback!r}"
+    printed = f"{treedef} {shapes} {hooks!r}"
     fingerprint = _ADDRESS.sub("", printed)
     _SEEN.get_or_make(structure, lambda: fingerprint)
     first = _FINGERPRINTS.get_or_make(fingerprint, lambda: printed)

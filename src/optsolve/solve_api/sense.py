@@ -16,7 +16,7 @@ import jax
 from optsolve.solve_api.host import wants_grad_norm
 from optsolve.solve_api.problem import OptimizationProblem
 from optsolve.solve_api.pytree import replace
-from optsolve.solve_api.solution import History, Solution
+from optsolve.solve_api.solution import Solution
 
 PyTree = Any
 
@@ -49,6 +49,41 @@ class MinimisedObjective:
     def __hash__(self) -> int:
         return hash((MinimisedObjective, self.f, self.negate, self.has_aux))
 
+    def __repr__(self) -> str:
+        # names what it wraps: the recompilation warning compares printed structures
+        return f"MinimisedObjective({self.f!r})"
+
+
+class AuxOf:
+    """The aux part of a ``has_aux`` objective: the metrics a run records at every iterate.
+    Equal to another one of the same ``f``, so that repeated solves share compiled code."""
+
+    def __init__(self, f: Callable[..., Any]):
+        self.f = f
+
+    def __call__(self, x: PyTree, p: PyTree, *batch: Any) -> Any:
+        out = self.f(x, p, *batch)
+        _value_of(out)
+        return out[1]
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, AuxOf) and other.f == self.f
+
+    def __hash__(self) -> int:
+        return hash((AuxOf, self.f))
+
+    def __repr__(self) -> str:
+        # names what it wraps: the recompilation warning compares printed structures
+        return f"AuxOf({self.f!r})"
+
+
+def recorded_metrics(problem: OptimizationProblem, metrics: Any, history: bool) -> Any:
+    """What a run records as metrics: the user's ``metrics``, else aux of a ``has_aux``
+    objective where a history is recorded."""
+    if metrics is None and problem.has_aux and history:
+        return AuxOf(problem.f)
+    return metrics
+
 
 class _Negated:
     """A user's ``grad`` or ``hvp`` of the objective, negated (for maximisation)."""
@@ -64,6 +99,10 @@ class _Negated:
 
     def __hash__(self) -> int:
         return hash((_Negated, self.fn))
+
+    def __repr__(self) -> str:
+        # names what it wraps: the recompilation warning compares printed structures
+        return f"_Negated({self.fn!r})"
 
 
 class UserValueCallback:
@@ -82,6 +121,10 @@ class UserValueCallback:
 
     def __hash__(self) -> int:
         return hash((UserValueCallback, self.callback))
+
+    def __repr__(self) -> str:
+        # names what it wraps: the recompilation warning compares printed structures
+        return f"UserValueCallback({self.callback!r})"
 
 
 def is_plain(problem: OptimizationProblem) -> bool:
@@ -108,11 +151,13 @@ def user_callback(problem: OptimizationProblem, callback: Any) -> Any:
     return UserValueCallback(callback)
 
 
-def in_user_terms(problem: OptimizationProblem, solution: Solution) -> Solution:
+def in_user_terms(problem: OptimizationProblem, solution: Solution,
+                  on_data: bool = False) -> Solution:
     """The solution of :func:`to_minimisation`'s problem in the terms of ``problem``: its
     objective and history of the user's ``f``, multipliers of the user's objective (the
     derivative of the optimal value with respect to a constraint's active bound is still
-    ``-multipliers[j]``), and ``aux`` at ``x`` for ``has_aux``."""
+    ``-multipliers[j]``), and ``aux`` at ``x`` for ``has_aux`` (not ``on_data``, where aux
+    belongs to a batch: each step's is in the history)."""
     if is_plain(problem):
         return solution
     changes: dict[str, Any] = {}
@@ -120,11 +165,11 @@ def in_user_terms(problem: OptimizationProblem, solution: Solution) -> Solution:
         negate = lambda tree: jax.tree_util.tree_map(lambda v: -v, tree)
         changes["objective"] = negate(solution.objective)
         if solution.history is not None:
-            changes["history"] = History(-solution.history.objective,
-                                         solution.history.grad_norm)
+            changes["history"] = replace(solution.history,
+                                         objective=-solution.history.objective)
         if solution.multipliers is not None:
             changes["multipliers"] = negate(solution.multipliers)
-    if problem.has_aux:
+    if problem.has_aux and not on_data:
         # on a copy of x: an NNX model's forward pass may change its state in place
         changes["aux"] = problem.f(jax.tree_util.tree_map(lambda v: v, solution.x),
                                    problem.p)[1]

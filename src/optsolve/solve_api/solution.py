@@ -40,10 +40,19 @@ class History:
         NaN past the last iterate.
       grad_norm: the gradient's infinity norm (projected where the problem has bounds)
         at the same iterates; NaN past the last.
+      metrics: with ``solve(..., metrics=fn)`` (or a problem with ``has_aux=True``), the
+        values of ``fn(x, p[, batch])`` (of aux) at the same iterates: a pytree like one
+        value, each leaf with the iterates as its leading axis (floats; NaN past the
+        last); None otherwise.
+      evaluation: with ``solve(..., evaluate=fn, eval_every=k)``, ``fn(x, p)`` at
+        iterates 0, k, 2k, ... (NaN at the others), leaves as in ``metrics``; None
+        otherwise.
     """
 
     objective: Any
     grad_norm: Any
+    metrics: Any = None
+    evaluation: Any = None
 
     def plot(self, ax=None, log: bool = True):
         """Plot objective and gradient norm against the iteration (needs matplotlib)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 import warnings
 from collections.abc import Callable
@@ -15,6 +16,7 @@ from jax import lax
 
 from optsolve.solve_api.adjoint import ImplicitAdjoint
 from optsolve.solve_api import host, recompilation, sense, trainable
+from optsolve.solve_api.checkpoint import Checkpoint, SavedLeaves
 from optsolve.solve_api.capabilities import check_capabilities, check_objective, resume_point
 from optsolve.solve_api.kkt import multipliers, per_constraint
 from optsolve.solve_api.options import DataSpec, make_options
@@ -73,7 +75,7 @@ def _solve_on_data(problem, algorithm, opts, data, batch_size, key, epochs) -> S
             "solve: training on `data` runs a host loop over batches; call solve outside "
             "jax.jit / jax.vmap (the steps inside are compiled)."
         )
-    recompilation.note(problem, algorithm, opts.callback)
+    recompilation.note(problem, algorithm, (opts.callback, opts.metrics, opts.evaluate))
     total = _data_steps(data, batch_size, epochs, opts.maxiters)
     opts = replace(opts, data=DataSpec(data, batch_size, key, epochs))
     start = time.perf_counter()
@@ -136,11 +138,42 @@ def _with_problem(solution: Solution, problem: OptimizationProblem) -> Solution:
 
 
 def _finish(user_problem: OptimizationProblem, problem: OptimizationProblem,
-            solution: Solution, split: trainable.Split | None = None) -> Solution:
+            solution: Solution, split: trainable.Split | None = None,
+            on_data: bool = False) -> Solution:
     """The solution in the terms of the user's problem (the whole model where the problem
     trains some of its leaves), holding the problem it solves."""
     solution = trainable.outer(split, problem, solution)
-    return _with_problem(sense.in_user_terms(user_problem, solution), problem)
+    return _with_problem(sense.in_user_terms(user_problem, solution, on_data), problem)
+
+
+def _checkpoint(user_problem, problem, algorithm, split, path, every, keep,
+                on_data: bool) -> Checkpoint:
+    """The checkpoint hook of ``solve``'s ``checkpoint`` and ``checkpoint_every``."""
+    if path is None or every is None:
+        raise ValueError("solve: `checkpoint` (a file) and `checkpoint_every` (iterations) "
+                         "go together; give both.")
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"solve: `checkpoint` must be a file path, got {path!r}.")
+    if isinstance(every, bool) or not isinstance(every, (int, np.integer)) or every < 1:
+        raise ValueError(f"solve: `checkpoint_every` must be an integer >= 1, got {every!r}.")
+    if not type(algorithm).compiled_driver:
+        able = ", ".join(c.__name__ for c in algorithm_classes() if c.compiled_driver)
+        raise ValueError(
+            f"solve: {type(algorithm).__name__} cannot write checkpoints: its state lives "
+            f"inside scipy, so a resumed run would not continue exactly. Algorithms that can: "
+            f"{able}.")
+    if keep == "best":
+        raise ValueError("solve: `checkpoint` saves the run's current iterate, which "
+                         "keep='best' does not return; use one or the other.")
+    started = time.perf_counter()
+
+    def to_user(solution: Solution) -> Solution:
+        solution = replace(solution, retcode=ReturnCode.INTERRUPTED, reason=None,
+                           history=None)
+        solution = _eager(solution, time.perf_counter() - started)
+        return _finish(user_problem, problem, solution, split, on_data)
+
+    return Checkpoint(path, int(every), to_user)
 
 
 def _check_adjoint(adjoint: Any) -> Any:
@@ -207,7 +240,13 @@ def _no_iterations(problem: OptimizationProblem, opts) -> Solution:
     if opts.history:
         f, g = jax.value_and_grad(problem.f)(x, problem.p)
         norm = stationarity(x, g, problem.bounds)
-        history = History(jnp.reshape(f, (1,)), jnp.reshape(norm, (1,)).astype(f.dtype))
+        def one(fn):  # one entry, ints as floats (as every record stores them)
+            return None if fn is None else jax.tree_util.tree_map(
+                lambda v: jnp.reshape(v, (1,) + jnp.shape(v)).astype(
+                    jnp.result_type(v) if jnp.issubdtype(jnp.result_type(v), jnp.inexact)
+                    else f.dtype), fn(x, problem.p))
+        history = History(jnp.reshape(f, (1,)), jnp.reshape(norm, (1,)).astype(f.dtype),
+                          one(opts.metrics), one(opts.evaluate))
     else:
         f, history = problem.f(x, problem.p), None
     base = resume.stats if resume is not None else Stats(0, 0, 0)
@@ -244,7 +283,10 @@ def solve(problem: OptimizationProblem, algorithm: Any, *, maxiters: int | None 
           callback: Callable[..., Any] | None = None, adjoint: Any = None,
           resume: Solution | None = None, history: bool = False, progress: bool = False,
           data: Any = None, batch_size: int | None = None, key: Any = None,
-          epochs: int | None = None, **options: Any) -> Solution:
+          epochs: int | None = None, metrics: Callable[..., Any] | None = None,
+          evaluate: Callable[..., Any] | None = None, eval_every: int = 1,
+          keep: str = "last", checkpoint: str | os.PathLike | None = None,
+          checkpoint_every: int | None = None, **options: Any) -> Solution:
     """Minimise ``problem`` with ``algorithm`` and return a :class:`Solution`.
 
     Args:
@@ -260,9 +302,30 @@ def solve(problem: OptimizationProblem, algorithm: Any, *, maxiters: int | None 
         every ``callback_every``-th); returning True stops the run with TERMINATED.
       resume: a Solution of an earlier run of the same algorithm on the same problem to
         continue from (iterate, optimizer state, step count): N steps then M more equal
-        N + M steps. ``maxiters`` counts the new steps; stats count both runs.
+        N + M steps. ``maxiters`` counts the new steps; stats count both runs. A
+        checkpoint, ``optsolve.load(path)``, continues the run that wrote it exactly.
       history: record the objective and gradient norm at every iterate in
-        ``sol.history`` (inside the compiled loop; needs ``maxiters``).
+        ``sol.history`` (inside the compiled loop; needs ``maxiters``), and the metrics
+        and evaluations below.
+      metrics: ``metrics(x, p)`` (on ``data``: ``metrics(x, p, batch)``), any pytree of
+        numbers, recorded at every iterate in ``sol.history.metrics`` inside the compiled
+        loop (needs ``history=True``). Without it, a problem with ``has_aux=True`` records
+        aux there.
+      evaluate: ``evaluate(x, p)``, e.g. the loss or accuracy on held-out data: a scalar
+        score (lower is better) or ``(score, aux)``, run at every ``eval_every``-th
+        iterate, recorded in ``sol.history.evaluation`` and ranking iterates for
+        ``keep="best"``.
+      eval_every: iterations between evaluations (default 1).
+      keep: ``"last"`` (default) returns the run's last iterate; ``"best"`` the one of
+        lowest score (``evaluate``'s; without it the objective's, full batch only), with
+        its optimizer state, so that ``resume=`` continues from there.
+      checkpoint: a file (``.npz``) to which an eager run of a JAX-native algorithm writes
+        its Solution so far (x, the optimizer state, the counts; no history) every
+        ``checkpoint_every`` iterations, replacing the previous one atomically. A run
+        killed mid-way continues exactly with ``resume=optsolve.load(checkpoint)`` (on
+        in-memory data, at the same epoch and batch; an iterable must be given the
+        batches it has not yet fed).
+      checkpoint_every: iterations between checkpoints (of this run).
       progress: show a tqdm progress bar with the loss and gradient norm (needs the
         ``progress`` extra; updated from inside the compiled loop about 100 times a run,
         or, on ``data``, by the host between compiled chunks).
@@ -303,17 +366,29 @@ def solve(problem: OptimizationProblem, algorithm: Any, *, maxiters: int | None 
         resume = replace(resume, objective=-resume.objective)
     if resume is not None and not isinstance(resume, Solution):
         resume_point(problem, resume)  # its error
+    if isinstance(resume.x if resume is not None else None, SavedLeaves):
+        # a checkpoint's x: in the structure of the problem's x0 (checked leaf by leaf)
+        resume = replace(resume, x=resume.x.like(user_problem.x0))
     problem, split, resume = trainable.inner(problem, resume)
-    if split is not None and callback is not None:
-        callback = trainable.ModelCallback(callback, split, problem.p.carried)
-    if data is not None and user_problem.has_aux:
+    metrics = sense.recorded_metrics(user_problem, metrics, history)
+    if split is not None:
+        if callback is not None:
+            callback = trainable.ModelCallback(callback, split, problem.p.carried)
+        metrics, evaluate = (None if fn is None or not callable(fn) else
+                             trainable.ModelObjective(fn, split) for fn in (metrics, evaluate))
+    if data is not None and keep == "best" and evaluate is None:
         raise ValueError(
-            "solve: `has_aux` is not supported when training on `data` (aux would belong to "
-            "one batch); evaluate f(sol.x, p, batch) on the batch you want after the run.")
+            "solve: keep='best' on `data` needs `evaluate` (a score on held-out data): each "
+            "step's loss is on another batch, so losses do not rank iterates.")
     algorithm = as_algorithm(algorithm)
+    if checkpoint is not None or checkpoint_every is not None:
+        checkpoint = _checkpoint(user_problem, problem, algorithm, split, checkpoint,
+                                 checkpoint_every, keep, data is not None)
     opts = make_options(algorithm, maxiters=maxiters, maxtime=maxtime, gtol=gtol, ftol=ftol,
                         callback=callback, resume=resume_point(problem, resume),
-                        history=history, progress=progress, **options)
+                        history=history, progress=progress, metrics=metrics,
+                        evaluate=evaluate, eval_every=eval_every, keep=keep,
+                        checkpoint=checkpoint, **options)
     if data is not None:
         if adjoint is not None:
             raise ValueError(
@@ -321,7 +396,7 @@ def solve(problem: OptimizationProblem, algorithm: Any, *, maxiters: int | None 
                 f"loop over batches, which is not differentiated; got adjoint={adjoint!r}. "
                 "Remove it.")
         solution = _solve_on_data(problem, algorithm, opts, data, batch_size, key, epochs)
-        return _finish(user_problem, problem, solution, split)
+        return _finish(user_problem, problem, solution, split, on_data=True)
     for name, value in (("batch_size", batch_size), ("key", key), ("epochs", epochs)):
         if value is not None:
             raise ValueError(f"solve: `{name}` is only meaningful together with `data`.")
@@ -334,6 +409,9 @@ def solve(problem: OptimizationProblem, algorithm: Any, *, maxiters: int | None 
         )
     adjoint = _check_adjoint(adjoint)
     check_capabilities(problem, algorithm, opts, adjoint=adjoint)
+    if checkpoint is not None and is_traced(problem, algorithm, opts):
+        raise ValueError("solve: `checkpoint` writes files between compiled chunks of an "
+                         "eager run; call solve outside jax.jit / jax.vmap / jax.grad.")
     check_objective(problem)
     if split is not None and not algorithm.capabilities()["threads_model_state"] and \
             trainable.mutates(problem):
@@ -350,7 +428,7 @@ def solve(problem: OptimizationProblem, algorithm: Any, *, maxiters: int | None 
     if traced:
         solution = _with_multipliers(problem, adjoint.apply(backend, problem, algorithm, opts))
         return _finish(user_problem, problem, solution, split)
-    recompilation.note(problem, algorithm, opts.callback)
+    recompilation.note(problem, algorithm, (opts.callback, opts.metrics, opts.evaluate))
     start = time.perf_counter()
     with progress_bar(progress, maxiters), host.HostCalls() as calls:
         solution = jax.block_until_ready(

@@ -234,6 +234,10 @@ class ModelObjective:
     def __hash__(self) -> int:
         return hash((ModelObjective, self.f, self.split))
 
+    def __repr__(self) -> str:
+        # names what it wraps: the recompilation warning compares printed structures
+        return f"ModelObjective({self.f!r})"
+
 
 class ModelCallback:
     """The user's callback, given the whole model: the trained leaves at the iterate with
@@ -255,6 +259,10 @@ class ModelCallback:
 
     def __hash__(self) -> int:
         return hash((ModelCallback, self.callback, self.split))
+
+    def __repr__(self) -> str:
+        # names what it wraps: the recompilation warning compares printed structures
+        return f"ModelCallback({self.callback!r})"
 
 
 class ModelPoint(NamedTuple):

@@ -140,8 +140,12 @@ def _status(solution: Solution, options: SolveOptions) -> int:
 
 
 def _run_chunks(make_solver, problem, algorithm, options) -> Solution:
+    # the checkpoint is the host's: kept out of the compiled chunk's (static) options
+    checkpoint, options = options.checkpoint, replace(options, checkpoint=None)
     carry = None
     first, budget = True, _first_budget(problem)
+    if checkpoint is not None:
+        budget = min(budget, checkpoint.every)
     solution = None  # the last completed chunk's
     try:
         while True:
@@ -167,6 +171,11 @@ def _run_chunks(make_solver, problem, algorithm, options) -> Solution:
                 return _interrupted(solution, make_solver, problem, algorithm)
             per_iteration = (time.perf_counter() - started) / budget
             budget = int(min(max(_CHUNK_SECONDS / max(per_iteration, 1e-9), 1), 2 ** 30))
+            if checkpoint is not None:  # chunks end at the checkpoints
+                done = int(carry.iteration)
+                if checkpoint.due(done):
+                    checkpoint.write(_interrupted(solution, make_solver, problem, algorithm))
+                budget = min(budget, checkpoint.steps_to_next(done))
     except KeyboardInterrupt:
         if solution is None:  # during the first compilation: nothing ran yet
             raise

@@ -33,6 +33,7 @@ from optsolve.backends.native.objective import Objective, all_finite
 from optsolve.backends.native.protocol import (
     GradientStepSolver, NativeSolver, SteppingSolver, Update,
 )
+from optsolve.backends.native.tracking import Best, Tracker
 from optsolve.backends.native.rules import (
     INT, TRIAL_NONFINITE, X_NONFINITE, BaseCounts, Checks, Converged, Record, Rules, base_counts,
     empty_record, history_of, record_at, select, start_point, true_,
@@ -75,12 +76,14 @@ class _Carry(NamedTuple):
     t_start: jax.Array
     record: Record | None
     base: BaseCounts
+    best: Best | None  # with keep="best"
 
 
 def _stepping_loop(solver: SteppingSolver, objective: Objective, problem: OptimizationProblem,
                    options: SolveOptions) -> Loop:
     """The loop for solvers whose steps return the new point's value and gradient."""
     rules = Rules(options, solver, problem.bounds)
+    tracker = Tracker(options)
 
     def init() -> _Carry:
         start = start_point(problem, options,
@@ -99,10 +102,18 @@ def _stepping_loop(solver: SteppingSolver, objective: Objective, problem: Optimi
         checks = Checks(all_finite(f0), all_finite(g0), true_(), false, converged, false, false,
                          at_maxiters, false)
         status, reason = checks.verdict()
-        record0 = record_at(empty_record(options, f0.dtype), 0, f0, rules.grad_norm(x0, g0))
-        one = jnp.ones((), INT)
-        return _Carry(x0, f0, g0, state0, jnp.zeros((), INT), one, one, status, reason,
-                      rules.start_time(f0), record0, base_counts(start))
+        ok0 = checks.ok
+        evaluation, score = tracker.evaluation_at(objective, x0, ok0, f0.dtype)
+        record0 = record_at(empty_record(options, f0.dtype,
+                                         specs=tracker.specs(objective, x0, f0.dtype)),
+                            0, f0, rules.grad_norm(x0, g0),
+                            metrics=tracker.metrics_at(objective, x0, f0.dtype),
+                            evaluation=evaluation, evaluated=ok0)
+        zero, one = jnp.zeros((), INT), jnp.ones((), INT)
+        best = tracker.update_best(tracker.first_best(x0, state0, None, f0.dtype), ok0, x0,
+                                   state0, None, f0, score, zero)
+        return _Carry(x0, f0, g0, state0, zero, one, one, status, reason,
+                      rules.start_time(f0), record0, base_counts(start), best)
 
     def body(carry: _Carry) -> _Carry:
         step = solver.step(objective, carry.x, carry.f, carry.g, carry.state)
@@ -133,19 +144,25 @@ def _stepping_loop(solver: SteppingSolver, objective: Objective, problem: Optimi
                          iteration >= rules.maxiters, rules.out_of_time(f, carry.t_start),
                          nonfinite_trials)
         status, reason = checks.verdict()
-        record = record_at(carry.record, iteration, f, rules.grad_norm(x, g), keep=ok)
+        due = ok & tracker.due(iteration)
+        evaluation, score = tracker.evaluation_at(objective, x, due, f.dtype)
+        record = record_at(carry.record, iteration, f, rules.grad_norm(x, g), keep=ok,
+                           metrics=tracker.metrics_at(objective, x, f.dtype),
+                           evaluation=evaluation, evaluated=due)
+        best = tracker.update_best(carry.best, ok, x, state, None, f, score, iteration)
         return _Carry(x, f, g, state, iteration, carry.f_evals + step.f_evals.astype(INT),
                       carry.grad_evals + step.grad_evals.astype(INT), status, reason,
-                      carry.t_start, record, carry.base)
+                      carry.t_start, record, carry.base, best)
 
     def finish(final: _Carry) -> Solution:
         start = final.base
+        x, state, _, f = tracker.kept(final.best, final.x, final.state, None, final.f)
         return Solution(
-            x=final.x, objective=final.f, retcode=final.status,
+            x=x, objective=f, retcode=final.status,
             stats=Stats(iterations=start.iterations + final.iteration,
                         f_evals=start.f_evals + final.f_evals,
                         grad_evals=start.grad_evals + final.grad_evals, time=None),
-            original=final.state, state=final.state, history=history_of(final.record),
+            original=state, state=state, history=history_of(final.record),
             reason=final.reason,
         )
 
@@ -166,13 +183,16 @@ class _GradientCarry(NamedTuple):
     t_start: jax.Array
     record: Record | None
     base: BaseCounts
+    best: Best | None  # with keep="best"
 
 
 class StreamLoop(NamedTuple):
     """A gradient-step run whose objective may change at every step (a minibatch each):
     ``init(objective)`` the first carry (``objective`` gives shapes and the first state),
-    ``step(carry, objective)`` one iteration, ``finish(carry)`` the Solution. A carry that
-    is still RUNNING when the data run out finishes at its latest iterate.
+    ``step(carry, objective)`` one iteration, ``finish(carry)`` the Solution,
+    ``new_record(carry, objective, length)`` the carry with an empty record of ``length``
+    steps from its iteration on (a chunk's own). A carry that is still RUNNING when the data
+    run out finishes at its latest iterate.
 
     A step always applies its update, even one that stops the run: the carry after a stop
     holds the stop's status and counts but an iterate one update too far. Running the same
@@ -183,11 +203,19 @@ class StreamLoop(NamedTuple):
     init: Callable[[Objective], Any]
     step: Callable[[Any, Objective], Any]
     finish: Callable[[Any], Solution]
+    new_record: Callable[[Any, Objective, int], Any]
 
 
 def _gradient_parts(solver: GradientStepSolver, problem: OptimizationProblem,
                     options: SolveOptions, stream: bool) -> StreamLoop:
     rules = Rules(options, solver, problem.bounds)
+    tracker = Tracker(options)
+
+    def new_record(carry: _GradientCarry, objective: Objective, length: int | None = None):
+        dtype = carry.f_last.dtype
+        specs = tracker.specs(objective, carry.x, dtype)
+        first = None if length is None else carry.iteration
+        return carry._replace(record=empty_record(options, dtype, length, first, specs))
 
     def init(objective: Objective) -> _GradientCarry:
         start = start_point(problem, options, lambda x: solver.init(objective, x))
@@ -196,9 +224,11 @@ def _gradient_parts(solver: GradientStepSolver, problem: OptimizationProblem,
         f_dtype = jax.eval_shape(objective.value, x0).dtype
         zero = jnp.zeros((), INT)
         carried = objective.p.carried if objective.mutates_state(x0) else None
-        return _GradientCarry(x0, state0, carried, x0, jnp.zeros((), f_dtype), zero, zero, zero,
-                              jnp.asarray(RUNNING, INT), zero, rules.start_time(zero),
-                              empty_record(options, f_dtype), base_counts(start))
+        carry = _GradientCarry(x0, state0, carried, x0, jnp.zeros((), f_dtype), zero, zero,
+                               zero, jnp.asarray(RUNNING, INT), zero, rules.start_time(zero),
+                               None, base_counts(start),
+                               tracker.first_best(x0, state0, carried, f_dtype))
+        return new_record(carry, objective)
 
     def step(carry: _GradientCarry, objective: Objective) -> _GradientCarry:
         x, k = carry.x, carry.iteration
@@ -245,15 +275,20 @@ def _gradient_parts(solver: GradientStepSolver, problem: OptimizationProblem,
         reason = jnp.where(upd.failed, TRIAL_NONFINITE, reason).astype(INT)
         # x0's value is kept even when it is not finite: there is no earlier iterate.
         f_last = jnp.where(ok | (k == 0), f, carry.f_last)
+        due = ok & tracker.due(k)
+        evaluation, score = tracker.evaluation_at(objective, x, due, f.dtype)
         record = carry.record
         if record is not None:
-            record = record_at(record, k, f, rules.grad_norm(x, g), keep=ok)
+            record = record_at(record, k, f, rules.grad_norm(x, g), keep=ok,
+                               metrics=tracker.metrics_at(objective, x, f.dtype),
+                               evaluation=evaluation, evaluated=due)
+        best = tracker.update_best(carry.best, ok, x, carry.state, carry.carried, f, score, k)
         # on data a stopped step (a failed update included) is undone: it counts no update
         advanced = is_running & ~upd.failed if stream else is_running | upd.failed
         return _GradientCarry(upd.x, upd.state, carried, x_prev, f_last, k + advanced.astype(INT),
                               carry.f_evals + 1 + upd.f_evals.astype(INT),
                               carry.grad_evals + 1 + upd.grad_evals.astype(INT), status,
-                              reason, carry.t_start, record, carry.base)
+                              reason, carry.t_start, record, carry.base, best)
 
     def finish(final: _GradientCarry) -> Solution:
         start = final.base
@@ -275,16 +310,24 @@ def _gradient_parts(solver: GradientStepSolver, problem: OptimizationProblem,
             back = failed & (final.iteration > 0)
             x = select(failed, final.x_prev, final.x)
             iterations = jnp.where(back, final.iteration - 1, final.iteration)
+        best = final.best
+        if stream and best is not None:  # the last update's iterate is a candidate too
+            objective = Objective.from_problem(problem)
+            if final.carried is not None:
+                objective = objective.with_state(final.carried)
+            best = tracker.final_best(best, objective, x, final.state, final.carried,
+                                      final.f_last, iterations)
+        x, state, carried, f = tracker.kept(best, x, final.state, final.carried, final.f_last)
         return Solution(
-            x=x, objective=final.f_last, retcode=status,
+            x=x, objective=f, retcode=status,
             stats=Stats(iterations=start.iterations + iterations,
                         f_evals=start.f_evals + final.f_evals,
                         grad_evals=start.grad_evals + final.grad_evals, time=None),
-            original=final.state, state=final.state, history=history_of(final.record),
-            reason=reason, model_state=final.carried,
+            original=state, state=state, history=history_of(final.record),
+            reason=reason, model_state=carried,
         )
 
-    return StreamLoop(init, step, finish)
+    return StreamLoop(init, step, finish, new_record)
 
 
 def _gradient_loop(solver: GradientStepSolver, objective: Objective,

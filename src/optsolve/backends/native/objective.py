@@ -64,6 +64,11 @@ class Objective:
             return self.user_hvp(x, v, self.p)
         return jax.jvp(self.grad, (x,), (v,))[1]
 
+    def call(self, fn: Callable[..., Any], x: PyTree, batch: bool = True) -> Any:
+        """``fn(x, p[, batch])``: a function of the objective's arguments (metrics, an
+        evaluation), with the batch unless ``batch`` is False."""
+        return fn(x, self.p, *(self.batch if batch else ()))
+
     # A model's state (a problem with ``trainable``: optsolve.solve_api.trainable)
 
     def mutates_state(self, x: PyTree) -> bool:

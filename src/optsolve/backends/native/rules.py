@@ -13,6 +13,7 @@ from jax import lax
 
 from optsolve.backends.native.objective import inf_norm
 from optsolve.backends.native.protocol import NativeSolver
+from optsolve.solve_api.checkpoint import SavedLeaves
 from optsolve.solve_api.host import call_user_callback, clock, report_progress, wants_grad_norm
 from optsolve.solve_api.options import SolveOptions
 from optsolve.solve_api.problem import OptimizationProblem
@@ -177,9 +178,12 @@ def start_point(problem: OptimizationProblem, options: SolveOptions,
     resume = options.resume
     if resume is None:
         return StartPoint(problem.x0, None, zero, zero, zero)
-    if resume.state is not None:
+    state = resume.state
+    if isinstance(state, SavedLeaves):  # a checkpoint's: its structure is this algorithm's
+        state = state.like(jax.eval_shape(init, resume.x))
+    if state is not None:
         expected = jax.tree_util.tree_structure(jax.eval_shape(init, resume.x))
-        given = jax.tree_util.tree_structure(resume.state)
+        given = jax.tree_util.tree_structure(state)
         if expected != given:
             raise ValueError(
                 "solve: `resume` holds an optimizer state of structure "
@@ -188,7 +192,7 @@ def start_point(problem: OptimizationProblem, options: SolveOptions,
             )
     stats = resume.stats
     count = lambda v: jnp.asarray(0 if v is None else v, INT)
-    return StartPoint(resume.x, resume.state, count(stats.iterations), count(stats.f_evals),
+    return StartPoint(resume.x, state, count(stats.iterations), count(stats.f_evals),
                   count(stats.grad_evals))
 
 
@@ -206,33 +210,63 @@ def base_counts(start: StartPoint) -> BaseCounts:
 
 class Record(NamedTuple):
     """The history: the value and gradient norm at iterates ``first``, ``first + 1``, ...
-    (``first`` is not 0 in the chunk of a run on data that records only its own steps)."""
+    (``first`` is not 0 in the chunk of a run on data that records only its own steps), and
+    the metrics and evaluations where asked for (pytrees of such records, or None)."""
 
     objective: jax.Array
     grad_norm: jax.Array
     first: jax.Array | None = None  # None: 0
+    metrics: PyTree = None
+    evaluation: PyTree = None
 
 
 def empty_record(options: SolveOptions, dtype, length: int | None = None,
-                 first: jax.Array | None = None) -> Record | None:
+                 first: jax.Array | None = None, specs: tuple = (None, None)) -> Record | None:
     """An all-NaN record of ``length`` entries (default ``options.history``), or None
-    without a history."""
+    without a history. ``specs``: the shapes of one metrics value and one evaluation (see
+    :mod:`optsolve.backends.native.tracking`), or None for those not recorded."""
     if not options.history:
         return None
-    empty = jnp.full((options.history if length is None else length,), jnp.nan, dtype)
-    return Record(empty, empty, first)
+    length = options.history if length is None else length
+    empty = jnp.full((length,), jnp.nan, dtype)
+
+    def fill(spec):
+        return None if spec is None else jax.tree_util.tree_map(
+            lambda s: jnp.full((length,) + s.shape, jnp.nan, _float(s.dtype, dtype)), spec)
+
+    return Record(empty, empty, first, fill(specs[0]), fill(specs[1]))
 
 
-def record_at(record: Record | None, index, f, gnorm, keep=True) -> Record | None:
+def _float(dtype, default):
+    # a recorded int or bool (a count, a flag) is stored as a float, so that NaN marks gaps
+    return dtype if jnp.issubdtype(dtype, jnp.inexact) else default
+
+
+def record_at(record: Record | None, index, f, gnorm, keep=True, metrics=None,
+              evaluation=None, evaluated=True) -> Record | None:
+    """``record`` with iterate ``index``'s entries; ``keep`` False drops them all,
+    ``evaluated`` False the evaluation's."""
     if record is None:
         return None
     if record.first is not None:
         index = index - record.first
-    index = jnp.where(keep, index, record.objective.shape[0])  # out of range: dropped
-    return Record(record.objective.at[index].set(f, mode="drop"),
-                   record.grad_norm.at[index].set(gnorm.astype(f.dtype), mode="drop"),
-                   record.first)
+    out_of_range = record.objective.shape[0]
+    at = jnp.where(keep, index, out_of_range)  # out of range: dropped
+
+    def put(rows, values, where):
+        if rows is None:
+            return None
+        return jax.tree_util.tree_map(
+            lambda r, v: r.at[where].set(jnp.asarray(v).astype(r.dtype), mode="drop"),
+            rows, values)
+
+    return Record(record.objective.at[at].set(f, mode="drop"),
+                  record.grad_norm.at[at].set(gnorm.astype(f.dtype), mode="drop"),
+                  record.first, put(record.metrics, metrics, at),
+                  put(record.evaluation, evaluation,
+                      jnp.where(evaluated, at, out_of_range)))
 
 
 def history_of(record: Record | None) -> History | None:
-    return None if record is None else History(record.objective, record.grad_norm)
+    return None if record is None else History(record.objective, record.grad_norm,
+                                               record.metrics, record.evaluation)

@@ -163,7 +163,8 @@ def run_training(make_solver, problem: OptimizationProblem, algorithm: Any,
     # also moves the progress bar between chunks: a bar updated from inside the compiled
     # steps stops them at every update, which costs more than the steps of a short run
     loop_options = dataclasses.replace(options, data=None, maxtime=None, resume=None,
-                                       progress=False)
+                                       progress=False, checkpoint=None)
+    checkpoint = options.checkpoint
     # each chunk records its own steps: the first carry holds no record
     init_options = dataclasses.replace(loop_options, resume=options.resume, history=0)
     limit = int(options.maxiters) if options.maxiters is not None else None
@@ -193,9 +194,14 @@ def run_training(make_solver, problem: OptimizationProblem, algorithm: Any,
     records: list[tuple] = []        # with history: each chunk's records and step count
     dispatched = 0
     interrupted = out_of_time = False
+    finish = compiled(run_solution)
     try:
         while True:
-            unit = source.next(None if limit is None else limit - dispatched)
+            most = None if limit is None else limit - dispatched
+            if checkpoint is not None:  # chunks end at the checkpoints
+                to_next = checkpoint.steps_to_next(dispatched)
+                most = to_next if most is None else min(most, to_next)
+            unit = source.next(most)
             if unit is None:
                 break
             count, run = unit
@@ -212,6 +218,8 @@ def run_training(make_solver, problem: OptimizationProblem, algorithm: Any,
             if options.progress and len(recent) > 1:
                 done = recent[0].chunk.carry
                 advance_progress(int(done.iteration), float(done.f_last))
+            if checkpoint is not None and len(recent) > 1:
+                _write_checkpoint(checkpoint, finish, recent[0].chunk.carry)
             if source.interrupted or interrupt_requested():
                 interrupted = True
                 break
@@ -224,7 +232,6 @@ def run_training(make_solver, problem: OptimizationProblem, algorithm: Any,
         interrupted = True
     if not recent:
         raise ValueError("solve: `data` holds no batch.")
-    finish = compiled(run_solution)
     last = recent[-1].chunk.carry
     # dispatched before the statuses are read, so that it runs right after the last chunk
     # (a run that stopped early replays a chunk and finishes again)
@@ -239,12 +246,24 @@ def run_training(make_solver, problem: OptimizationProblem, algorithm: Any,
     history = None
     if options.history:
         counts = jax.device_get([n for _, n in records])
-        history = History(*(jnp.concatenate([r[i][:n] for (r, _), n in zip(records, counts)])
-                            for i in (0, 1)))
+        parts = [jax.tree_util.tree_map(lambda a, n=n: a[:n], r) for (r, _), n in
+                 zip(records, counts)]
+        history = History(*jax.tree_util.tree_map(lambda *a: jnp.concatenate(a), *parts))
     stats = Stats(iterations=iterations, f_evals=f_evals, grad_evals=grad_evals,
                   time=solution.stats.time)
     return replace(solution, retcode=ReturnCode(status), reason=reason, stats=stats,
                    history=history)
+
+
+def _write_checkpoint(checkpoint, finish, carry) -> None:
+    """A running chunk's end as the checkpoint, where one is due there."""
+    if not checkpoint.due(int(carry.iteration)):
+        return
+    solution, summary = finish(carry)
+    _, _, iterations, f_evals, grad_evals = (int(v) for v in np.asarray(summary))
+    checkpoint.write(replace(
+        solution, retcode=ReturnCode.INTERRUPTED, reason=None, history=None,
+        stats=Stats(iterations=iterations, f_evals=f_evals, grad_evals=grad_evals)))
 
 
 def _final_carry(recent: list[_Dispatched]):

@@ -32,7 +32,8 @@ PyTree = Any
 class Chunk(NamedTuple):
     carry: Any             # the driver's carry after the chunk (without its record)
     executed: jax.Array    # steps run by this call, a failing one included
-    records: tuple         # with ``history``: this chunk's batch losses and gradient norms
+    records: tuple         # with ``history``: this chunk's batch losses, gradient norms,
+                           # metrics and evaluations (None where not recorded)
 
 
 def _on_batch(problem: OptimizationProblem, batch) -> Objective:
@@ -56,17 +57,18 @@ def _run_steps(parts: StreamLoop, problem, steps: _Steps, batches, offset, end) 
     return lax.while_loop(lambda s: running(s.carry) & (s.carry.iteration < end), body, steps)
 
 
-def _start(parts: StreamLoop, options: SolveOptions, carry, length: int) -> _Steps:
-    """The chunk's start: with ``history``, a record of its own ``length`` steps."""
-    record = empty_record(options, carry.f_last.dtype, length, carry.iteration)
-    return _Steps(jnp.zeros((), INT), carry._replace(record=record))
+def _start(parts: StreamLoop, carry, objective: Objective, length: int) -> _Steps:
+    """The chunk's start: with ``history``, a record of its own ``length`` steps
+    (``objective``, on one of its batches, gives the shapes of the metrics)."""
+    return _Steps(jnp.zeros((), INT), parts.new_record(carry, objective, length))
 
 
 def _finish(steps: _Steps) -> Chunk:
     # The chunk's Solution is built once, by run_solution, not by every chunk: each output
     # buffer of a compiled call costs its dispatch.
     carry, record = steps.carry, steps.carry.record
-    records = () if record is None else (record.objective, record.grad_norm)
+    records = () if record is None else (record.objective, record.grad_norm, record.metrics,
+                                         record.evaluation)
     return Chunk(carry._replace(record=None), steps.executed, records)
 
 
@@ -81,7 +83,8 @@ def chunk_of_batches(solver, problem, options, carry, batches: list, n, replay) 
     parts = stream_loop(solver, problem, _replaying(options, replay))
     stacked = jax.tree_util.tree_map(lambda *leaves: jnp.stack(leaves), *batches)
     first = carry.iteration
-    steps = _start(parts, options, carry, len(batches))
+    first_batch = jax.tree_util.tree_map(lambda a: a[0], stacked)
+    steps = _start(parts, carry, _on_batch(problem, first_batch), len(batches))
     return _finish(_run_steps(parts, problem, steps, stacked, first, first + n))
 
 
@@ -115,7 +118,9 @@ def epochs_chunk(solver, problem, options, batch_size, slots, carry, data, key, 
                            jnp.minimum(first + n, offset + n_batches))
         return e + 1, steps
 
-    start = (jnp.zeros((), INT), _start(parts, options, carry, slots * n_batches))
+    one_batch = jax.tree_util.tree_map(lambda a: a[:batch_size], data)
+    start = (jnp.zeros((), INT),
+             _start(parts, carry, _on_batch(problem, one_batch), slots * n_batches))
     return _finish(lax.while_loop(cond, body, start)[1])
 
 

@@ -275,7 +275,9 @@ def _plain_options(options: SolveOptions) -> dict:
             "gtol": num(options.gtol, float), "ftol": num(options.ftol, float),
             "xtol": num(options.get("xtol"), float),  # (least_squares takes it)
             "callback": options.callback, "callback_every": options.callback_every,
-            "progress": bool(options.progress), "history": bool(options.history)}
+            "progress": bool(options.progress), "history": bool(options.history),
+            "metrics": options.metrics, "evaluate": options.evaluate,
+            "eval_every": options.eval_every, "keep": options.keep}
 
 
 _F_DTYPES = BoundedCache(1024)
@@ -372,6 +374,10 @@ def _solve_traced(problem, algorithm, options, f_dtype, host_run=run_host) -> So
             f"solve: history=True with {type(algorithm).__name__} needs an eager solve (outside "
             "jax.jit / jax.vmap): scipy runs on the host and its number of iterations, the "
             "history's length, is only known at the end.")
+    if options.keep == "best" or options.evaluate is not None:
+        raise ValueError(
+            f"solve: `evaluate` and keep='best' with {type(algorithm).__name__} need an eager "
+            "solve (outside jax.jit / jax.vmap): scipy's iterates are followed on the host.")
     spec = algorithm.spec
     p_leaves = jax.tree_util.tree_leaves(problem.p)
     p_weak = tuple(bool(getattr(jax.typeof(l), "weak_type", False))

@@ -274,6 +274,7 @@ def run_least_squares(problem: LeastSquaresProblem, algorithm: ScipyLeastSquares
     monitor.finish(nit, fun)
     history = None if monitor.objectives is None else monitor.history(x, fun)
     detail = "; ".join(n for n in notes if n)
+    x, fun = monitor.kept(x, fun)
     return HostRun(x, fun, code, nit, nfev, njev, result, host, history, detail)
 
 

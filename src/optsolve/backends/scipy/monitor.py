@@ -9,15 +9,38 @@ records the history, advances the progress bar and counts the iterations where s
 from __future__ import annotations
 
 import time
+from typing import Any
 
+import jax
 import numpy as np
 
 from optsolve.backends.scipy.compiled import HostProblem
 from optsolve.backends.scipy.options import MethodSpec
+from optsolve.solve_api.cache import BoundedCache
 from optsolve.solve_api.host import (advance_progress, progress_every, raise_if_interrupted,
                                      wants_grad_norm)
 from optsolve.solve_api.returncode import ReturnCode
 from optsolve.solve_api.stationarity import stationarity
+
+
+_JITTED = BoundedCache(64)
+
+
+def _host_function(fn: Any):
+    """``fn(x, p)`` compiled once per function, its values as float64 numpy arrays."""
+    compiled = _JITTED.get_or_make(fn, lambda: jax.jit(fn))
+    return lambda x, p: jax.tree_util.tree_map(lambda v: np.asarray(v, np.float64),
+                                               jax.device_get(compiled(x, p)))
+
+
+def _score(evaluation: Any) -> float:
+    # evaluate's value is a score or (score, aux), as on the JAX-native path
+    if isinstance(evaluation, (tuple, list)) and len(evaluation) == 2:
+        evaluation = evaluation[0]
+    if np.shape(evaluation) != ():
+        raise TypeError("solve: keep='best' ranks iterates by `evaluate`'s value, which must "
+                        "be a scalar score (lower is better) or a pair (score, aux).")
+    return float(evaluation)
 
 
 class Stop(Exception):
@@ -43,6 +66,9 @@ class Monitor:
       user_raised: the user's callback raised (its exception must reach the user).
       objectives, grad_norms: the history (f and projected gradient inf-norm at x0 and
         each iterate) when ``options["history"]``, else None.
+      metrics, evaluations: the history's metrics and evaluations (NaN where not due), one
+        value per entry of ``objectives``, where asked for; else None.
+      best: (x, f, score) of the lowest-scoring iterate with ``keep="best"``, else None.
     """
 
     def __init__(self, host: HostProblem, options: dict, spec: MethodSpec,
@@ -67,10 +93,24 @@ class Monitor:
         self.user_raised = False
         self.objectives: list[float] | None = None
         self.grad_norms: list[float] | None = None
-        if options.get("history"):
+        history = bool(options.get("history"))
+        self.metrics_fn = (_host_function(options["metrics"])
+                           if history and options.get("metrics") is not None else None)
+        self.evaluate_fn = (_host_function(options["evaluate"])
+                            if options.get("evaluate") is not None else None)
+        self.eval_every = options.get("eval_every", 1)
+        self.keep_best = options.get("keep") == "best"
+        self.metrics: list | None = [] if self.metrics_fn is not None else None
+        self.evaluations: list | None = [] if history and self.evaluate_fn is not None \
+            else None
+        self.best: tuple[np.ndarray, float, float] | None = None
+        self._not_evaluated = None  # evaluate's value with NaN leaves (iterates not due)
+        if history:
             f0, g0 = host.peek(host.x0, spec.needs_gradient)
             self.objectives = [f0]
             self.grad_norms = [self._norm_of(host.x0, g0)]
+        if history or self.keep_best:
+            self._track(host.x0, host.peek(host.x0, False)[0], 0)
 
     @property
     def needed(self) -> bool:
@@ -79,7 +119,7 @@ class Monitor:
         ``nit``; see ``MethodSpec.monitor_counts``). Otherwise scipy runs without one."""
         return (self.callback is not None or self.ftol is not None or self.gtol is not None
                 or self.maxiters is not None or self.deadline is not None
-                or self.objectives is not None or self.progress
+                or self.objectives is not None or self.progress or self.keep_best
                 or self.spec.key == "cobyla" or self.spec.monitor_counts)
 
     def record(self, x: np.ndarray, f: float) -> bool:
@@ -94,6 +134,8 @@ class Monitor:
             grad_norm = self.grad_norm(x)
             self.objectives.append(float(f))
             self.grad_norms.append(grad_norm)
+        if self.objectives is not None or self.keep_best:
+            self._track(x, float(f), self.k)
         if self.progress and self.spec.callback_per_iteration \
                 and self.k % self.progress_every == 0:
             advance_progress(self.k, f, grad_norm)
@@ -121,6 +163,41 @@ class Monitor:
             self.reason, self.stopped_by = ReturnCode.MAXTIME, "optsolve's maxtime"
         return self.reason is not None
 
+    def _track(self, x: np.ndarray, f: float, k: int) -> None:
+        """Metrics, the evaluation where due, and the best iterate, at iterate ``k``."""
+        point = None
+        if self.metrics_fn is not None or self.evaluate_fn is not None:
+            point = self.host.unravel_numpy(x)
+        if self.metrics_fn is not None:
+            self.metrics.append(self.metrics_fn(point, self.host.p))
+        evaluation = None
+        if self.evaluate_fn is not None and k % self.eval_every == 0:
+            evaluation = self.evaluate_fn(point, self.host.p)
+            if self._not_evaluated is None:
+                self._not_evaluated = jax.tree_util.tree_map(
+                    lambda v: np.full(np.shape(v), np.nan), evaluation)
+        if self.evaluations is not None:
+            self.evaluations.append(self._not_evaluated if evaluation is None else evaluation)
+        if self.keep_best:
+            score = f if self.evaluate_fn is None else (
+                None if evaluation is None else _score(evaluation))
+            if score is not None and np.isfinite(score) and np.isfinite(f) and (
+                    self.best is None or score < self.best[2]):
+                self.best = (np.array(x, dtype=np.float64), f, score)
+
+    def kept(self, x: np.ndarray, fun: float) -> tuple[np.ndarray, float]:
+        """The iterate the run returns: (x, fun), or with ``keep="best"`` the best one seen
+        where it scores lower than (x, fun)."""
+        if self.best is None:
+            return x, fun
+        if self.evaluate_fn is None:
+            score = fun
+        else:
+            score = _score(self.evaluate_fn(self.host.unravel_numpy(x), self.host.p))
+        if np.isfinite(score) and np.isfinite(fun) and score <= self.best[2]:
+            return x, fun
+        return self.best[0], self.best[1]
+
     def _converged(self, x: np.ndarray, f: float) -> bool:
         """optsolve's own ftol and gtol tests at the new iterate."""
         converged = False
@@ -138,17 +215,26 @@ class Monitor:
         self.prev_x = x
         return converged
 
-    def history(self, x: np.ndarray, fun: float) -> tuple[np.ndarray, np.ndarray]:
-        """(objectives, grad_norms) as float64 arrays, the last entry at the returned point
+    def history(self, x: np.ndarray, fun: float) -> tuple:
+        """(objectives, grad_norms, metrics, evaluations) as float64 arrays (metrics and
+        evaluations pytrees of them, or None), the last entry at the returned point
         (x, fun): differential_evolution's polish, direct's and basinhopping's best point
         and SLSQP's accepted iterate at maxiters differ from the last point the callback
         saw."""
         objectives = np.asarray(self.objectives, np.float64)
         grad_norms = np.asarray(self.grad_norms, np.float64)
+        metrics, evaluations = self.metrics, self.evaluations
         if self.k > 0 and (self.last is None or not np.array_equal(self.last[0], x)):
             objectives[-1] = fun
             grad_norms[-1] = self.grad_norm(x)
-        return objectives, grad_norms
+            point = self.host.unravel_numpy(x)
+            if metrics:
+                metrics = metrics[:-1] + [self.metrics_fn(point, self.host.p)]
+            if evaluations and self.k % self.eval_every == 0:
+                evaluations = evaluations[:-1] + [self.evaluate_fn(point, self.host.p)]
+        stack = lambda values: None if values is None else jax.tree_util.tree_map(
+            lambda *v: np.stack(v), *values)
+        return objectives, grad_norms, stack(metrics), stack(evaluations)
 
     def finish(self, iterations: int, objective: float) -> None:
         """The bar's last update, to the run's final iteration count."""

@@ -223,7 +223,7 @@ class HostRun:
       code: the ReturnCode; nit, nfev, njev: iterations and evaluations (njev None for
         derivative-free methods).
       result: scipy's OptimizeResult; host: the HostProblem (to unravel x).
-      history: (objectives, grad_norms), float64 arrays of length nit + 1, or None.
+      history: (objectives, grad_norms, metrics, evaluations) (Monitor.history), or None.
       detail: scipy's message, then optsolve's notes where it stopped the run or changed
         the code.
       multipliers: the constraints' multipliers that the method computed at ``x``, flat
@@ -238,7 +238,7 @@ class HostRun:
     njev: int | None
     result: OptimizeResult
     host: HostProblem
-    history: tuple[np.ndarray, np.ndarray] | None
+    history: tuple | None  # Monitor.history's
     detail: str
     multipliers: np.ndarray | None = None
 
@@ -283,6 +283,7 @@ def run_host(problem: OptimizationProblem, algorithm: Any, options: dict,
     monitor.finish(int(nit), fun)
     history = None if monitor.objectives is None else monitor.history(x, fun)
     detail = "; ".join(n for n in notes if n)
+    x, fun = monitor.kept(x, fun)
     # scipy's multipliers belong to its own point, not to one optsolve returned instead
     lam = (solver_multipliers(spec.key, result, host) if host.n_cons
            and np.array_equal(x, np.asarray(result.x, dtype=np.float64)) else None)
