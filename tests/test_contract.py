@@ -269,18 +269,34 @@ def _assert_progress_reached(err: str, iterations: int, total: int) -> None:
     assert re.search(rf"\b{iterations}/{total}\b", err), err[-300:]
 
 
+def _metrics(x, p):
+    """Recorded at every iterate: f itself (so each entry can be checked against the
+    objective recorded there) and the iterate."""
+    return {"f": _rosenbrock(x, jnp.abs(p)), "x": x}
+
+
+def _distance(x, p):
+    """An evaluation: the squared distance to the minimiser (1, 1), with x as its aux."""
+    return jnp.sum((x - 1.0) ** 2), x
+
+
 @pytest.mark.parametrize("cls", CLASSES, ids=_id)
 def test_history_records_every_iterate_and_the_bar_reaches_it(cls, capsys):
-    """Two rules, one run (so one compilation): ``history=True`` records f and the gradient
-    norm at every iterate, x0 first; ``progress=True`` advances the bar to the iterations."""
+    """Three rules, one run (so one compilation): ``history=True`` records f and the
+    gradient norm at every iterate, x0 first, with the metrics at every iterate and the
+    evaluations at every ``eval_every``-th; ``progress=True`` advances the bar to the
+    iterations."""
     prob, alg, budget = _problem(cls), CASES[cls].make(), CASES[cls].iterations
     if not alg.capabilities()["records_history"]:
         with pytest.raises(ValueError, match="does not record a history"):
             solve(prob, alg, maxiters=5, history=True)
+        with pytest.raises(ValueError, match="does not follow its iterates, which evaluate"):
+            solve(prob, alg, maxiters=5, evaluate=_distance, keep="best")
         sol = solve(prob, alg, maxiters=budget, progress=True)
         _assert_progress_reached(capsys.readouterr().err, sol.stats.iterations, budget)
         return
-    sol = solve(prob, alg, maxiters=budget, history=True, progress=True)
+    sol = solve(prob, alg, maxiters=budget, history=True, progress=True, metrics=_metrics,
+                evaluate=_distance, eval_every=2)
     _assert_progress_reached(capsys.readouterr().err, sol.stats.iterations, budget)
     objective = np.asarray(sol.history.objective)
     grad_norm = np.asarray(sol.history.grad_norm)
@@ -295,6 +311,18 @@ def test_history_records_every_iterate_and_the_bar_reaches_it(cls, capsys):
         if prob.bounds is not None:
             g = X0 - jnp.clip(X0 - g, *BOX)
         np.testing.assert_allclose(grad_norm[0], jnp.max(jnp.abs(g)), rtol=1e-12)
+    # the metrics at the iterates the objective was recorded at, x0 first
+    metrics = sol.history.metrics
+    np.testing.assert_allclose(metrics["f"], objective, rtol=1e-12)
+    np.testing.assert_array_equal(metrics["x"][0], X0)
+    np.testing.assert_allclose(metrics["x"][k], sol.x, rtol=1e-12)
+    # the evaluations at iterates 0, 2, 4, ... (NaN between and past the last)
+    score, x_seen = (np.asarray(v) for v in sol.history.evaluation)
+    even = np.arange(score.shape[0]) % 2 == 0
+    done = np.arange(score.shape[0]) <= k
+    assert np.all(np.isfinite(score[even & done])) and np.all(np.isnan(score[~(even & done)]))
+    np.testing.assert_allclose(score[0], 2.2 ** 2, rtol=1e-12)  # |(-1.2, 1) - (1, 1)|^2
+    np.testing.assert_allclose(x_seen[even & done], metrics["x"][even & done], rtol=1e-12)
 
 
 @pytest.mark.parametrize("cls", CLASSES, ids=_id)
@@ -337,6 +365,30 @@ def test_resume_continues_the_run(cls, monkeypatch):
 
 
 @pytest.mark.parametrize("cls", CLASSES, ids=_id)
+def test_a_checkpoint_resumes_the_run_exactly(cls, tmp_path):
+    """``checkpoint=`` writes the run so far every ``checkpoint_every`` iterations; a run
+    resumed from the last one (as after a kill) equals the uninterrupted run."""
+    prob, alg = _problem(cls), CASES[cls].make()
+    path = tmp_path / "run.npz"
+    if not alg.capabilities()["compiled_driver"]:
+        with pytest.raises(ValueError, match="cannot write checkpoints"):
+            solve(prob, alg, maxiters=4, checkpoint=path, checkpoint_every=2)
+        return
+    n, m = 2, CASES[cls].iterations
+    whole = solve(prob, alg, maxiters=n + m)
+    solve(prob, alg, maxiters=n + 1, checkpoint=path, checkpoint_every=n)
+    saved = optsolve.load(path)
+    assert saved.retcode == ReturnCode.INTERRUPTED and saved.stats.iterations == n
+    resumed = solve(prob, alg, maxiters=m, resume=saved)
+    for a, b in zip(_leaves(whole.x), _leaves(resumed.x)):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
+    for a, b in zip(_leaves(whole.state), _leaves(resumed.state)):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
+    assert resumed.stats.iterations == whole.stats.iterations
+    assert resumed.retcode == whole.retcode
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=_id)
 def test_no_recompilation_for_new_numbers(cls):
     prob, alg = _problem(cls), CASES[cls].make()
     solve(prob, alg, maxiters=CASES[cls].iterations)
@@ -367,9 +419,28 @@ def test_maximisation_and_aux_are_the_minimisation_in_the_users_terms(cls):
             solve(prob, alg, maxiters=k)
         return
     seen = CALLBACK.reset(lambda i: None)
-    sol = solve(prob, alg, maxiters=k, callback=seen)
     minimised = solve(_problem(cls), alg, maxiters=k)
-    np.testing.assert_allclose(sol.x, minimised.x, rtol=1e-12, atol=1e-14)
+    if not alg.capabilities()["records_history"]:
+        with pytest.raises(ValueError, match="does not follow its iterates, which keep='best'"):
+            solve(prob, alg, maxiters=k, keep="best")
+        sol = solve(prob, alg, maxiters=k, callback=seen)
+        np.testing.assert_allclose(sol.x, minimised.x, rtol=1e-12, atol=1e-14)
+    else:
+        # with a history, aux is recorded at every iterate; keep="best" returns the iterate
+        # of highest objective (the user's: this problem maximises)
+        sol = solve(prob, alg, maxiters=k, callback=seen, history=True, keep="best")
+        n = sol.stats.iterations
+        assert n == minimised.stats.iterations
+        user_f = np.asarray(sol.history.objective)[: n + 1]
+        np.testing.assert_allclose(user_f[n], -minimised.objective, rtol=1e-12)
+        np.testing.assert_allclose(sol.objective, np.max(user_f), rtol=1e-12)
+        aux_x = np.asarray(sol.history.metrics["x"])[: n + 1]
+        np.testing.assert_array_equal(aux_x[0], X0)
+        np.testing.assert_allclose(-jax.vmap(_rosenbrock, (0, None))(aux_x, 10.0), user_f,
+                                   rtol=1e-12)
+        np.testing.assert_allclose(sol.history.metrics["scaled"][: n + 1], 10.0 * aux_x[:, 0],
+                                   rtol=1e-15)
+        np.testing.assert_allclose(sol.x, aux_x[np.argmax(user_f)], rtol=1e-12)
     assert sol.retcode == minimised.retcode
     np.testing.assert_allclose(sol.objective, -_rosenbrock(sol.x, 10.0), rtol=1e-12, atol=1e-14)
     np.testing.assert_allclose(sol.aux["x"], sol.x, rtol=1e-15)

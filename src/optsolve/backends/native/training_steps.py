@@ -18,7 +18,7 @@ from jax import lax
 
 from optsolve.backends.native.driver import StreamLoop, running, stream_loop
 from optsolve.backends.native.objective import Objective
-from optsolve.backends.native.rules import INT, empty_record
+from optsolve.backends.native.rules import INT
 from optsolve.solve_api.cache import BoundedCache
 from optsolve.solve_api.capabilities import check_objective
 from optsolve.solve_api.options import SolveOptions
