@@ -437,7 +437,7 @@ def test_maximisation_and_aux_are_the_minimisation_in_the_users_terms(cls):
         aux_x = np.asarray(sol.history.metrics["x"])[: n + 1]
         np.testing.assert_array_equal(aux_x[0], X0)
         np.testing.assert_allclose(-jax.vmap(_rosenbrock, (0, None))(aux_x, 10.0), user_f,
-                                   rtol=1e-12)
+                                   rtol=1e-12, atol=1e-20)
         np.testing.assert_allclose(sol.history.metrics["scaled"][: n + 1], 10.0 * aux_x[:, 0],
                                    rtol=1e-15)
         np.testing.assert_allclose(sol.x, aux_x[np.argmax(user_f)], rtol=1e-12)

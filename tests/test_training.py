@@ -280,7 +280,8 @@ def test_data_errors():
         solve(prob, optsolve.Adam(0.05), maxiters=3, batch_size=4)
     with pytest.raises(ValueError, match="sharing a leading dimension"):
         solve(prob, optsolve.Adam(0.05), data=(FEATURES, LABELS[:10]), batch_size=4)
-    with pytest.raises(ValueError, match="ends in a line search"):
+    with pytest.raises(ValueError, match="configured this way .only without a line search: a "
+                                         "line search needs one deterministic objective"):
         solve(prob, optax.lbfgs(), data=batches())
     with pytest.raises(TypeError, match=r"`data` must be an iterable of batches"):
         solve(prob, optsolve.Adam(0.05), data=3.0)

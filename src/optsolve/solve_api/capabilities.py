@@ -21,7 +21,8 @@ from optsolve.solve_api.pytree import tree_spec
 from optsolve.solve_api.registry import algorithm_classes
 
 
-def _names_with(trait: str) -> str:
+def names_with(trait: str) -> str:
+    """The registered algorithm classes with ``trait``, each with its condition if any."""
     def name(cls) -> str:
         condition = cls.conditional_traits.get(trait)
         return cls.__name__ if condition is None else f"{cls.__name__} ({condition})"
@@ -50,35 +51,35 @@ def check_capabilities(problem: OptimizationProblem, algorithm: Algorithm,
     if problem.has_bounds and not caps["takes_bounds"]:
         raise ValueError(
             f"solve: {name} does not support bounds. Either remove `bounds` from the problem or "
-            f"use an algorithm that takes them: {_names_with('takes_bounds')}."
+            f"use an algorithm that takes them: {names_with('takes_bounds')}."
         )
     if problem.constraints and not caps["takes_constraints"]:
         raise ValueError(
             f"solve: {name} does not support constraints. Either remove `constraints` from the "
-            f"problem or use an algorithm that takes them: {_names_with('takes_constraints')}."
+            f"problem or use an algorithm that takes them: {names_with('takes_constraints')}."
         )
     if options.resume is not None and not caps["resumable"]:
         raise ValueError(
             f"solve: {name} cannot resume from a Solution. Algorithms that can: "
-            f"{_names_with('resumable')}."
+            f"{names_with('resumable')}."
         )
     if options.history and not caps["records_history"]:
         raise ValueError(
             f"solve: {name} does not record a history. Algorithms that do: "
-            f"{_names_with('records_history')}."
+            f"{names_with('records_history')}."
         )
     tracked = [o for o, on in (("evaluate", options.evaluate is not None),
                                ("keep='best'", options.keep == "best")) if on]
     if tracked and not caps["records_history"]:
         raise ValueError(
             f"solve: {name} does not follow its iterates, which {' and '.join(tracked)} "
-            f"need. Algorithms that do: {_names_with('records_history')}."
+            f"need. Algorithms that do: {names_with('records_history')}."
         )
     if isinstance(adjoint, UnrolledAdjoint) and not caps["unrollable"]:
         raise ValueError(
             f"UnrolledAdjoint: {name} cannot be differentiated by unrolling its iterations. "
             "Use the default ImplicitAdjoint, or an algorithm that can be unrolled: "
-            f"{_names_with('unrollable')}."
+            f"{names_with('unrollable')}."
         )
     if not caps["stops_by_itself"] and not stops_with_data and all(
         getattr(options, o) is None for o in ("maxiters", "maxtime", "gtol", "ftol")

@@ -17,7 +17,8 @@ from jax import lax
 from optsolve.solve_api.adjoint import ImplicitAdjoint
 from optsolve.solve_api import host, recompilation, sense, trainable
 from optsolve.solve_api.checkpoint import Checkpoint, SavedLeaves
-from optsolve.solve_api.capabilities import check_capabilities, check_objective, resume_point
+from optsolve.solve_api.capabilities import (check_capabilities, check_objective, names_with,
+                                             resume_point)
 from optsolve.solve_api.kkt import multipliers, per_constraint
 from optsolve.solve_api.options import DataSpec, make_options
 from optsolve.solve_api.problem import OptimizationProblem
@@ -30,10 +31,14 @@ from optsolve.solve_api.stationarity import stationarity
 
 def _solve_on_data(problem, algorithm, opts, data, batch_size, key, epochs) -> Solution:
     name = type(algorithm).__name__
-    if not algorithm.takes_data:
+    if not algorithm.capabilities()["takes_data"]:
+        condition = type(algorithm).conditional_traits.get("takes_data")
+        why = "" if condition is None else (
+            f" configured this way (only {condition}: a line search needs one deterministic "
+            "objective)")
         raise ValueError(
-            f"solve: {name} does not train on `data`. Algorithms that do: "
-            f"{', '.join(c.__name__ for c in algorithm_classes() if c.takes_data)}."
+            f"solve: {name} does not train on `data`{why}. Algorithms that do: "
+            f"{names_with('takes_data')}."
         )
     for option in ("gtol", "ftol"):
         if getattr(opts, option) is not None:

@@ -211,6 +211,11 @@ def run_training(make_solver, problem: OptimizationProblem, algorithm: Any,
                 records.append((chunk.records, chunk.executed))
             carry = chunk.carry
             dispatched += count
+            if checkpoint is not None and checkpoint.due(dispatched) and \
+                    int(carry.status) == RUNNING:
+                # written at once (one wait per checkpoint): a chunk dispatched first would
+                # run before it, and a run killed there would lose it
+                _write_checkpoint(checkpoint, finish, carry)
             # the previous chunk's status is read while this one runs (a chunk after a
             # stop runs no step)
             if len(recent) > 1 and int(recent[0].chunk.carry.status) != RUNNING:
@@ -218,8 +223,6 @@ def run_training(make_solver, problem: OptimizationProblem, algorithm: Any,
             if options.progress and len(recent) > 1:
                 done = recent[0].chunk.carry
                 advance_progress(int(done.iteration), float(done.f_last))
-            if checkpoint is not None and len(recent) > 1:
-                _write_checkpoint(checkpoint, finish, recent[0].chunk.carry)
             if source.interrupted or interrupt_requested():
                 interrupted = True
                 break
@@ -256,9 +259,7 @@ def run_training(make_solver, problem: OptimizationProblem, algorithm: Any,
 
 
 def _write_checkpoint(checkpoint, finish, carry) -> None:
-    """A running chunk's end as the checkpoint, where one is due there."""
-    if not checkpoint.due(int(carry.iteration)):
-        return
+    """A running chunk's end as the checkpoint."""
     solution, summary = finish(carry)
     _, _, iterations, f_evals, grad_evals = (int(v) for v in np.asarray(summary))
     checkpoint.write(replace(

@@ -50,6 +50,7 @@ def _generate() -> dict[str, type[OptaxAlgorithm]]:
 
 ALGORITHMS: dict[str, type[OptaxAlgorithm]] = _generate()
 # optax.lbfgs ends in a line search: its trial points would each change a model's state
-ALGORITHMS["OptaxLBFGS"].threads_model_state = False
+ALGORITHMS["OptaxLBFGS"].threads_model_state = False  # its line search evaluates f at trials
+ALGORITHMS["OptaxLBFGS"].takes_data = False  # ... and needs one deterministic objective
 globals().update(ALGORITHMS)
 __all__ = sorted(ALGORITHMS)

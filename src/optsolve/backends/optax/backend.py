@@ -57,7 +57,6 @@ class OptaxFamily(Algorithm):
     takes_data: ClassVar[bool] = True
     compiled_driver: ClassVar[bool] = True
     threads_model_state: ClassVar[bool] = True
-    conditional_traits: ClassVar[dict[str, str]] = {"threads_model_state": "without a line search"}
 
     def unrolls_by_forward_passes(self) -> bool:
         """Where the transformation runs a line search: its while loop has no transpose
@@ -225,11 +224,17 @@ class OptaxTransform(OptaxFamily):
     def unrolls_by_forward_passes(self) -> bool:
         return _has_linesearch(self._transformation)  # a static transformation: cached
 
+    conditional_traits: ClassVar[dict[str, str]] = {"threads_model_state": "without a line search",
+                                                    "takes_data": "without a line search"}
+
     def capabilities(self) -> dict[str, Any]:
         """The family's traits; a transformation with a line search evaluates f at trial
-        points within a step, so it does not carry a model's state (``trainable``)."""
+        points within a step, so it does not carry a model's state (``trainable``), and
+        needs one deterministic objective, so it does not train on data."""
         caps = super().capabilities()
-        caps["threads_model_state"] = not _has_linesearch(self._transformation)
+        # a line search needs one deterministic objective: no minibatches either
+        caps["threads_model_state"] = caps["takes_data"] = \
+            not _has_linesearch(self._transformation)
         return caps
 
     def __repr__(self) -> str:
