@@ -264,6 +264,16 @@ class OptimizationProblem:
             )
         return replace(self, **changes)
 
+    def derived(self, **changes: Any) -> "OptimizationProblem":
+        """A problem ``solve`` derives from this validated one (the trained leaves of a
+        model, ...), its fields set as given: validating them again costs more than a small
+        model's whole step."""
+        derived = object.__new__(type(self))
+        for field in dataclasses.fields(self):
+            object.__setattr__(derived, field.name, changes.get(field.name,
+                                                                getattr(self, field.name)))
+        return derived
+
     @property
     def has_bounds(self) -> bool:
         """True when some bound is finite (concrete bounds) or bounds were given (traced)."""

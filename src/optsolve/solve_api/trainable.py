@@ -318,8 +318,8 @@ def inner(problem: Any, resume: Any = None) -> tuple[Any, Split | None, Any]:
     args = ModelArgs(problem.p, carried)
     if resume is not None:
         resume = replace(resume, x=split.trained(resume.x))
-    model_problem = replace(problem, f=ModelObjective(problem.f, split), x0=split.trained(problem.x0),
-                            p=args, trainable=None)
+    model_problem = problem.derived(f=ModelObjective(problem.f, split),
+                                    x0=split.trained(problem.x0), p=args, trainable=None)
     return model_problem, split, resume
 
 

@@ -39,7 +39,7 @@ import numpy as np
 
 from optsolve.backends.native.driver import stopped_at
 from optsolve.backends.native.training_steps import (
-    Chunk, Prepared, chunk_of_batches, epochs_chunk, init_carry, run_solution,
+    Chunk, FlatCarry, Prepared, chunk_of_batches, epochs_chunk, init_carry, run_solution,
 )
 from optsolve.solve_api.host import advance_progress, interrupt_requested
 from optsolve.solve_api.options import DataSpec, SolveOptions
@@ -150,7 +150,8 @@ class _Epochs:
 
 
 class _Dispatched(NamedTuple):
-    carry_in: Any      # the carry the chunk started from
+    carry_in: Any      # the carry the chunk started from (a FlatCarry)
+    start: Any         # its iteration (an int array, or 0)
     run: Callable      # run(carry, n, replay=False): the chunk's compiled call
     chunk: Chunk
 
@@ -206,22 +207,23 @@ def run_training(make_solver, problem: OptimizationProblem, algorithm: Any,
                 break
             count, run = unit
             chunk = run(carry, count)
-            recent = recent[-1:] + [_Dispatched(carry, run, chunk)]
+            start = recent[-1].chunk.iteration if recent else 0
+            recent = recent[-1:] + [_Dispatched(carry, start, run, chunk)]
             if options.history:
                 records.append((chunk.records, chunk.executed))
             carry = chunk.carry
             dispatched += count
             if checkpoint is not None and checkpoint.due(dispatched) and \
-                    int(carry.status) == RUNNING:
+                    int(chunk.status) == RUNNING:
                 # written at once (one wait per checkpoint): a chunk dispatched first would
                 # run before it, and a run killed there would lose it
                 _write_checkpoint(checkpoint, finish, carry)
             # the previous chunk's status is read while this one runs (a chunk after a
             # stop runs no step)
-            if len(recent) > 1 and int(recent[0].chunk.carry.status) != RUNNING:
+            if len(recent) > 1 and int(recent[0].chunk.status) != RUNNING:
                 break
             if options.progress and len(recent) > 1:
-                done = recent[0].chunk.carry
+                done = recent[0].chunk
                 advance_progress(int(done.iteration), float(done.f_last))
             if source.interrupted or interrupt_requested():
                 interrupted = True
@@ -241,6 +243,7 @@ def run_training(make_solver, problem: OptimizationProblem, algorithm: Any,
     at_last = finish(last)
     final = _final_carry(recent)
     solution, summary = at_last if final is last else finish(final)
+    solution = solution.unpack()
     status, reason, iterations, f_evals, grad_evals = (int(v) for v in np.asarray(summary))
     if status == RUNNING:
         # the data or the epochs ran out: the iteration budget was used up
@@ -255,15 +258,17 @@ def run_training(make_solver, problem: OptimizationProblem, algorithm: Any,
     stats = Stats(iterations=iterations, f_evals=f_evals, grad_evals=grad_evals,
                   time=solution.stats.time)
     return replace(solution, retcode=ReturnCode(status), reason=reason, stats=stats,
-                   history=history)
+                   history=history, original=solution.state)
 
 
 def _write_checkpoint(checkpoint, finish, carry) -> None:
     """A running chunk's end as the checkpoint."""
     solution, summary = finish(carry)
+    solution = solution.unpack()
     _, _, iterations, f_evals, grad_evals = (int(v) for v in np.asarray(summary))
     checkpoint.write(replace(
         solution, retcode=ReturnCode.INTERRUPTED, reason=None, history=None,
+        original=solution.state,
         stats=Stats(iterations=iterations, f_evals=f_evals, grad_evals=grad_evals)))
 
 
@@ -271,11 +276,11 @@ def _final_carry(recent: list[_Dispatched]):
     """The run's last carry: the last chunk's, or, where a step stopped the run, the stopped
     chunk replayed (silently) up to that step, whose update the step had applied."""
     for dispatched in recent:
-        stopped = dispatched.chunk.carry
+        stopped = dispatched.chunk
         if int(stopped.status) != RUNNING:
-            steps = int(stopped.iteration) - int(dispatched.carry_in.iteration)
+            steps = int(stopped.iteration) - int(dispatched.start)
             replayed = dispatched.run(dispatched.carry_in, steps, True).carry
-            return stopped_at(replayed, stopped)
+            return FlatCarry.of(stopped_at(replayed.unpack(), stopped.carry.unpack()))
     return recent[-1].chunk.carry
 
 

@@ -23,17 +23,45 @@ from optsolve.solve_api.cache import BoundedCache
 from optsolve.solve_api.capabilities import check_objective
 from optsolve.solve_api.options import SolveOptions
 from optsolve.solve_api.problem import OptimizationProblem
-from optsolve.solve_api.pytree import tree_spec
+from optsolve.solve_api.pytree import replace, tree_spec
 from optsolve.solve_api.solution import Solution
 
 PyTree = Any
 
 
+@jax.tree_util.register_pytree_node_class
+class FlatCarry:
+    """The driver's carry as its leaves, its structure static: what the host passes between
+    compiled calls. A model's structure (nnx modules in x and in the optimizer's state)
+    costs more to flatten and rebuild at every call than the call's own dispatch."""
+
+    def __init__(self, leaves: list, treedef: Any):
+        self.leaves, self.treedef = list(leaves), treedef
+
+    def tree_flatten(self):
+        return self.leaves, self.treedef
+
+    @classmethod
+    def tree_unflatten(cls, treedef, leaves):
+        return cls(leaves, treedef)
+
+    @classmethod
+    def of(cls, carry: Any) -> "FlatCarry":
+        return cls(*jax.tree_util.tree_flatten(carry))
+
+    def unpack(self) -> Any:
+        """The carry (inside a compiled call; on the host only where a run stopped)."""
+        return jax.tree_util.tree_unflatten(self.treedef, self.leaves)
+
+
 class Chunk(NamedTuple):
-    carry: Any             # the driver's carry after the chunk (without its record)
+    carry: FlatCarry       # the driver's carry after the chunk (without its record)
     executed: jax.Array    # steps run by this call, a failing one included
     records: tuple         # with ``history``: this chunk's batch losses, gradient norms,
                            # metrics and evaluations (None where not recorded)
+    status: jax.Array      # the carry's status, iteration and last finite loss, which the
+    iteration: jax.Array   # host reads
+    f_last: jax.Array
 
 
 def _on_batch(problem: OptimizationProblem, batch) -> Objective:
@@ -69,7 +97,8 @@ def _finish(steps: _Steps) -> Chunk:
     carry, record = steps.carry, steps.carry.record
     records = () if record is None else (record.objective, record.grad_norm, record.metrics,
                                          record.evaluation)
-    return Chunk(carry._replace(record=None), steps.executed, records)
+    return Chunk(FlatCarry.of(carry._replace(record=None)), steps.executed, records,
+                 carry.status, carry.iteration, carry.f_last)
 
 
 def _replaying(options: SolveOptions, replay) -> SolveOptions:
@@ -81,6 +110,7 @@ def chunk_of_batches(solver, problem, options, carry, batches: list, n, replay) 
     """The first ``n`` of a list of same-shaped batches, stacked on the device
     (``replay``: a bool array, True while the host replays steps it ran before)."""
     parts = stream_loop(solver, problem, _replaying(options, replay))
+    carry = carry.unpack()
     stacked = jax.tree_util.tree_map(lambda *leaves: jnp.stack(leaves), *batches)
     first = carry.iteration
     first_batch = jax.tree_util.tree_map(lambda a: a[0], stacked)
@@ -96,6 +126,7 @@ def epochs_chunk(solver, problem, options, batch_size, slots, carry, data, key, 
     batches of ``batch_size``. Several epochs per call spare a dispatch and a status read
     per epoch."""
     parts = stream_loop(solver, problem, _replaying(options, replay))
+    carry = carry.unpack()
     size = jax.tree_util.tree_leaves(data)[0].shape[0]
     n_batches = size // batch_size
     first = carry.iteration
@@ -124,14 +155,17 @@ def epochs_chunk(solver, problem, options, batch_size, slots, carry, data, key, 
     return _finish(lax.while_loop(cond, body, start)[1])
 
 
-def run_solution(solver, problem, options, carry) -> tuple[Solution, jax.Array]:
-    """The run's Solution from its last carry, and its retcode, reason and counts stacked
-    in one int array (the host reads them in one transfer)."""
-    solution = stream_loop(solver, problem, options).finish(carry)
+def run_solution(solver, problem, options, carry) -> tuple[FlatCarry, jax.Array]:
+    """The run's Solution from its last carry, flat (``unpack()`` it; ``original`` None:
+    the host sets it to the state), and its retcode, reason and counts stacked in one int
+    array (the host reads them in one transfer)."""
+    solution = stream_loop(solver, problem, options).finish(carry.unpack())
+    # ``original`` is the state: one output, not two (each output buffer costs the call)
+    solution = replace(solution, original=None)
     stats = solution.stats
     summary = jnp.stack([jnp.asarray(v, INT) for v in (
         solution.retcode, solution.reason, stats.iterations, stats.f_evals, stats.grad_evals)])
-    return solution, summary
+    return FlatCarry.of(solution), summary
 
 
 _PREPARED = BoundedCache(64)  # each entry holds compiled code
@@ -172,7 +206,7 @@ def _init(solver, problem, options, batch_spec):
         python_zeros[spec[1]] if spec[0] == "python" else jnp.zeros(spec[0], spec[1])
         for spec in leaves])
     carry = stream_loop(solver, problem, options).init(_on_batch(problem, batch))
-    return carry._replace(record=None)
+    return FlatCarry.of(carry._replace(record=None))
 
 
 def init_carry(make_solver, problem, algorithm, options, batch):
