@@ -24,7 +24,6 @@ from optsolve.solve_api.capabilities import check_objective
 from optsolve.solve_api.options import SolveOptions
 from optsolve.solve_api.problem import OptimizationProblem
 from optsolve.solve_api.pytree import replace, tree_spec
-from optsolve.solve_api.solution import Solution
 
 PyTree = Any
 
