@@ -53,7 +53,8 @@ _chunk_compiled = jax.jit(_chunk, static_argnums=0)
 _whole_compiled = jax.jit(run_whole, static_argnums=(0, 4))
 
 
-def _zeros(spec: jax.ShapeDtypeStruct) -> jax.Array:
+def zeros_of(spec: jax.ShapeDtypeStruct) -> jax.Array:
+    """Zeros of ``spec``'s shape and dtype (a typed PRNG key included), placed once."""
     if jax.dtypes.issubdtype(spec.dtype, jax.dtypes.extended):  # typed PRNG keys
         return jax.random.key(0, impl=spec.dtype._impl) if spec.shape == () else \
             jax.random.split(jax.random.key(0, impl=spec.dtype._impl), spec.shape[0])
@@ -67,7 +68,7 @@ def _template(make_solver, problem, algorithm, options) -> Any:
     def make():
         shapes = jax.eval_shape(
             lambda p, a, o: build_loop(make_solver, p, a, o).init(), problem, algorithm, options)
-        return jax.tree_util.tree_map(_zeros, shapes)
+        return jax.tree_util.tree_map(zeros_of, shapes)
 
     try:
         key = (make_solver, tree_spec((problem, algorithm, options)))

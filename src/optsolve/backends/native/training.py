@@ -40,6 +40,7 @@ import numpy as np
 from optsolve.backends.native.driver import stopped_at
 from optsolve.backends.native.training_steps import (
     Chunk, FlatCarry, Prepared, chunk_of_batches, epochs_chunk, init_carry, run_solution,
+    stand_in_carry,
 )
 from optsolve.solve_api.host import advance_progress, interrupt_requested
 from optsolve.solve_api.options import DataSpec, SolveOptions
@@ -55,7 +56,7 @@ EPOCH_SLOTS = 8  # epochs of in-memory data run per compiled call
 
 
 @functools.cache
-def _replay_flags() -> tuple[jax.Array, jax.Array]:
+def _flags() -> tuple[jax.Array, jax.Array]:
     # device constants made once: an array made per call costs a dispatch
     return jnp.asarray(False), jnp.asarray(True)
 
@@ -117,8 +118,8 @@ class _IterableChunks:
         if not group:
             return None
         padded = group + [group[-1]] * (self.length - len(group))
-        return len(group), lambda carry, n, replay=False: self.run(
-            carry, padded, n, _replay_flags()[replay])
+        return len(group), lambda carry, n, replay=False, begin=False: self.run(
+            carry, padded, n, _flags()[replay], _flags()[begin])
 
 
 class _Epochs:
@@ -144,15 +145,16 @@ class _Epochs:
         count = count if most is None else min(count, most)
         self.position += count
         self.remaining -= count
-        return count, lambda carry, n, replay=False: self.run(
+        return count, lambda carry, n, replay=False, begin=False: self.run(
             carry, self.spec.source, self.spec.key, first, lead, n_epochs, n,
-            _replay_flags()[replay])
+            _flags()[replay], _flags()[begin])
 
 
 class _Dispatched(NamedTuple):
     carry_in: Any      # the carry the chunk started from (a FlatCarry)
     start: Any         # its iteration (an int array, or 0)
-    run: Callable      # run(carry, n, replay=False): the chunk's compiled call
+    begin: bool        # the chunk made the run's first carry (carry_in stood in for it)
+    run: Callable      # run(carry, n, replay=False, begin=False): the chunk's compiled call
     chunk: Chunk
 
 
@@ -171,12 +173,19 @@ def run_training(make_solver, problem: OptimizationProblem, algorithm: Any,
     limit = int(options.maxiters) if options.maxiters is not None else None
     start = time.perf_counter()
     compiled = Prepared(make_solver, problem, algorithm, loop_options)
+    # a fresh run's first chunk makes its first carry; a resumed one starts from its own
+    fresh = options.resume is None
+
+    def start(batch):
+        if fresh:
+            return stand_in_carry(make_solver, problem, algorithm, init_options, batch)
+        return init_carry(make_solver, problem, algorithm, init_options, batch)
 
     if spec.in_memory:
         first = jax.tree_util.tree_map(
             lambda a: jax.ShapeDtypeStruct((spec.batch_size,) + a.shape[1:], a.dtype),
             spec.source)
-        carry = init_carry(make_solver, problem, algorithm, init_options, first)
+        carry = start(first)
         slots = 1 if options.maxtime is not None else EPOCH_SLOTS
         resumed = options.resume.stats.iterations if options.resume is not None else None
         source = _Epochs(spec, compiled(epochs_chunk, spec.batch_size, slots), slots,
@@ -187,7 +196,7 @@ def run_training(make_solver, problem: OptimizationProblem, algorithm: Any,
             first = next(batches)
         except StopIteration:
             raise ValueError("solve: `data` holds no batch.") from None
-        carry = init_carry(make_solver, problem, algorithm, init_options, first)
+        carry = start(first)
         source = _IterableChunks(_chain([first], batches), compiled(chunk_of_batches),
                                  chunk_length(first))
 
@@ -206,9 +215,10 @@ def run_training(make_solver, problem: OptimizationProblem, algorithm: Any,
             if unit is None:
                 break
             count, run = unit
-            chunk = run(carry, count)
-            start = recent[-1].chunk.iteration if recent else 0
-            recent = recent[-1:] + [_Dispatched(carry, start, run, chunk)]
+            begin = fresh and not recent
+            chunk = run(carry, count, begin=begin)
+            at = recent[-1].chunk.iteration if recent else 0
+            recent = recent[-1:] + [_Dispatched(carry, at, begin, run, chunk)]
             if options.history:
                 records.append((chunk.records, chunk.executed))
             carry = chunk.carry
@@ -279,7 +289,7 @@ def _final_carry(recent: list[_Dispatched]):
         stopped = dispatched.chunk
         if int(stopped.status) != RUNNING:
             steps = int(stopped.iteration) - int(dispatched.start)
-            replayed = dispatched.run(dispatched.carry_in, steps, True).carry
+            replayed = dispatched.run(dispatched.carry_in, steps, True, dispatched.begin).carry
             return FlatCarry.of(stopped_at(replayed.unpack(), stopped.carry.unpack()))
     return recent[-1].chunk.carry
 

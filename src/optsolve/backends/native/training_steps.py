@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from optsolve.backends.native.chunked import zeros_of
 from optsolve.backends.native.driver import StreamLoop, running, stream_loop
 from optsolve.backends.native.objective import Objective
 from optsolve.backends.native.rules import INT
@@ -84,6 +85,15 @@ def _run_steps(parts: StreamLoop, problem, steps: _Steps, batches, offset, end) 
     return lax.while_loop(lambda s: running(s.carry) & (s.carry.iteration < end), body, steps)
 
 
+def _begin(solver, problem, options, carry: FlatCarry, first, batch) -> Any:
+    """The chunk's starting carry: ``carry``, or, where ``first`` (the first chunk of a run
+    that does not resume), the run's first carry, made here (one compiled call fewer per
+    run; ``carry`` is then a stand-in of the right shapes)."""
+    starting = stream_loop(solver, problem, dataclasses.replace(options, history=0))
+    fresh = lambda: starting.init(_on_batch(problem, batch))._replace(record=None)
+    return lax.cond(first, fresh, carry.unpack)
+
+
 def _start(parts: StreamLoop, carry, objective: Objective, length: int) -> _Steps:
     """The chunk's start: with ``history``, a record of its own ``length`` steps
     (``objective``, on one of its batches, gives the shapes of the metrics)."""
@@ -105,27 +115,30 @@ def _replaying(options: SolveOptions, replay) -> SolveOptions:
     return dataclasses.replace(options, replay=replay)
 
 
-def chunk_of_batches(solver, problem, options, carry, batches: list, n, replay) -> Chunk:
+def chunk_of_batches(solver, problem, options, carry, batches: list, n, replay,
+                     begin) -> Chunk:
     """The first ``n`` of a list of same-shaped batches, stacked on the device
-    (``replay``: a bool array, True while the host replays steps it ran before)."""
+    (``replay``: a bool array, True while the host replays steps it ran before; ``begin``:
+    a bool array, True where the run starts here, see :func:`_begin`)."""
     parts = stream_loop(solver, problem, _replaying(options, replay))
-    carry = carry.unpack()
     stacked = jax.tree_util.tree_map(lambda *leaves: jnp.stack(leaves), *batches)
-    first = carry.iteration
     first_batch = jax.tree_util.tree_map(lambda a: a[0], stacked)
+    carry = _begin(solver, problem, options, carry, begin, first_batch)
+    first = carry.iteration
     steps = _start(parts, carry, _on_batch(problem, first_batch), len(batches))
     return _finish(_run_steps(parts, problem, steps, stacked, first, first + n))
 
 
 def epochs_chunk(solver, problem, options, batch_size, slots, carry, data, key, first_epoch,
-                 lead, n_epochs, n, replay) -> Chunk:
+                 lead, n_epochs, n, replay, begin) -> Chunk:
     """The first ``n`` steps of epochs ``first_epoch`` .. ``first_epoch + n_epochs - 1``
     (at most ``slots``, static), from batch ``lead`` of the first (where a resumed run
     continues): each epoch a permutation of the data (in order without a key) cut into
     batches of ``batch_size``. Several epochs per call spare a dispatch and a status read
-    per epoch."""
+    per epoch. ``replay`` and ``begin`` as in :func:`chunk_of_batches`."""
     parts = stream_loop(solver, problem, _replaying(options, replay))
-    carry = carry.unpack()
+    one_batch = jax.tree_util.tree_map(lambda a: a[:batch_size], data)
+    carry = _begin(solver, problem, options, carry, begin, one_batch)
     size = jax.tree_util.tree_leaves(data)[0].shape[0]
     n_batches = size // batch_size
     first = carry.iteration
@@ -148,7 +161,6 @@ def epochs_chunk(solver, problem, options, batch_size, slots, carry, data, key, 
                            jnp.minimum(first + n, offset + n_batches))
         return e + 1, steps
 
-    one_batch = jax.tree_util.tree_map(lambda a: a[:batch_size], data)
     start = (jnp.zeros((), INT),
              _start(parts, carry, _on_batch(problem, one_batch), slots * n_batches))
     return _finish(lax.while_loop(cond, body, start)[1])
@@ -212,3 +224,17 @@ def init_carry(make_solver, problem, algorithm, options, batch):
     """The first carry; ``batch`` (arrays or ``jax.ShapeDtypeStruct`` leaves) gives shapes."""
     check_objective(problem, batch)
     return Prepared(make_solver, problem, algorithm, options)(_init, tree_spec(batch))()
+
+
+_STAND_INS = BoundedCache(64)
+
+
+def stand_in_carry(make_solver, problem, algorithm, options, batch) -> FlatCarry:
+    """Zeros shaped like the run's first carry (cached per structure: finding the shapes
+    traces the start), for a first chunk that makes the carry itself (:func:`_begin`)."""
+    check_objective(problem, batch)
+    prepared = Prepared(make_solver, problem, algorithm, options)
+    spec = tree_spec(batch)
+    key = (make_solver, prepared.treedef, spec)
+    return _STAND_INS.get_or_make(key, lambda: jax.tree_util.tree_map(
+        zeros_of, jax.eval_shape(prepared(_init, spec))))
