@@ -72,7 +72,7 @@ def loss(model, _p, batch):
     return optax.softmax_cross_entropy_with_integer_labels(model(x), y).mean()
 
 
-def main(repeats: int = 15) -> str:
+def main(repeats: int = 31) -> str:
     digits = load_digits()
     x = jnp.asarray(digits.data / 16.0, jnp.float32)
     y = jnp.asarray(digits.target)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import random
 import statistics
 import time
 from collections.abc import Callable
@@ -35,10 +36,15 @@ def time_first_call(fn: Callable[[], object]) -> float:
 
 
 def interleaved_medians(runners: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
-    """Median wall time of each runner, measured in turns so drift hits all alike."""
+    """Median wall time of each runner, measured in turns so drift hits all alike, in a new
+    order each turn (seeded) so that no runner always follows the same one."""
     times: dict[str, list[float]] = {name: [] for name in runners}
+    order = list(runners)
+    shuffle = random.Random(0).shuffle
     for _ in range(repeats):
-        for name, fn in runners.items():
+        shuffle(order)
+        for name in order:
+            fn = runners[name]
             start = time.perf_counter()
             block(fn())
             times[name].append(time.perf_counter() - start)
