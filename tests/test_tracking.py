@@ -175,3 +175,29 @@ def test_clear_errors_for_tracking_and_checkpoint_options(tmp_path):
     with pytest.raises(ValueError, match="the checkpoint's .x is float64\\[2\\], but this "
                                          "problem and algorithm's is float64\\[3\\]"):
         solve(prob.replace(x0=jnp.zeros(3)), adam, maxiters=3, resume=optsolve.load(path))
+
+
+def test_metrics_evaluations_and_the_best_iterate_under_jit_and_vmap_equal_eager():
+    """The records and the kept iterate come from inside the compiled loop: under jax.jit
+    and jax.vmap they equal the eager run's."""
+    f = lambda x, p: jnp.sum((x - p) ** 2) + 0.1 * jnp.sum(x ** 4)
+    prob = OptimizationProblem(f, jnp.zeros(3), jnp.array([1.0, -2.0, 0.5]))
+    metrics = lambda x, p: {"norm": jnp.linalg.norm(x), "positive": jnp.sum(x > 0)}
+    distance = lambda x, p: jnp.sum((x - p) ** 2)
+    options = dict(maxiters=30, history=True, metrics=metrics, evaluate=distance,
+                   eval_every=3, keep="best")
+    eager = solve(prob, optsolve.SGD(0.3, momentum=0.9), **options)
+    run = lambda p: solve(prob.replace(p=p), optsolve.SGD(0.3, momentum=0.9), **options)
+    jitted = jax.jit(run)(prob.p)
+    batched = jax.vmap(run)(jnp.stack([prob.p, prob.p]))
+    for sol in (jitted, jax.tree_util.tree_map(lambda a: a[1], batched)):
+        np.testing.assert_allclose(sol.x, eager.x, rtol=1e-12)
+        for a, b in zip(jax.tree_util.tree_leaves(sol.history),
+                        jax.tree_util.tree_leaves(eager.history)):
+            np.testing.assert_allclose(a, b, rtol=1e-12)
+    # momentum overshoots: the kept iterate is the evaluated one closest to p, not the last
+    scores = np.asarray(eager.history.evaluation)
+    assert float(distance(eager.x, prob.p)) == pytest.approx(np.nanmin(scores), rel=1e-12)
+    np.testing.assert_array_equal(np.isnan(scores), np.arange(31) % 3 != 0)
+    last = solve(prob, optsolve.SGD(0.3, momentum=0.9), maxiters=30)
+    assert float(distance(last.x, prob.p)) > 5 * float(distance(eager.x, prob.p))
