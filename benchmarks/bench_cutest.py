@@ -1,0 +1,303 @@
+"""The CUTEst census (issue 18): optsolve's L-BFGS, BFGS and Newton against the JAX and scipy
+peers on the problems of sif2jax (pure-JAX definitions of the CUTEst set), one stopping rule
+for every runner.
+
+Problems: sif2jax's unconstrained problems with n <= ``--max-n`` (100 by default) and its
+bounded ones (optsolve.LBFGS against scipy's L-BFGS-B only; ``--set`` picks one set). A problem
+whose objective or gradient is not finite at its start is left out (listed).
+
+Runners (float64; every JAX runner is one ``jax.jit``-compiled function of x0):
+  * optsolve.LBFGS, optsolve.BFGS, optsolve.Newton: ``solve(prob, alg, gtol=1e-6,
+    maxiters=1000)``;
+  * optax.lbfgs() in the ``lax.while_loop`` of optax's documentation, stopped at gradient
+    inf-norm 1e-6 or 1000 steps;
+  * optimistix.BFGS and optimistix.LBFGS(rtol=atol=1e-9), max_steps 1000 (optimistix has no
+    gradient test: its Cauchy test on steps is tuned tight);
+  * scipy L-BFGS-B (gtol=1e-6, ftol=0, maxiter=1000) with a jitted value_and_grad.
+
+Per problem and runner: compile + first solve, the steady median of ``--repeats`` solves,
+the objective and the gradient inf-norm recomputed at the returned point, whether the runner
+claimed success, and its gradient evaluations as it reports them (optsolve's grad_evals,
+scipy's njev; optimistix's steps and optax's iterations, one gradient each).
+
+A run is *solved* when its objective is within 1e-6 (1 + |f*|) of the best any runner
+reached (f*); a *false SUCCESS* claims success with a gradient inf-norm above 10 x 1e-6.
+Ratios of steady time are over the fastest L-BFGS peer (optax.lbfgs, optimistix.LBFGS,
+scipy L-BFGS-B) on the problems both solved. Dolan-More performance profiles of time and of
+gradient evaluations are plotted to docs/images/cutest_profile_*.png.
+
+Run: ``python benchmarks/bench_cutest.py [--max-n 100] [--limit K] [--set both]`` or
+``python benchmarks/run.py cutest`` (about half an hour on 2 cores for the default set).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+jax.config.update("jax_enable_x64", True)
+sys.path.insert(0, str(Path(__file__).parent))
+
+import optax  # noqa: E402
+import optax.tree_utils as otu  # noqa: E402
+import optimistix as optx  # noqa: E402
+import scipy.optimize as so  # noqa: E402
+import sif2jax  # noqa: E402
+from threadpoolctl import threadpool_limits  # noqa: E402
+
+import optsolve  # noqa: E402
+from common import block, machine_line, markdown_table  # noqa: E402
+
+GTOL, MAXITER = 1e-6, 1000
+LBFGS_PEERS = ("optax.lbfgs", "optimistix.LBFGS", "scipy L-BFGS-B")
+IMAGES = Path(__file__).parent.parent / "docs" / "images"
+
+
+def _optsolve(alg, bounds=None):
+    def make(f, p):
+        def run(x0):
+            prob = optsolve.OptimizationProblem(f, x0, p, bounds=bounds)
+            sol = optsolve.solve(prob, alg, gtol=GTOL, maxiters=MAXITER)
+            return sol.x, sol.retcode == optsolve.ReturnCode.SUCCESS, sol.stats.grad_evals
+        return jax.jit(run)
+    return make
+
+
+def _optax_lbfgs(f, p):
+    fun = lambda x: f(x, p)
+
+    def run(x0):
+        # the loop of optax's documentation (L-BFGS example), stopped at the inf-norm
+        opt = optax.lbfgs()
+        value_and_grad = optax.value_and_grad_from_state(fun)
+
+        def step(carry):
+            params, state = carry
+            value, grad = value_and_grad(params, state=state)
+            updates, state = opt.update(grad, state, params, value=value, grad=grad,
+                                        value_fn=fun)
+            return optax.apply_updates(params, updates), state
+
+        def keep_going(carry):
+            _, state = carry
+            count = otu.tree_get(state, "count")
+            err = jnp.max(jnp.abs(otu.tree_get(state, "grad")))
+            return (count == 0) | ((count < MAXITER) & (err >= GTOL))
+
+        params, state = jax.lax.while_loop(keep_going, step, (x0, opt.init(x0)))
+        count = otu.tree_get(state, "count")
+        return params, count < MAXITER, count
+    return jax.jit(run)
+
+
+def _optimistix(solver):
+    def make(f, p):
+        def run(x0):
+            sol = optx.minimise(lambda x, _: f(x, p), solver, x0, max_steps=MAXITER,
+                                throw=False)
+            return sol.value, sol.result == optx.RESULTS.successful, sol.stats["num_steps"]
+        return jax.jit(run)
+    return make
+
+
+def _scipy_lbfgsb(bounds=None):
+    def make(f, p):
+        value_and_grad = jax.jit(jax.value_and_grad(f))
+
+        def fun(x):
+            v, g = value_and_grad(x, p)
+            return float(v), np.asarray(g)
+
+        box = None if bounds is None else list(zip(np.asarray(bounds[0]), np.asarray(bounds[1])))
+
+        def run(x0):
+            res = so.minimize(fun, np.asarray(x0), jac=True, method="L-BFGS-B", bounds=box,
+                              options={"gtol": GTOL, "ftol": 0.0, "maxiter": MAXITER})
+            return res.x, bool(res.success), res.njev
+        return run
+    return make
+
+
+def runners(bounds=None) -> dict:
+    if bounds is not None:
+        return {"optsolve.LBFGS": _optsolve(optsolve.LBFGS(), bounds),
+                "scipy L-BFGS-B": _scipy_lbfgsb(bounds)}
+    tol = 1e-9
+    return {
+        "optsolve.LBFGS": _optsolve(optsolve.LBFGS()),
+        "optsolve.BFGS": _optsolve(optsolve.BFGS()),
+        "optsolve.Newton": _optsolve(optsolve.Newton()),
+        "optax.lbfgs": _optax_lbfgs,
+        "optimistix.BFGS": _optimistix(optx.BFGS(rtol=tol, atol=tol)),
+        "optimistix.LBFGS": _optimistix(optx.LBFGS(rtol=tol, atol=tol)),
+        "scipy L-BFGS-B": _scipy_lbfgsb(),
+    }
+
+
+def _projected_norm(x, g, bounds) -> float:
+    if bounds is None:
+        return float(jnp.max(jnp.abs(g)))
+    return float(jnp.max(jnp.abs(x - jnp.clip(x - g, bounds[0], bounds[1]))))
+
+
+def measure(problem, bounded: bool, repeats: int) -> dict | None:
+    """Each runner's record on one problem, or None where the start is not finite."""
+    f, p = (lambda x, args: problem.objective(x, args)), problem.args
+    x0 = jnp.asarray(problem.y0, jnp.float64)
+    bounds = None
+    if bounded:
+        bounds = tuple(jnp.broadcast_to(jnp.asarray(b, jnp.float64), x0.shape)
+                       for b in problem.bounds)
+        x0 = jnp.clip(x0, *bounds)  # the start projected, as L-BFGS-B does
+    value_and_grad = jax.jit(jax.value_and_grad(f))
+    f0, g0 = value_and_grad(x0, p)
+    if not (np.isfinite(f0) and np.all(np.isfinite(g0))):
+        return None
+    out = {}
+    for name, make in runners(bounds).items():
+        run = make(f, p)
+        start = time.perf_counter()
+        try:
+            x, claimed, evals = block(run(x0))
+        except Exception as err:  # a runner that raises has not solved the problem
+            out[name] = {"error": f"{type(err).__name__}: {str(err)[:80]}"}
+            continue
+        first = time.perf_counter() - start
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            block(run(x0))
+            times.append(time.perf_counter() - start)
+        fx, gx = value_and_grad(jnp.asarray(x), p)
+        out[name] = {"first": first, "steady": statistics.median(times), "f": float(fx),
+                     "gnorm": _projected_norm(jnp.asarray(x), gx, bounds),
+                     "claimed": bool(claimed), "evals": int(evals)}
+    return out
+
+
+def _solved(record: dict, best: float) -> bool:
+    return "f" in record and np.isfinite(record["f"]) and \
+        record["f"] <= best + 1e-6 * (1 + abs(best))
+
+
+def performance_profile(results: dict, names: list[str], key: str, title: str, path: Path):
+    """Dolan and More (2002), Benchmarking optimization software with performance profiles:
+    the fraction of problems each runner solves within a factor tau of the best runner."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    ratios = {name: [] for name in names}
+    for records in results.values():
+        best_f = min(r["f"] for r in records.values() if "f" in r and np.isfinite(r["f"]))
+        costs = {n: max(records[n][key], 1e-12) for n in names
+                 if n in records and _solved(records[n], best_f)}
+        if not costs:
+            continue
+        least = min(costs.values())
+        for n in names:
+            ratios[n].append(costs[n] / least if n in costs else np.inf)
+    taus = np.logspace(0, 2, 200)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for n in names:
+        r = np.asarray(ratios[n])
+        ax.step(taus, [(r <= t).mean() for t in taus], where="post", label=n)
+    ax.set_xscale("log")
+    ax.set_xlabel("within this factor of the best")
+    ax.set_ylabel("fraction of problems")
+    ax.set_title(title)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def summary(results: dict, bounded: bool) -> list[list[str]]:
+    names = list(next(iter(results.values())))
+    rows = []
+    for n in names:
+        solved = false_success = 0
+        ratios, firsts = [], []
+        for records in results.values():
+            best = min(r["f"] for r in records.values() if "f" in r and np.isfinite(r["f"]))
+            record = records[n]
+            ok = _solved(record, best)
+            solved += ok
+            false_success += record.get("claimed", False) and record["gnorm"] > 10 * GTOL
+            if "first" in record:
+                firsts.append(record["first"])
+            peers = [records[q] for q in LBFGS_PEERS if q in records and q != n
+                     and _solved(records[q], best)]
+            if ok and peers and not bounded:
+                ratios.append(record["steady"] / min(q["steady"] for q in peers))
+        ratio = f"{statistics.median(ratios):.2f}x" if ratios else "-"
+        first = f"{statistics.median(firsts):.2f} s" if firsts else "-"
+        rows.append([n, str(solved), str(false_success), ratio, first])
+    return rows
+
+
+def main(max_n: int = 100, limit: int | None = None, sets: tuple[str, ...] = (
+        "unconstrained", "bounded"), repeats: int = 3) -> str:
+    """The census's sections, one per set of problems."""
+    return "\n\n".join(census(max_n, limit, kind == "bounded", repeats) for kind in sets)
+
+
+def census(max_n: int, limit: int | None, bounded: bool, repeats: int) -> str:
+    pool = sif2jax.bounded_minimisation_problems if bounded else \
+        sif2jax.unconstrained_minimisation_problems
+    chosen = [q for q in pool if int(q.num_variables()) <= max_n]
+    if limit is not None:
+        chosen = chosen[:limit]
+    results, left_out = {}, []
+    with threadpool_limits(1), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for problem in chosen:
+            try:
+                record = measure(problem, bounded, repeats)
+            except Exception as err:  # sif2jax cannot evaluate it here
+                left_out.append(f"{problem.name} ({type(err).__name__})")
+                continue
+            if record is None:
+                left_out.append(f"{problem.name} (not finite at the start)")
+                continue
+            results[problem.name] = record
+            print(problem.name, {n: round(r.get("steady", np.nan) * 1e3, 2)
+                                 for n, r in record.items()}, file=sys.stderr, flush=True)
+    kind = "bounded" if bounded else "unconstrained"
+    names = list(next(iter(results.values())))
+    suffix = "bounded" if bounded else "unconstrained"
+    IMAGES.mkdir(parents=True, exist_ok=True)
+    performance_profile(results, names, "steady", f"steady time, {kind}",
+                        IMAGES / f"cutest_profile_time_{suffix}.png")
+    performance_profile(results, names, "evals", f"gradient evaluations, {kind}",
+                        IMAGES / f"cutest_profile_evals_{suffix}.png")
+    table = markdown_table(
+        ["runner", "solved", "false SUCCESS", "median steady / fastest L-BFGS peer",
+         "median compile + first"], summary(results, bounded))
+    return "\n".join([
+        f"### CUTEst census ({kind}, n <= {max_n}): {len(results)} problems from sif2jax",
+        "", table, "",
+        f"![time profile](images/cutest_profile_time_{suffix}.png) "
+        f"![evaluations profile](images/cutest_profile_evals_{suffix}.png)", "",
+        f"Left out: {', '.join(left_out) if left_out else 'none'}. Steady times are medians "
+        f"of {repeats} solves; BLAS pinned to 1 thread.",
+    ])
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--max-n", type=int, default=100)
+    parser.add_argument("--limit", type=int, default=None)
+    parser.add_argument("--set", choices=("unconstrained", "bounded", "both"), default="both")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    sets = ("unconstrained", "bounded") if args.set == "both" else (args.set,)
+    print(machine_line())
+    print(main(args.max_n, args.limit, sets, args.repeats))
