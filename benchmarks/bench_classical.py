@@ -42,8 +42,6 @@ jax.config.update("jax_enable_x64", True)
 sys.path.insert(0, str(Path(__file__).parent))
 
 import jaxopt  # noqa: E402
-import optax  # noqa: E402
-import optax.tree_utils as otu  # noqa: E402
 import optimistix as optx  # noqa: E402
 import scipy.optimize as so  # noqa: E402
 from sklearn.datasets import load_breast_cancer  # noqa: E402
@@ -51,7 +49,7 @@ from threadpoolctl import threadpool_limits  # noqa: E402
 
 import jax.scipy.optimize  # noqa: E402
 import optsolve  # noqa: E402
-from common import machine_line, markdown_table  # noqa: E402
+from common import machine_line, markdown_table, optax_lbfgs_loop  # noqa: E402
 
 GTOL, MAXITER = 1e-6, 1000
 JAX_PEERS = ("jaxopt.LBFGS", "optimistix.BFGS", "optimistix.LBFGS", "optax.lbfgs",
@@ -122,26 +120,7 @@ def jax_runners(f, p):
         return run
 
     def optax_run(x0):
-        # The loop of optax's documentation (L-BFGS example), stopped at the inf-norm.
-        opt = optax.lbfgs()
-        value_and_grad = optax.value_and_grad_from_state(fun)
-
-        def step(carry):
-            params, state = carry
-            value, grad = value_and_grad(params, state=state)
-            updates, state = opt.update(grad, state, params, value=value, grad=grad,
-                                        value_fn=fun)
-            return optax.apply_updates(params, updates), state
-
-        def keep_going(carry):
-            _, state = carry
-            count = otu.tree_get(state, "count")
-            grad = otu.tree_get(state, "grad")
-            err = jnp.max(jnp.abs(grad))
-            return (count == 0) | ((count < MAXITER) & (err >= GTOL))
-
-        params, state = jax.lax.while_loop(keep_going, step, (x0, opt.init(x0)))
-        return params, otu.tree_get(state, "count")
+        return optax_lbfgs_loop(fun, x0, GTOL, MAXITER)
 
     def jsp_run(x0):
         res = jax.scipy.optimize.minimize(fun, x0, method="BFGS",

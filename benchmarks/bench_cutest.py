@@ -46,15 +46,13 @@ import numpy as np
 jax.config.update("jax_enable_x64", True)
 sys.path.insert(0, str(Path(__file__).parent))
 
-import optax  # noqa: E402
-import optax.tree_utils as otu  # noqa: E402
 import optimistix as optx  # noqa: E402
 import scipy.optimize as so  # noqa: E402
 import sif2jax  # noqa: E402
 from threadpoolctl import threadpool_limits  # noqa: E402
 
 import optsolve  # noqa: E402
-from common import block, machine_line, markdown_table  # noqa: E402
+from common import block, machine_line, markdown_table, optax_lbfgs_loop  # noqa: E402
 
 GTOL, MAXITER = 1e-6, 1000
 LBFGS_PEERS = ("optax.lbfgs", "optimistix.LBFGS", "scipy L-BFGS-B")
@@ -72,28 +70,8 @@ def _optsolve(alg, bounds=None):
 
 
 def _optax_lbfgs(f, p):
-    fun = lambda x: f(x, p)
-
     def run(x0):
-        # the loop of optax's documentation (L-BFGS example), stopped at the inf-norm
-        opt = optax.lbfgs()
-        value_and_grad = optax.value_and_grad_from_state(fun)
-
-        def step(carry):
-            params, state = carry
-            value, grad = value_and_grad(params, state=state)
-            updates, state = opt.update(grad, state, params, value=value, grad=grad,
-                                        value_fn=fun)
-            return optax.apply_updates(params, updates), state
-
-        def keep_going(carry):
-            _, state = carry
-            count = otu.tree_get(state, "count")
-            err = jnp.max(jnp.abs(otu.tree_get(state, "grad")))
-            return (count == 0) | ((count < MAXITER) & (err >= GTOL))
-
-        params, state = jax.lax.while_loop(keep_going, step, (x0, opt.init(x0)))
-        count = otu.tree_get(state, "count")
+        params, count = optax_lbfgs_loop(lambda x: f(x, p), x0, GTOL, MAXITER)
         return params, count < MAXITER, count
     return jax.jit(run)
 

@@ -55,3 +55,30 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def optax_lbfgs_loop(fun: Callable, x0, gtol: float, maxiter: int):
+    """optax.lbfgs() driven by the ``lax.while_loop`` of optax's documentation (L-BFGS
+    example, with ``value_and_grad_from_state``), stopped at gradient inf-norm ``gtol`` or
+    ``maxiter`` steps: (x, steps taken)."""
+    import optax
+    import optax.tree_utils as otu
+
+    opt = optax.lbfgs()
+    value_and_grad = optax.value_and_grad_from_state(fun)
+
+    def step(carry):
+        params, state = carry
+        value, grad = value_and_grad(params, state=state)
+        updates, state = opt.update(grad, state, params, value=value, grad=grad,
+                                    value_fn=fun)
+        return optax.apply_updates(params, updates), state
+
+    def keep_going(carry):
+        _, state = carry
+        count = otu.tree_get(state, "count")
+        err = jax.numpy.max(jax.numpy.abs(otu.tree_get(state, "grad")))
+        return (count == 0) | ((count < maxiter) & (err >= gtol))
+
+    params, state = jax.lax.while_loop(keep_going, step, (x0, opt.init(x0)))
+    return params, otu.tree_get(state, "count")
