@@ -105,12 +105,12 @@ class Monitor:
             else None
         self.best: tuple[np.ndarray, float, float] | None = None
         self._not_evaluated = None  # evaluate's value with NaN leaves (iterates not due)
-        if history:
-            f0, g0 = host.peek(host.x0, spec.needs_gradient)
-            self.objectives = [f0]
-            self.grad_norms = [self._norm_of(host.x0, g0)]
         if history or self.keep_best:
-            self._track(host.x0, host.peek(host.x0, False)[0], 0)
+            f0, g0 = host.peek(host.x0, history and spec.needs_gradient)
+            if history:
+                self.objectives = [f0]
+                self.grad_norms = [self._norm_of(host.x0, g0)]
+            self._track(host.x0, f0, 0)
 
     @property
     def needed(self) -> bool:
