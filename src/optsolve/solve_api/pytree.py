@@ -6,7 +6,10 @@ construction, never on the placeholder leaves JAX passes around inside transform
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
+from collections.abc import Iterator
 from typing import Any, TypeVar
 
 import jax
@@ -80,8 +83,59 @@ def thaw(value: Any) -> Any:
     return value.value if isinstance(value, Frozen) else value
 
 
+class FlatInputs:
+    """One flatten of each of a call's inputs (a solve's problem, algorithm and options),
+    which the layers below reuse within :meth:`reused` instead of flattening them again (a
+    model's flattening runs in Python, at every ask)."""
+
+    def __init__(self, *objects: Any):
+        self.objects = objects
+        self.flat = [jax.tree_util.tree_flatten(obj) for obj in objects]
+        self.traced = any(isinstance(leaf, jax.core.Tracer)
+                          for leaves, _ in self.flat for leaf in leaves)
+
+    @property
+    def leaves(self) -> list:
+        return [leaf for leaves, _ in self.flat for leaf in leaves]
+
+    @property
+    def treedef(self) -> Any:
+        return jax.tree_util.treedef_tuple([treedef for _, treedef in self.flat])
+
+    @contextlib.contextmanager
+    def reused(self) -> Iterator[None]:
+        token = _REUSED.set(self)
+        try:
+            yield
+        finally:
+            _REUSED.reset(token)
+
+
+_REUSED: contextvars.ContextVar[FlatInputs | None] = contextvars.ContextVar("reused",
+                                                                            default=None)
+
+
+def flatten_inputs(*objects: Any) -> tuple[list, Any]:
+    """``tree_flatten(objects)``, each object's own flatten reused from :class:`FlatInputs`
+    where it holds that very object."""
+    known = _REUSED.get()
+    if known is None:
+        return jax.tree_util.tree_flatten(objects)
+    leaves, treedefs = [], []
+    for obj in objects:
+        flat = next((f for k, f in zip(known.objects, known.flat) if k is obj), None)
+        obj_leaves, treedef = jax.tree_util.tree_flatten(obj) if flat is None else flat
+        leaves += obj_leaves
+        treedefs.append(treedef)
+    return leaves, jax.tree_util.treedef_tuple(treedefs)
+
+
 def is_traced(*trees: Any) -> bool:
     """Whether any leaf of ``trees`` is a JAX tracer (inside jit, vmap, grad, ...)."""
+    known = _REUSED.get()
+    if known is not None and not known.traced and all(
+            any(tree is k for k in known.objects) for tree in trees):
+        return False
     return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(trees))
 
 

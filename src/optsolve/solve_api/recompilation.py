@@ -14,7 +14,6 @@ import re
 import warnings
 from typing import Any
 
-import jax
 
 from optsolve.solve_api.cache import BoundedCache
 
@@ -30,11 +29,11 @@ _FINGERPRINTS = BoundedCache(64)  # so no new one takes an address); fingerprint
 _WARNED: set = set()
 
 
-def note(problem: Any, algorithm: Any, hooks: Any) -> None:
-    """Record the structure of an eager solve; warn (once per fingerprint) where it is new
-    but prints like an earlier one. ``hooks``: the options' functions (the callback, the
+def note(leaves: list, treedef: Any, hooks: Any) -> None:
+    """Record the structure of an eager solve (its inputs flattened: the problem and the
+    algorithm, and maybe the options); warn (once per fingerprint) where it is new but
+    prints like an earlier one. ``hooks``: the options' functions (the callback, the
     metrics, ...), also structure."""
-    leaves, treedef = jax.tree_util.tree_flatten((problem, algorithm))
     # shapes and dtypes too: a new shape compiles anew whatever else changed
     shapes = tuple((getattr(leaf, "shape", None), getattr(leaf, "dtype", type(leaf)))
                    for leaf in leaves)

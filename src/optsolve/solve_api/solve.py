@@ -22,7 +22,7 @@ from optsolve.solve_api.capabilities import (check_capabilities, check_objective
 from optsolve.solve_api.kkt import multipliers, per_constraint
 from optsolve.solve_api.options import DataSpec, make_options
 from optsolve.solve_api.problem import OptimizationProblem
-from optsolve.solve_api.pytree import is_traced, replace
+from optsolve.solve_api.pytree import FlatInputs, is_traced, replace
 from optsolve.solve_api.registry import algorithm_classes, as_algorithm, backend_for
 from optsolve.solve_api.returncode import ReturnCode
 from optsolve.solve_api.solution import History, Solution, Stats
@@ -75,16 +75,18 @@ def _solve_on_data(problem, algorithm, opts, data, batch_size, key, epochs) -> S
             "arrays cut into batches, pass `batch_size` (and `key` to shuffle), or pass a "
             "list of batches.")
     check_capabilities(problem, algorithm, opts, stops_with_data=True)
-    if is_traced(problem, algorithm):
+    inputs = FlatInputs(problem, algorithm)  # flattened once for the layers below
+    if inputs.traced:
         raise ValueError(
             "solve: training on `data` runs a host loop over batches; call solve outside "
             "jax.jit / jax.vmap (the steps inside are compiled)."
         )
-    recompilation.note(problem, algorithm, (opts.callback, opts.metrics, opts.evaluate))
+    recompilation.note(inputs.leaves, inputs.treedef,
+                       (opts.callback, opts.metrics, opts.evaluate))
     total = _data_steps(data, batch_size, epochs, opts.maxiters)
     opts = replace(opts, data=DataSpec(data, batch_size, key, epochs))
     start = time.perf_counter()
-    with progress_bar(opts.progress, total), host.HostCalls() as calls:
+    with progress_bar(opts.progress, total), host.HostCalls() as calls, inputs.reused():
         # the same path as every call; the default adjoint runs the backend as it is here
         solution = ImplicitAdjoint().apply(backend_for(algorithm), problem, algorithm, opts)
         if opts.progress:
@@ -423,7 +425,8 @@ def solve(problem: OptimizationProblem, algorithm: Any, *, maxiters: int | None 
         raise trainable.state_mutation_error(type(algorithm).__name__)
     problem = _project_start(problem)
     backend = backend_for(algorithm)
-    traced = is_traced(problem, algorithm, opts)
+    inputs = FlatInputs(problem, algorithm, opts)  # flattened once for the layers below
+    traced = inputs.traced
     if (opts.maxiters is not None and not is_traced(opts.maxiters) and int(opts.maxiters) == 0
             and not compiled_driver):
         start = _no_iterations(algorithm.minimised_problem(problem), opts)
@@ -433,11 +436,14 @@ def solve(problem: OptimizationProblem, algorithm: Any, *, maxiters: int | None 
     if traced:
         solution = _with_multipliers(problem, adjoint.apply(backend, problem, algorithm, opts))
         return _finish(user_problem, problem, solution, split)
-    recompilation.note(problem, algorithm, (opts.callback, opts.metrics, opts.evaluate))
+    recompilation.note(inputs.leaves, inputs.treedef,
+                       (opts.callback, opts.metrics, opts.evaluate))
     start = time.perf_counter()
-    with progress_bar(progress, maxiters), host.HostCalls() as calls:
-        solution = jax.block_until_ready(
-            _with_multipliers(problem, adjoint.apply(backend, problem, algorithm, opts)))
+    with progress_bar(progress, maxiters), host.HostCalls() as calls, inputs.reused():
+        solution = _with_multipliers(problem, adjoint.apply(backend, problem, algorithm, opts))
+        # the results of one computation are ready together: a wait on a few leaves, not
+        # a flatten of the whole Solution (a model's x and optimizer state)
+        jax.block_until_ready((solution.objective, solution.retcode, solution.multipliers))
         if progress and np.ndim(solution.retcode) == 0:
             host.advance_progress(int(solution.stats.iterations), solution.objective)
     elapsed = time.perf_counter() - start

@@ -105,15 +105,16 @@ class Split(NamedTuple):
     roles: tuple[str, ...]
     statics: tuple
 
-    def trained(self, model: PyTree) -> PyTree:
-        """The model with None in place of every leaf that is not trained."""
-        leaves = self.treedef.flatten_up_to(model)
+    def trained(self, model: PyTree, leaves: list | None = None) -> PyTree:
+        """The model with None in place of every leaf that is not trained (``leaves``: the
+        model's, where already flattened)."""
+        leaves = self.treedef.flatten_up_to(model) if leaves is None else leaves
         return self.treedef.unflatten(
             [leaf if role == TRAIN else None for leaf, role in zip(leaves, self.roles)])
 
-    def carried(self, model: PyTree) -> tuple:
-        """The carried leaves of ``model``."""
-        leaves = self.treedef.flatten_up_to(model)
+    def carried(self, model: PyTree, leaves: list | None = None) -> tuple:
+        """The carried leaves of ``model`` (``leaves``: its leaves, where already flattened)."""
+        leaves = self.treedef.flatten_up_to(model) if leaves is None else leaves
         return tuple(jnp.asarray(leaf) if isinstance(leaf, (bool, int, float)) else leaf
                      for leaf, role in zip(leaves, self.roles) if role == CARRY)
 
@@ -293,9 +294,10 @@ def state_mutation_error(name: str) -> ValueError:
 _SPLITS = BoundedCache(256)
 
 
-def cached_split(x0: PyTree, trainable: Any) -> Split:
-    """:func:`split_of`, once per (structure, leaf dtypes, filter)."""
-    leaves, treedef = jax.tree_util.tree_flatten(x0)
+def cached_split(x0: PyTree, trainable: Any, flat: tuple | None = None) -> Split:
+    """:func:`split_of`, once per (structure, leaf dtypes, filter); ``flat``: x0's
+    ``(leaves, treedef)``, where already flattened."""
+    leaves, treedef = jax.tree_util.tree_flatten(x0) if flat is None else flat
     key = (treedef, tuple(getattr(l, "dtype", type(l)) for l in leaves), trainable)
     return _SPLITS.get_or_make(key, lambda: split_of(x0, trainable))
 
@@ -306,10 +308,11 @@ def inner(problem: Any, resume: Any = None) -> tuple[Any, Split | None, Any]:
     point of the inner problem, whose carried leaves start the run."""
     if problem.trainable is None:
         return problem, None, resume
-    split = cached_split(problem.x0, problem.trainable)
-    start = problem.x0 if resume is None else resume.x
+    leaves, treedef = jax.tree_util.tree_flatten(problem.x0)  # once: a model's runs in Python
+    split = cached_split(problem.x0, problem.trainable, (leaves, treedef))
     try:
-        carried = split.carried(start)
+        carried = split.carried(problem.x0, leaves) if resume is None else \
+            split.carried(resume.x)
     except (ValueError, TypeError) as err:
         raise ValueError(
             "solve: `resume` holds a model of another structure than the problem's x0 (a "
@@ -319,7 +322,8 @@ def inner(problem: Any, resume: Any = None) -> tuple[Any, Split | None, Any]:
     if resume is not None:
         resume = replace(resume, x=split.trained(resume.x))
     model_problem = problem.derived(f=ModelObjective(problem.f, split),
-                                    x0=split.trained(problem.x0), p=args, trainable=None)
+                                    x0=split.trained(problem.x0, leaves), p=args,
+                                    trainable=None)
     return model_problem, split, resume
 
 

@@ -15,20 +15,23 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from optsolve.backends.native.driver import build_loop, run_whole, running
+from optsolve.backends.native.driver import loop_of, run_whole, running
+from optsolve.backends.native.prepared import FlatCarry, Prepared, zeros_of
+from optsolve.backends.native.rules import INT
 from optsolve.backends.native.protocol import GradientStepSolver
 from optsolve.solve_api.cache import BoundedCache
 from optsolve.solve_api.host import interrupt_requested
 from optsolve.solve_api.loops import Loop as LoopRunner
 from optsolve.solve_api.options import SolveOptions
 from optsolve.solve_api.problem import OptimizationProblem
-from optsolve.solve_api.pytree import is_traced, replace, tree_spec
+from optsolve.solve_api.pytree import is_traced, leaf_spec, replace
 from optsolve.solve_api.returncode import RUNNING, ReturnCode
 from optsolve.solve_api.solution import Solution
 
@@ -39,42 +42,69 @@ _CHUNK_SECONDS = 0.25     # what later chunks aim at: the longest wait for a Ctr
 _TEMPLATES = BoundedCache(64)
 
 
-def _chunk(make_solver, problem: OptimizationProblem, algorithm: Any, options: SolveOptions,
-           first: jax.Array, carry_in: Any, budget: jax.Array):
-    """``budget`` more iterations from ``carry_in`` (from the start where ``first``)."""
-    loop = build_loop(make_solver, problem, algorithm, options)
-    carry = lax.cond(first, lambda _: loop.init(), lambda c: c, carry_in)
+def _chunk(solver, problem: OptimizationProblem, options: SolveOptions, first: jax.Array,
+           carry_in: FlatCarry, budget: jax.Array):
+    """``budget`` more iterations from ``carry_in`` (from the start where ``first``): the
+    carry after them, the Solution there (``original`` None: the host sets it to the state,
+    one output fewer), and :class:`_Summary`'s numbers stacked in one int array, which the
+    host reads in one transfer."""
+    loop = loop_of(solver, problem, options)
+    carry = lax.cond(first, lambda _: loop.init(), lambda c: c.unpack(), carry_in)
     end = carry.iteration + budget
     final = lax.while_loop(lambda c: running(c) & (c.iteration < end), loop.body, carry)
-    return final, loop.finish(final)
+    solution = replace(loop.finish(final), original=None)
+    stats = solution.stats
+    summary = jnp.stack([jnp.asarray(v, INT) for v in (
+        solution.retcode, solution.reason, stats.iterations, stats.f_evals, stats.grad_evals,
+        final.iteration)])
+    return FlatCarry.of(final), FlatCarry.of(solution), summary
 
 
-_chunk_compiled = jax.jit(_chunk, static_argnums=0)
+class _Summary(NamedTuple):
+    """What the host reads of a chunk: the Solution's retcode, reason and counts, and the
+    iterations of this run so far."""
+
+    retcode: int
+    reason: int
+    iterations: int
+    f_evals: int
+    grad_evals: int
+    done: int
+
+
+def _on_host(flat: FlatCarry, summary: _Summary) -> Solution:
+    """A chunk's Solution, its numbers the host's."""
+    solution = flat.unpack()
+    return replace(solution, original=solution.state, retcode=summary.retcode,
+                   reason=summary.reason,
+                   stats=replace(solution.stats, iterations=summary.iterations,
+                                 f_evals=summary.f_evals, grad_evals=summary.grad_evals))
+
+
 _whole_compiled = jax.jit(run_whole, static_argnums=(0, 4))
 
 
-def zeros_of(spec: jax.ShapeDtypeStruct) -> jax.Array:
-    """Zeros of ``spec``'s shape and dtype (a typed PRNG key included), placed once."""
-    if jax.dtypes.issubdtype(spec.dtype, jax.dtypes.extended):  # typed PRNG keys
-        return jax.random.key(0, impl=spec.dtype._impl) if spec.shape == () else \
-            jax.random.split(jax.random.key(0, impl=spec.dtype._impl), spec.shape[0])
-    # numpy's zeros, placed once: jnp.zeros would compile a kernel per new shape
-    return jax.device_put(np.zeros(spec.shape, spec.dtype))
-
-
-def _template(make_solver, problem, algorithm, options) -> Any:
-    """A zero carry with the structure, shapes and dtypes of the run's first carry (cached:
-    finding it traces the objective)."""
+def _template(prepared: Prepared) -> tuple[FlatCarry, int]:
+    """A zero carry with the structure, shapes and dtypes of the run's first carry, and the
+    first chunk's budget (cached: finding the carry traces the objective)."""
     def make():
-        shapes = jax.eval_shape(
-            lambda p, a, o: build_loop(make_solver, p, a, o).init(), problem, algorithm, options)
-        return jax.tree_util.tree_map(zeros_of, shapes)
+        def first_carry(leaves):
+            problem, algorithm, options = jax.tree_util.tree_unflatten(prepared.treedef, leaves)
+            solver = prepared.make_solver(algorithm, problem)
+            return FlatCarry.of(loop_of(solver, problem, options).init())
+        shapes = jax.eval_shape(first_carry, prepared.leaves)
+        problem = jax.tree_util.tree_unflatten(prepared.treedef, prepared.leaves)[0]
+        return jax.tree_util.tree_map(zeros_of, shapes), _size(problem)
 
     try:
-        key = (make_solver, tree_spec((problem, algorithm, options)))
+        key = (prepared.make_solver, prepared.treedef,
+               tuple(leaf_spec(leaf) for leaf in prepared.leaves))
+        hash(key)
     except TypeError:
-        return make()
-    return _TEMPLATES.get_or_make(key, make)
+        template, size = make()
+    else:
+        template, size = _TEMPLATES.get_or_make(key, make)
+    return template, _FIRST_BUDGET_SMALL if size <= _SMALL_SIZE else _FIRST_BUDGET_LARGE
 
 
 _VALUES = BoundedCache(64)
@@ -94,93 +124,97 @@ def _interrupted(solution: Solution, make_solver, problem, algorithm) -> Solutio
     return replace(solution, retcode=ReturnCode.INTERRUPTED, reason=None)
 
 
-def _first_budget(problem: OptimizationProblem) -> int:
-    size = sum(np.size(leaf) for leaf in jax.tree_util.tree_leaves(problem.x0))
-    return _FIRST_BUDGET_SMALL if size <= _SMALL_SIZE else _FIRST_BUDGET_LARGE
+def _size(problem: OptimizationProblem) -> int:
+    return sum(np.size(leaf) for leaf in jax.tree_util.tree_leaves(problem.x0))
 
 
-def _first_chunk(make_solver, problem, algorithm, options, budget):
-    template = _template(make_solver, problem, algorithm, options)
-    try:
-        return _chunk_compiled(make_solver, problem, algorithm, options, True, template,
-                               budget)
-    except TypeError:
-        # A cached template of another structure (module state changed since, or JAX's
-        # caches were cleared): build it anew once; a second failure is the real error.
-        if not _TEMPLATES:
-            raise
-        _TEMPLATES.clear()
-        template = _template(make_solver, problem, algorithm, options)
-        return _chunk_compiled(make_solver, problem, algorithm, options, True, template,
-                               budget)
+def _first_chunk(prepared: Prepared, chunk, most: int | None) -> tuple:
+    """The first chunk's outputs (its carry, Solution and summary) and its budget (at most
+    ``most`` iterations where given)."""
+    for attempt in range(2):
+        template, budget = _template(prepared)
+        budget = budget if most is None else min(budget, most)
+        try:
+            return chunk(True, template, budget), budget
+        except TypeError:
+            # A cached template of another structure (module state changed since, or JAX's
+            # caches were cleared): build it anew once; a second failure is the real error.
+            if attempt or not _TEMPLATES:
+                raise
+            _TEMPLATES.clear()
+    raise AssertionError("unreachable")
 
 
-def _status(solution: Solution, options: SolveOptions) -> int:
-    """The retcode of the chunk in flight, once it has finished.
+def _status(summary: jax.Array, options: SolveOptions) -> _Summary:
+    """The summary of the chunk in flight, once it has finished.
 
     Python runs a signal handler in the main thread only, and not while that thread waits
     inside JAX. Where the loop calls the host (a callback, the progress bar, maxtime), the
     wait is on a lock instead (interruptible), so that a Ctrl-C sets the flag those host
     calls read and the chunk stops at its next one rather than at its end.
     """
-    retcode = solution.retcode
-    if (options.callback is None and not options.progress and options.maxtime is None) \
-            or retcode.is_ready():
-        return int(retcode)
-    finished = threading.Event()
+    if not (options.callback is None and not options.progress and options.maxtime is None) \
+            and not summary.is_ready():
+        finished = threading.Event()
 
-    def wait():
-        try:
-            retcode.block_until_ready()
-        finally:
-            finished.set()
+        def wait():
+            try:
+                summary.block_until_ready()
+            finally:
+                finished.set()
 
-    threading.Thread(target=wait, daemon=True).start()
-    finished.wait()
-    return int(retcode)
+        threading.Thread(target=wait, daemon=True).start()
+        finished.wait()
+    return _read(summary)
+
+
+def _read(summary: jax.Array) -> _Summary:
+    return _Summary(*(int(v) for v in np.asarray(summary)))
 
 
 def _run_chunks(make_solver, problem, algorithm, options) -> Solution:
     # the checkpoint is the host's: kept out of the compiled chunk's (static) options
-    checkpoint, options = options.checkpoint, replace(options, checkpoint=None)
-    carry = None
-    first, budget = True, _first_budget(problem)
+    checkpoint = options.checkpoint
     if checkpoint is not None:
-        budget = min(budget, checkpoint.every)
-    solution = None  # the last completed chunk's
+        options = replace(options, checkpoint=None)
+    prepared = Prepared(make_solver, problem, algorithm, options)
+    chunk = prepared(_chunk)
+    last = None  # the last completed chunk's Solution (flat) and summary
+
+    def solution() -> Solution:  # rebuilt only where it is returned or written
+        return _on_host(*last)
+
     try:
+        carry, budget = None, None
         while True:
             started = time.perf_counter()
-            if first:
-                carry, solution_in_flight = _first_chunk(make_solver, problem, algorithm,
-                                                         options, budget)
+            if carry is None:
+                (carry, in_flight, summary), budget = _first_chunk(
+                    prepared, chunk, None if checkpoint is None else checkpoint.every)
             else:
-                carry, solution_in_flight = _chunk_compiled(make_solver, problem, algorithm,
-                                                            options, False, carry, budget)
+                carry, in_flight, summary = chunk(False, carry, budget)
             try:
-                status = _status(solution_in_flight, options)  # waits for the chunk
+                status = _status(summary, options)  # waits for the chunk
             except KeyboardInterrupt:
                 # The chunk in flight ends within one chunk's time: wait for it, then stop.
-                status = int(solution_in_flight.retcode)
-                solution = solution_in_flight
-                return solution if status != RUNNING else _interrupted(
-                    solution, make_solver, problem, algorithm)
-            solution, first = solution_in_flight, False
-            if status != RUNNING:
-                return solution
+                last = in_flight, _read(summary)
+                return solution() if last[1].retcode != RUNNING else _interrupted(
+                    solution(), make_solver, problem, algorithm)
+            last = in_flight, status
+            if status.retcode != RUNNING:
+                return solution()
             if interrupt_requested():
-                return _interrupted(solution, make_solver, problem, algorithm)
+                return _interrupted(solution(), make_solver, problem, algorithm)
             per_iteration = (time.perf_counter() - started) / budget
             budget = int(min(max(_CHUNK_SECONDS / max(per_iteration, 1e-9), 1), 2 ** 30))
             if checkpoint is not None:  # chunks end at the checkpoints
-                done = int(carry.iteration)
-                if checkpoint.due(done):
-                    checkpoint.write(_interrupted(solution, make_solver, problem, algorithm))
-                budget = min(budget, checkpoint.steps_to_next(done))
+                if checkpoint.due(status.done):
+                    checkpoint.write(_interrupted(solution(), make_solver, problem, algorithm))
+                budget = min(budget, checkpoint.steps_to_next(status.done))
     except KeyboardInterrupt:
-        if solution is None:  # during the first compilation: nothing ran yet
+        if last is None:  # during the first compilation: nothing ran yet
             raise
-        return _interrupted(solution, make_solver, problem, algorithm)
+        return _interrupted(solution(), make_solver, problem, algorithm)
 
 
 def run_iterative(make_solver, problem: OptimizationProblem, algorithm: Any,

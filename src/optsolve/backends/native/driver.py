@@ -361,8 +361,12 @@ def stream_loop(solver: NativeSolver, problem: OptimizationProblem,
 def build_loop(make_solver: Callable[[Any, OptimizationProblem], NativeSolver],
                problem: OptimizationProblem, algorithm: Any, options: SolveOptions) -> Loop:
     """The parts of the run of ``make_solver(algorithm, problem)`` (inside a trace)."""
+    return loop_of(make_solver(algorithm, problem), problem, options)
+
+
+def loop_of(solver: NativeSolver, problem: OptimizationProblem, options: SolveOptions) -> Loop:
+    """The parts of the run of ``solver`` (inside a trace)."""
     objective = Objective.from_problem(problem)
-    solver = make_solver(algorithm, problem)
     solver.bind_options(options)
     if isinstance(solver, GradientStepSolver):
         return _gradient_loop(solver, objective, problem, options)

@@ -9,14 +9,13 @@ these chunks from the host.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-from optsolve.backends.native.chunked import zeros_of
+from optsolve.backends.native.prepared import FlatCarry, Prepared, zeros_of
 from optsolve.backends.native.driver import StreamLoop, running, stream_loop
 from optsolve.backends.native.objective import Objective
 from optsolve.backends.native.rules import INT
@@ -27,31 +26,6 @@ from optsolve.solve_api.problem import OptimizationProblem
 from optsolve.solve_api.pytree import replace, tree_spec
 
 PyTree = Any
-
-
-@jax.tree_util.register_pytree_node_class
-class FlatCarry:
-    """The driver's carry as its leaves, its structure static: what the host passes between
-    compiled calls. A model's structure (nnx modules in x and in the optimizer's state)
-    costs more to flatten and rebuild at every call than the call's own dispatch."""
-
-    def __init__(self, leaves: list, treedef: Any):
-        self.leaves, self.treedef = list(leaves), treedef
-
-    def tree_flatten(self):
-        return self.leaves, self.treedef
-
-    @classmethod
-    def tree_unflatten(cls, treedef, leaves):
-        return cls(leaves, treedef)
-
-    @classmethod
-    def of(cls, carry: Any) -> "FlatCarry":
-        return cls(*jax.tree_util.tree_flatten(carry))
-
-    def unpack(self) -> Any:
-        """The carry (inside a compiled call; on the host only where a run stopped)."""
-        return jax.tree_util.tree_unflatten(self.treedef, self.leaves)
 
 
 class Chunk(NamedTuple):
@@ -177,34 +151,6 @@ def run_solution(solver, problem, options, carry) -> tuple[FlatCarry, jax.Array]
     summary = jnp.stack([jnp.asarray(v, INT) for v in (
         solution.retcode, solution.reason, stats.iterations, stats.f_evals, stats.grad_evals)])
     return FlatCarry.of(solution), summary
-
-
-_PREPARED = BoundedCache(64)  # each entry holds compiled code
-
-
-class Prepared:
-    """The run's fixed arguments (problem, algorithm, options), flattened once per run, not
-    once per call, which keeps each dispatch cheap."""
-
-    def __init__(self, make_solver, problem, algorithm, options):
-        self.make_solver = make_solver
-        self.leaves, self.treedef = jax.tree_util.tree_flatten((problem, algorithm, options))
-
-    def __call__(self, body, *static):
-        """``body(solver, problem, options, *static, *args)`` compiled, with the fixed
-        arguments bound: a function of ``*args``. Compiled functions are cached by the
-        fixed arguments' structure."""
-        treedef, make_solver = self.treedef, self.make_solver
-        key = (body, make_solver, treedef, static)
-
-        def compile_run():
-            def run(leaves, *args):
-                problem, algorithm, options = jax.tree_util.tree_unflatten(treedef, leaves)
-                solver = make_solver(algorithm, problem)
-                return body(solver, problem, options, *static, *args)
-            return jax.jit(run)
-
-        return functools.partial(_PREPARED.get_or_make(key, compile_run), self.leaves)
 
 
 def _init(solver, problem, options, batch_spec):

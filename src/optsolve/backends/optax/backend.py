@@ -186,7 +186,7 @@ def make_optax_algorithm(factory: Callable[..., optax.GradientTransformation], n
     __init__.__qualname__ = f"{name}.__init__"
     __init__.__module__ = "optsolve"
     jax.tree_util.register_pytree_with_keys(
-        cls, cls._tree_flatten_with_keys, cls._tree_unflatten
+        cls, cls._tree_flatten_with_keys, cls._tree_unflatten, cls._tree_flatten
     )
     if base is None:
         register_algorithm(cls)

@@ -90,13 +90,26 @@ class FactoryArguments:
         return is_number(value)
 
     # pytree protocol (registered per generated class)
+    def _aux(self) -> tuple:
+        """``(leaf names, static (name, value) pairs)``, found once per (immutable) object:
+        every solve flattens its algorithm several times."""
+        aux = self.__dict__.get("_aux_data")
+        if aux is None:
+            leaf_names = tuple(n for n, v in self._arguments.items()
+                               if self.is_leaf_value(v) and n not in self.static_names)
+            statics = tuple((n, freeze(v)) for n, v in self._arguments.items()
+                            if n not in leaf_names)
+            aux = (leaf_names, statics)
+            object.__setattr__(self, "_aux_data", aux)
+        return aux
+
+    def _tree_flatten(self):
+        aux = self._aux()
+        return [self._arguments[n] for n in aux[0]], aux
+
     def _tree_flatten_with_keys(self):
-        leaf_names = tuple(n for n, v in self._arguments.items()
-                           if self.is_leaf_value(v) and n not in self.static_names)
-        statics = tuple((n, freeze(v)) for n, v in self._arguments.items()
-                        if n not in leaf_names)
-        children = [(jax.tree_util.GetAttrKey(n), self._arguments[n]) for n in leaf_names]
-        return children, (leaf_names, statics)
+        aux = self._aux()
+        return [(jax.tree_util.GetAttrKey(n), self._arguments[n]) for n in aux[0]], aux
 
     @classmethod
     def _tree_unflatten(cls, aux, children):

@@ -86,7 +86,8 @@ def _make(name: str, factory: Callable[..., Any], static: tuple[str, ...] = (),
         "__module__": "optsolve.schedules",
         "__qualname__": name,
     })
-    jax.tree_util.register_pytree_with_keys(cls, cls._tree_flatten_with_keys, cls._tree_unflatten)
+    jax.tree_util.register_pytree_with_keys(cls, cls._tree_flatten_with_keys, cls._tree_unflatten,
+                                           cls._tree_flatten)
     return cls
 
 
