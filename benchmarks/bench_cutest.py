@@ -23,7 +23,9 @@ scipy's njev; optimistix's steps and optax's iterations, one gradient each).
 A run is *solved* when its objective is within 1e-6 (1 + |f*|) of the best any runner
 reached (f*); a *false SUCCESS* claims success with a gradient inf-norm above 10 x 1e-6.
 Ratios of steady time are over the fastest L-BFGS peer (optax.lbfgs, optimistix.LBFGS,
-scipy L-BFGS-B) on the problems both solved. Dolan-More performance profiles of time and of
+scipy L-BFGS-B) on the problems both solved, and for optsolve.BFGS also over optimistix.BFGS
+(like with like); gradient evaluations are over the fewest any runner that solved the
+problem used, on the problems the runner solved. Dolan-More performance profiles of time and of
 gradient evaluations are plotted to docs/images/cutest_profile_*.png.
 
 Run: ``python benchmarks/bench_cutest.py [--max-n 100] [--limit K] [--set both]`` or
@@ -56,6 +58,7 @@ from common import block, machine_line, markdown_table, optax_lbfgs_loop  # noqa
 
 GTOL, MAXITER = 1e-6, 1000
 LBFGS_PEERS = ("optax.lbfgs", "optimistix.LBFGS", "scipy L-BFGS-B")
+LIKE_PEER = {"optsolve.BFGS": "optimistix.BFGS"}  # like with like, beside the L-BFGS peers
 IMAGES = Path(__file__).parent.parent / "docs" / "images"
 
 
@@ -202,7 +205,8 @@ def summary(results: dict, bounded: bool) -> list[list[str]]:
     rows = []
     for n in names:
         solved = false_success = 0
-        ratios, firsts = [], []
+        ratios, like_ratios, eval_ratios, firsts = [], [], [], []
+        like = LIKE_PEER.get(n)
         for records in results.values():
             best = min(r["f"] for r in records.values() if "f" in r and np.isfinite(r["f"]))
             record = records[n]
@@ -215,10 +219,20 @@ def summary(results: dict, bounded: bool) -> list[list[str]]:
                      and _solved(records[q], best)]
             if ok and peers and not bounded:
                 ratios.append(record["steady"] / min(q["steady"] for q in peers))
-        ratio = f"{statistics.median(ratios):.2f}x" if ratios else "-"
-        first = f"{statistics.median(firsts):.2f} s" if firsts else "-"
-        rows.append([n, str(solved), str(false_success), ratio, first])
+            if ok and like in records and _solved(records[like], best):
+                like_ratios.append(record["steady"] / records[like]["steady"])
+            if ok:
+                fewest = min(r["evals"] for r in records.values() if _solved(r, best))
+                eval_ratios.append(record["evals"] / max(fewest, 1))
+        rows.append([n, str(solved), str(false_success), _median_ratio(ratios),
+                     f"{_median_ratio(like_ratios)} ({like})" if like else "-",
+                     _median_ratio(eval_ratios),
+                     f"{statistics.median(firsts):.2f} s" if firsts else "-"])
     return rows
+
+
+def _median_ratio(ratios: list[float]) -> str:
+    return f"{statistics.median(ratios):.2f}x" if ratios else "-"
 
 
 def main(max_n: int = 100, limit: int | None = None, sets: tuple[str, ...] = (
@@ -258,6 +272,7 @@ def census(max_n: int, limit: int | None, bounded: bool, repeats: int) -> str:
                         IMAGES / f"cutest_profile_evals_{suffix}.png")
     table = markdown_table(
         ["runner", "solved", "false SUCCESS", "median steady / fastest L-BFGS peer",
+         "median steady / like peer", "median gradient evaluations / fewest",
          "median compile + first"], summary(results, bounded))
     return "\n".join([
         f"### CUTEst census ({kind}, n <= {max_n}): {len(results)} problems from sif2jax",
