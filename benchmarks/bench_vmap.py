@@ -86,18 +86,18 @@ def _optsolve(f, x0, p0, algorithm):
 
     def one(p):
         sol = optsolve.solve(prob.replace(p=p), algorithm, gtol=GTOL, maxiters=MAXITER)
-        return sol.x, sol.stats.iterations
+        return sol.x, sol.stats.iterations, sol.stats.grad_evals
     return one
 
 
 def _optimistix(f, x0, solver):
     def one(p):
         sol = optx.minimise(f, solver, x0, args=p, max_steps=MAXITER, throw=False)
-        return sol.value, sol.stats["num_steps"]
+        return sol.value, sol.stats["num_steps"], sol.stats["num_steps"]
     return one
 
 
-def measure(f, x0, ps, repeats: int) -> list[list[str]]:
+def measure(f, x0, ps, repeats: int) -> tuple[list[list[str]], str]:
     tol = 1e-9
     p0 = jax.tree_util.tree_map(lambda a: a[0], ps)
     singles = {
@@ -128,7 +128,7 @@ def measure(f, x0, ps, repeats: int) -> list[list[str]]:
     rows = []
     for runner in runners:
         out = results[runner]
-        x, iterations = (jnp.stack([o[0] for o in out]), jnp.stack([o[1] for o in out])) \
+        x, iterations, _ = [jnp.stack(parts) for parts in zip(*out)] \
             if isinstance(out, list) else out
         converged = int(jnp.sum(jnp.max(jnp.abs(gradient(x, ps)), axis=1) <= CONVERGED))
         who, how = runner.split(": ")
@@ -142,18 +142,34 @@ def measure(f, x0, ps, repeats: int) -> list[list[str]]:
                      f"{converged}/{BATCH}",
                      f"{float(jnp.mean(iterations)):.0f} / {int(jnp.max(iterations))}",
                      speedup, over_peer])
-    return rows
+    # what one batched evaluation costs: the floor of each batched iteration
+    # at one point per problem (a shared point would make the products one large matmul)
+    evaluate = jax.jit(jax.vmap(jax.value_and_grad(f)))
+    points = jnp.broadcast_to(x0, (BATCH,) + x0.shape) + 0.0
+    block(evaluate(points, ps))
+    one = interleaved_medians({"evaluation": lambda: evaluate(points, ps)}, 21)["evaluation"]
+    evals = int(jnp.max(results["optsolve.LBFGS: vmap"][2]))
+    vmapped = medians["optsolve.LBFGS: vmap"]
+    iterations = int(jnp.max(results["optsolve.LBFGS: vmap"][1]))
+    note = (f"One batched evaluation of f and its gradient over the {BATCH} problems (one "
+            f"point each): {one * 1e3:.2f} ms. The vmapped optsolve.LBFGS run makes at least "
+            f"{evals} (its slowest problem's gradient evaluations; more where a line search's "
+            "trial runs for the whole batch because some problems need it): at least "
+            f"{evals * one * 1e3:.0f} ms of its {vmapped * 1e3:.0f} ms, which leaves at most "
+            f"{(vmapped - evals * one) / iterations * 1e3:.2f} ms for each of its {iterations} "
+            "batched iterations' own work.")
+    return rows, note
 
 
 def main(repeats: int = 5) -> str:
     sections = []
     for name, (f, x0, ps) in problem_sets().items():
-        rows = measure(f, x0, ps, repeats)
+        rows, note = measure(f, x0, ps, repeats)
         sections += [f"#### {name}", "", markdown_table(
             ["runner", "steady median (ms)", "compile + first (s)",
              f"gradient inf-norm <= {CONVERGED:g}", "iterations: mean / max",
              "the loop's time / this time",
-             "ratio over optimistix's vmap (same method)"], rows), ""]
+             "ratio over optimistix's vmap (same method)"], rows), "", note, ""]
     return "\n".join([
         f"### {BATCH} small problems at once: jax.vmap(solve), float64",
         "",
