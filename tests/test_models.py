@@ -298,8 +298,8 @@ def test_an_eager_solve_flattens_the_model_a_few_times_not_at_every_layer(on_dat
     CountedNet.counts.update(flatten=0, unflatten=0)
     sol = solve(prob, optsolve.Adam(1e-3), **kwargs)
     assert isinstance(sol.x, CountedNet)
-    # the problem's x0 split (1), the objective check's cache key (1), the inputs (1), the
-    # whole model rebuilt around x (1); rebuilt: the trained leaves (1), x and Adam's two
-    # moments (3), the whole model (1)
+    # the problem's x0 split (1), the objective check's cache key (1, full batch only), the
+    # inputs (1), the whole model rebuilt around x (1); rebuilt: the trained leaves (1), x
+    # and Adam's two moments (3), the whole model (1)
     assert CountedNet.counts["flatten"] <= 4
     assert CountedNet.counts["unflatten"] <= 5

@@ -23,7 +23,7 @@ from optsolve.solve_api.cache import BoundedCache
 from optsolve.solve_api.capabilities import check_objective
 from optsolve.solve_api.options import SolveOptions
 from optsolve.solve_api.problem import OptimizationProblem
-from optsolve.solve_api.pytree import replace, tree_spec
+from optsolve.solve_api.pytree import leaf_spec, replace, tree_spec
 
 PyTree = Any
 
@@ -178,9 +178,13 @@ _STAND_INS = BoundedCache(64)
 def stand_in_carry(make_solver, problem, algorithm, options, batch) -> FlatCarry:
     """Zeros shaped like the run's first carry (cached per structure: finding the shapes
     traces the start), for a first chunk that makes the carry itself (:func:`_begin`)."""
-    check_objective(problem, batch)
     prepared = Prepared(make_solver, problem, algorithm, options)
     spec = tree_spec(batch)
-    key = (make_solver, prepared.treedef, spec)
-    return _STAND_INS.get_or_make(key, lambda: jax.tree_util.tree_map(
-        zeros_of, jax.eval_shape(prepared(_init, spec))))
+    key = (make_solver, prepared.treedef, tuple(leaf_spec(leaf) for leaf in prepared.leaves),
+           spec)
+
+    def make():  # the objective checked once per structure and shapes, as the carry is found
+        check_objective(problem, batch)
+        return jax.tree_util.tree_map(zeros_of, jax.eval_shape(prepared(_init, spec)))
+
+    return _STAND_INS.get_or_make(key, make)
