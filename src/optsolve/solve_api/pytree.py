@@ -94,13 +94,10 @@ class FlatInputs:
         self.traced = any(isinstance(leaf, jax.core.Tracer)
                           for leaves, _ in self.flat for leaf in leaves)
 
-    @property
-    def leaves(self) -> list:
-        return [leaf for leaves, _ in self.flat for leaf in leaves]
-
-    @property
-    def treedef(self) -> Any:
-        return jax.tree_util.treedef_tuple([treedef for _, treedef in self.flat])
+    def first(self, n: int) -> tuple[list, Any]:
+        """``tree_flatten`` of the tuple of the first ``n`` objects."""
+        return ([leaf for leaves, _ in self.flat[:n] for leaf in leaves],
+                jax.tree_util.treedef_tuple([treedef for _, treedef in self.flat[:n]]))
 
     @contextlib.contextmanager
     def reused(self) -> Iterator[None]:

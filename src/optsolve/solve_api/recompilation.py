@@ -30,10 +30,9 @@ _WARNED: set = set()
 
 
 def note(leaves: list, treedef: Any, hooks: Any) -> None:
-    """Record the structure of an eager solve (its inputs flattened: the problem and the
-    algorithm, and maybe the options); warn (once per fingerprint) where it is new but
-    prints like an earlier one. ``hooks``: the options' functions (the callback, the
-    metrics, ...), also structure."""
+    """Record the structure of an eager solve (``(problem, algorithm)`` flattened); warn
+    (once per fingerprint) where it is new but prints like an earlier one. ``hooks``: the
+    options' functions (the callback, the metrics, ...), also structure."""
     # shapes and dtypes too: a new shape compiles anew whatever else changed
     shapes = tuple((getattr(leaf, "shape", None), getattr(leaf, "dtype", type(leaf)))
                    for leaf in leaves)

@@ -81,8 +81,7 @@ def _solve_on_data(problem, algorithm, opts, data, batch_size, key, epochs) -> S
             "solve: training on `data` runs a host loop over batches; call solve outside "
             "jax.jit / jax.vmap (the steps inside are compiled)."
         )
-    recompilation.note(inputs.leaves, inputs.treedef,
-                       (opts.callback, opts.metrics, opts.evaluate))
+    recompilation.note(*inputs.first(2), (opts.callback, opts.metrics, opts.evaluate))
     total = _data_steps(data, batch_size, epochs, opts.maxiters)
     opts = replace(opts, data=DataSpec(data, batch_size, key, epochs))
     start = time.perf_counter()
@@ -436,8 +435,8 @@ def solve(problem: OptimizationProblem, algorithm: Any, *, maxiters: int | None 
     if traced:
         solution = _with_multipliers(problem, adjoint.apply(backend, problem, algorithm, opts))
         return _finish(user_problem, problem, solution, split)
-    recompilation.note(inputs.leaves, inputs.treedef,
-                       (opts.callback, opts.metrics, opts.evaluate))
+    # the problem and the algorithm: the options' functions are the hooks
+    recompilation.note(*inputs.first(2), (opts.callback, opts.metrics, opts.evaluate))
     start = time.perf_counter()
     with progress_bar(progress, maxiters), host.HostCalls() as calls, inputs.reused():
         solution = _with_multipliers(problem, adjoint.apply(backend, problem, algorithm, opts))
