@@ -14,6 +14,17 @@ import pytest
 jax.config.update("jax_enable_x64", True)
 sys.path.insert(0, str(Path(__file__).parent))
 
+# XLA's compilation dominates the suite, and many tests build the same program from new
+# closures (the contract matrix builds its problem anew for every rule): JAX's persistent
+# cache, shared by the run's workers, compiles each distinct program once. A hit still
+# counts as a compilation for tests/compile_count.py (the event wraps the cache's lookup).
+# A size bound turns on JAX's file lock (filelock), so that workers never read an entry
+# another one is still writing.
+jax.config.update("jax_compilation_cache_dir",
+                  str(Path(__file__).resolve().parent.parent / ".pytest_cache" / "jax"))
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+jax.config.update("jax_compilation_cache_max_size", 2 * 2**30)
+
 
 @pytest.fixture(scope="module")
 def one_blas_thread():
