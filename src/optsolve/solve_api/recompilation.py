@@ -14,7 +14,6 @@ import re
 import warnings
 from typing import Any
 
-
 from optsolve.solve_api.cache import BoundedCache
 
 

@@ -84,15 +84,15 @@ def _on_host(flat: FlatCarry, summary: _Summary) -> Solution:
 _whole_compiled = jax.jit(run_whole, static_argnums=(0, 4))
 
 
+def _first_carry(solver, problem: OptimizationProblem, options: SolveOptions) -> FlatCarry:
+    return FlatCarry.of(loop_of(solver, problem, options).init())
+
+
 def _template(prepared: Prepared) -> tuple[FlatCarry, int]:
     """A zero carry with the structure, shapes and dtypes of the run's first carry, and the
     first chunk's budget (cached: finding the carry traces the objective)."""
     def make():
-        def first_carry(leaves):
-            problem, algorithm, options = jax.tree_util.tree_unflatten(prepared.treedef, leaves)
-            solver = prepared.make_solver(algorithm, problem)
-            return FlatCarry.of(loop_of(solver, problem, options).init())
-        shapes = jax.eval_shape(first_carry, prepared.leaves)
+        shapes = jax.eval_shape(prepared(_first_carry))
         problem = jax.tree_util.tree_unflatten(prepared.treedef, prepared.leaves)[0]
         return jax.tree_util.tree_map(zeros_of, shapes), _size(problem)
 
@@ -131,18 +131,20 @@ def _size(problem: OptimizationProblem) -> int:
 def _first_chunk(prepared: Prepared, chunk, most: int | None) -> tuple:
     """The first chunk's outputs (its carry, Solution and summary) and its budget (at most
     ``most`` iterations where given)."""
-    for attempt in range(2):
+    def run():
         template, budget = _template(prepared)
         budget = budget if most is None else min(budget, most)
-        try:
-            return chunk(True, template, budget), budget
-        except TypeError:
-            # A cached template of another structure (module state changed since, or JAX's
-            # caches were cleared): build it anew once; a second failure is the real error.
-            if attempt or not _TEMPLATES:
-                raise
-            _TEMPLATES.clear()
-    raise AssertionError("unreachable")
+        return chunk(True, template, budget), budget
+
+    try:
+        return run()
+    except TypeError:
+        # A cached template of another structure (module state changed since, or JAX's
+        # caches were cleared): build it anew once; a second failure is the real error.
+        if not _TEMPLATES:
+            raise
+        _TEMPLATES.clear()
+        return run()
 
 
 def _status(summary: jax.Array, options: SolveOptions) -> _Summary:
