@@ -253,9 +253,6 @@ class Zoom:
             bad = ~finite | ~sufficient | ~better
             return finite, bad, ~bad & (jnp.abs(da) <= -c2 * dphi0)
 
-        def cond(c: _ZoomCarry):
-            return ~c.done & (c.i < self.max_steps)
-
         def advance(c: _ZoomCarry, trial) -> _ZoomCarry:
             a = c.a
             xa, fa, ga, da = trial
@@ -288,10 +285,18 @@ class Zoom:
                               a_hi, f_hi, d_hi, a, jnp.where(finite, fa, inf),
                               c.nonfinite | ~finite)
 
+        def more(c: _ZoomCarry):
+            return ~c.done & (c.i < self.max_steps)
+
+        def body(state):
+            # The trial is made where the last one left off, and only if the search goes
+            # on: one trace of each (``advance``'s scalar logic is most of the search's
+            # program), and no evaluation past the last trial.
+            c = advance(*state)
+            return c, lax.cond(more(c), probe, lambda _: state[1], c.a)
+
         # The first trial outside the loop, tested alone: it ends most quasi-Newton searches
-        # (unit step), and then neither the bracket's update nor the loop (its carry's
-        # set-up copies included) runs; compiling takes longer, the trial being compiled
-        # twice.
+        # (unit step), and then the loop (its carry's set-up copies included) does not run.
         first = probe(a0)
         wolfe_at_once = tests(f0, a0, first[1], first[3])[2]
 
@@ -300,8 +305,8 @@ class Zoom:
             return xa, fa, ga, a0, jnp.ones((), jnp.int32), a0, fa, jnp.zeros((), bool)
 
         def search_on():
-            c = inner_while_loop(cond, lambda c: advance(c, probe(c.a)),
-                                 advance(carry0, first), self.max_steps - 1)
+            c, _ = inner_while_loop(lambda state: more(state[0]), body, (carry0, first),
+                                    self.max_steps)
             return c.x_lo, c.f_lo, c.g_lo, c.a_lo, c.i, c.a_last, c.f_last, c.nonfinite
 
         x_lo, f_lo, g_lo, a_lo, i, a_last, f_last, nonfinite = lax.cond(
