@@ -43,6 +43,20 @@ def test_a_raw_optax_transformation_rebuilt_per_call_warns_and_names_the_class()
     assert counter.count == 0
 
 
+def test_different_optax_transformations_built_by_the_same_function_do_not_warn():
+    # both are optax.chain's closures: they print alike but close over other functions
+    prob = OptimizationProblem(_quadratic, jnp.zeros(4), 1.0)
+    zoom_chain = optax.chain(optax.sgd(1.0), optax.scale_by_zoom_linesearch(max_linesearch_steps=20))
+    solve(prob, zoom_chain, maxiters=3)
+    with count_compilations() as counter:
+        assert _no_warning(lambda: solve(prob, optax.lbfgs(), maxiters=3))
+    assert counter.count >= 1
+    # the same chain rebuilt with another number is still the user's recompilation to avoid
+    with pytest.warns(RecompilationWarning, match="chain"):
+        solve(prob, optax.chain(optax.sgd(0.5), optax.scale_by_zoom_linesearch(
+            max_linesearch_steps=20)), maxiters=3)
+
+
 def test_an_optax_schedule_rebuilt_per_call_warns_and_optsolves_does_not():
     prob = OptimizationProblem(_quadratic, jnp.zeros(6), 1.0)
     run = lambda schedule: solve(prob, optsolve.Adam(schedule), maxiters=5)

@@ -5,12 +5,16 @@ the callback defined anew per call), and name the pytree forms that avoid it.
 JAX compiles once per structure of ``(problem, algorithm)``: numbers are leaves, functions
 and closures are structure, equal only to themselves. Two structures that print the same
 once memory addresses are removed were built the same way from different objects: the
-second compilation is the user's to avoid.
+second compilation is the user's to avoid. A function prints as its name only, so its
+fingerprint also describes what it closes over: ``optax.chain(sgd, zoom)`` and
+``optax.lbfgs()`` are both ``chain.<locals>.init_fn``, around different functions.
 """
 
 from __future__ import annotations
 
+import functools
 import re
+import types
 import warnings
 from typing import Any
 
@@ -28,6 +32,50 @@ _FINGERPRINTS = BoundedCache(64)  # so no new one takes an address); fingerprint
 _WARNED: set = set()
 
 
+def _node_data(treedef: Any) -> list:
+    """The static data of every node of ``treedef`` (where functions and options live)."""
+    data = treedef.node_data()
+    return ([] if data is None else [data[1]]) + [
+        item for child in treedef.children() for item in _node_data(child)]
+
+
+_DEPTH = 8      # closures nest (optax.chain of chains); deeper than this is taken as equal
+_ITEMS = 32     # a longer sequence is described by its type and length
+
+
+def _built(obj: Any, depth: int) -> str:
+    """How ``obj`` was built, without its numbers' values (those are what a rebuilt object
+    changes): a function by its code and, recursively, the objects it closes over."""
+    if depth > _DEPTH:
+        return "..."
+    if obj is None or isinstance(obj, (bool, str)):
+        return repr(obj)
+    if isinstance(obj, (int, float, complex)):
+        return type(obj).__name__
+    if hasattr(obj, "shape") and hasattr(obj, "dtype"):
+        return f"{obj.dtype}{tuple(obj.shape)}"
+    if isinstance(obj, functools.partial):
+        return f"partial({_built((obj.func, obj.args, obj.keywords), depth + 1)})"
+    if isinstance(obj, types.MethodType):
+        return f"method({_built(obj.__func__, depth + 1)})"
+    if isinstance(obj, types.FunctionType):
+        code = obj.__code__
+        cells = []
+        for cell in obj.__closure__ or ():
+            try:
+                cells.append(_built(cell.cell_contents, depth + 1))
+            except ValueError:  # a cell not yet filled
+                cells.append("<empty>")
+        return f"{obj.__qualname__}@{code.co_filename}:{code.co_firstlineno}[{', '.join(cells)}]"
+    if isinstance(obj, (tuple, list, dict)):
+        if len(obj) > _ITEMS:
+            return f"{type(obj).__name__}[{len(obj)}]"
+        items = obj.items() if isinstance(obj, dict) else enumerate(obj)
+        return f"{type(obj).__name__}(" + ", ".join(
+            f"{key!r}: {_built(value, depth + 1)}" for key, value in items) + ")"
+    return type(obj).__qualname__
+
+
 def note(leaves: list, treedef: Any, hooks: Any) -> None:
     """Record the structure of an eager solve (``(problem, algorithm)`` flattened); warn
     (once per fingerprint) where it is new but prints like an earlier one. ``hooks``: the
@@ -42,7 +90,9 @@ def note(leaves: list, treedef: Any, hooks: Any) -> None:
     except TypeError:  # an unhashable static value: JAX itself would refuse it
         return
     printed = f"{treedef} {shapes} {hooks!r}"
-    fingerprint = _ADDRESS.sub("", printed)
+    static = [leaf for leaf in leaves if not hasattr(leaf, "dtype")]
+    fingerprint = _ADDRESS.sub("", printed) + " " + _built(
+        (static, _node_data(treedef), hooks), 0)
     _SEEN.get_or_make(structure, lambda: fingerprint)
     first = _FINGERPRINTS.get_or_make(fingerprint, lambda: printed)
     if first == printed or fingerprint in _WARNED:
