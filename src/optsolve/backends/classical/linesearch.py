@@ -153,6 +153,15 @@ class Backtracking:
                                    self.max_steps, bounds)
 
 
+# From this many variables the zoom search makes and tests its first trial apart, and runs
+# its loop only when that trial is not accepted: this skips the loop's set-up (its carry
+# holds two n-vectors) on most quasi-Newton iterations, at the price of a conditional and a
+# second copy of the trial in the program. Below it one loop from the first trial is faster
+# and compiles sooner (docs/benchmarks.md, the classical section); under vmap it also spares
+# the batch the first trial's separate evaluation.
+_FIRST_TRIAL_APART_FROM = 256
+
+
 class _ZoomCarry(NamedTuple):
     i: Array
     done: Array
@@ -288,32 +297,41 @@ class Zoom:
         def more(c: _ZoomCarry):
             return ~c.done & (c.i < self.max_steps)
 
-        def body(state):
-            # The trial is made where the last one left off, and only if the search goes
-            # on: one trace of each (``advance``'s scalar logic is most of the search's
-            # program), and no evaluation past the last trial.
-            c = advance(*state)
-            return c, lax.cond(more(c), probe, lambda _: state[1], c.a)
+        def ended(c: _ZoomCarry):
+            return c.x_lo, c.f_lo, c.g_lo, c.a_lo, c.i, c.a_last, c.f_last, c.nonfinite
 
-        # The first trial outside the loop, tested alone: it ends most quasi-Newton searches
-        # (unit step), and then the loop (its carry's set-up copies included) does not run.
+        if x.size < _FIRST_TRIAL_APART_FROM:
+            found = ended(inner_while_loop(more, lambda c: advance(c, probe(c.a)), carry0,
+                                           self.max_steps))
+        else:
+            found = self._first_apart(probe, tests, advance, more, ended, carry0)
+        x_lo, f_lo, g_lo, a_lo, i, a_last, f_last, nonfinite = found
+        decreased = a_lo > 0
+        stalled = ~decreased & _is_flat(f0, dphi0, a_last, f_last)
+        return LineSearchResult(x_lo, f_lo, g_lo, a_lo, i, decreased, stalled, nonfinite)
+
+    def _first_apart(self, probe, tests, advance, more, ended, carry0):
+        """The search with its first trial made and tested outside the loop: it ends most
+        quasi-Newton searches (unit step), and then the loop does not run."""
+        a0, f0 = carry0.a, carry0.f_lo
         first = probe(a0)
-        wolfe_at_once = tests(f0, a0, first[1], first[3])[2]
 
         def accept_first():
             xa, fa, ga, _ = first
             return xa, fa, ga, a0, jnp.ones((), jnp.int32), a0, fa, jnp.zeros((), bool)
 
-        def search_on():
-            c, _ = inner_while_loop(lambda state: more(state[0]), body, (carry0, first),
-                                    self.max_steps)
-            return c.x_lo, c.f_lo, c.g_lo, c.a_lo, c.i, c.a_last, c.f_last, c.nonfinite
+        def body(state):
+            # The loop carries its next trial, made only while the search goes on: one
+            # trace of ``advance`` (most of the search's program) and no evaluation past
+            # the last trial.
+            c = advance(*state)
+            return c, lax.cond(more(c), probe, lambda _: state[1], c.a)
 
-        x_lo, f_lo, g_lo, a_lo, i, a_last, f_last, nonfinite = lax.cond(
-            wolfe_at_once, accept_first, search_on)
-        decreased = a_lo > 0
-        stalled = ~decreased & _is_flat(f0, dphi0, a_last, f_last)
-        return LineSearchResult(x_lo, f_lo, g_lo, a_lo, i, decreased, stalled, nonfinite)
+        def search_on():
+            return ended(inner_while_loop(lambda state: more(state[0]), body, (carry0, first),
+                                          self.max_steps)[0])
+
+        return lax.cond(tests(f0, a0, first[1], first[3])[2], accept_first, search_on)
 
 
 LineSearch = Backtracking | Zoom
