@@ -407,3 +407,24 @@ def test_lbfgs_two_loop_and_compact_memories_agree():
         assert sol.retcode == ReturnCode.SUCCESS
         np.testing.assert_allclose(sol.x, np.ones(6), atol=1e-7)
     assert abs(int(runs["two-loop"].stats.iterations) - int(runs["compact"].stats.iterations)) <= 2
+
+
+@pytest.mark.parametrize("make", [optsolve.LBFGS, optsolve.BFGS, optsolve.NonlinearCG])
+def test_zoom_makes_the_same_trials_with_its_first_trial_apart(make, monkeypatch):
+    # Below 256 variables Zoom is one loop from the first trial; from 256 on the first
+    # trial is made apart and the loop carries the next one. Both must search alike.
+    from optsolve.backends.classical import linesearch
+
+    x0 = jnp.tile(jnp.array([-1.2, 1.0]), 5)
+    prob = OptimizationProblem(rosenbrock, x0)
+    one_loop = solve(prob, make(), gtol=1e-8)
+    monkeypatch.setattr(linesearch, "_FIRST_TRIAL_APART_FROM", 0)
+    jax.clear_caches()  # traced anew, at the threshold now in force
+    apart = solve(prob, make(), gtol=1e-8)
+    jax.clear_caches()
+    for sol in (one_loop, apart):
+        assert sol.retcode == ReturnCode.SUCCESS
+        np.testing.assert_allclose(sol.x, np.ones(10), atol=1e-6)  # the minimiser
+    assert (apart.stats.iterations, apart.stats.f_evals) == \
+        (one_loop.stats.iterations, one_loop.stats.f_evals)
+    np.testing.assert_allclose(apart.x, one_loop.x, rtol=0, atol=1e-12)
