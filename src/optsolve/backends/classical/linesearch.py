@@ -157,8 +157,8 @@ class Backtracking:
 # its loop only when that trial is not accepted: this skips the loop's set-up (its carry
 # holds two n-vectors) on most quasi-Newton iterations, at the price of a conditional and a
 # second copy of the trial in the program. Below it one loop from the first trial is faster
-# and compiles sooner (docs/benchmarks.md, the classical section); under vmap it also spares
-# the batch the first trial's separate evaluation.
+# and compiles sooner (docs/benchmarks.md, "The zoom line search's two structures"); under
+# vmap it also spares the batch the first trial's separate evaluation.
 _FIRST_TRIAL_APART_FROM = 256
 
 
