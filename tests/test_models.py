@@ -148,9 +148,11 @@ def test_an_eval_mode_model_trains_with_every_kind_of_algorithm():
         sol = solve(OptimizationProblem(loss, model, trainable=nnx.Param), alg, maxiters=15)
         reference = solve(OptimizationProblem(by_hand, params), alg, maxiters=15)
         _, trained, carried = nnx.split(sol.x, nnx.Param, ...)
+        # float32: the two problems compile to different programs, whose rounding differs
+        # with the machine's vector instructions (1.8e-6 seen after 15 L-BFGS iterations)
         for a, b in zip(jax.tree_util.tree_leaves(trained), jax.tree_util.tree_leaves(reference.x),
                         strict=True):
-            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
         for a, b in zip(jax.tree_util.tree_leaves(carried), jax.tree_util.tree_leaves(rest),
                         strict=True):
             np.testing.assert_array_equal(np.asarray(jax.random.key_data(a) if
