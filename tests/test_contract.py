@@ -143,6 +143,9 @@ class _Callback:
 
 
 CALLBACK = _Callback()
+# The callback rules' maxtime (the Ctrl-C rule's bound should its signal be lost): one value
+# for all of them, so that they share one compiled loop (maxiters and maxtime are leaves)
+_MAXTIME = 60.0
 
 
 def _id(cls) -> str:
@@ -215,7 +218,8 @@ def test_callback_stop_counts_completed_iterations(cls):
     stop_at = CASES[cls].stop_at
     callback = CALLBACK.reset(lambda i: i >= stop_at)
     alg = CASES[cls].make()
-    sol = solve(_problem(cls), alg, maxiters=50, callback=callback, gtol=_gtol(alg))
+    sol = solve(_problem(cls), alg, maxiters=50, callback=callback, gtol=_gtol(alg),
+                maxtime=_MAXTIME)
     assert sol.retcode == ReturnCode.TERMINATED, sol.message
     assert sol.stats.iterations == callback.seen[-1] == stop_at
 
@@ -231,7 +235,8 @@ def test_exception_in_callback_propagates_unchanged(cls):
 
     alg = CASES[cls].make()
     with pytest.raises(Boom, match="raised by the user's callback"):
-        solve(_problem(cls), alg, maxiters=50, callback=CALLBACK.reset(behave), gtol=_gtol(alg))
+        solve(_problem(cls), alg, maxiters=50, callback=CALLBACK.reset(behave), gtol=_gtol(alg),
+              maxtime=_MAXTIME)
 
 
 @pytest.mark.parametrize("cls", CLASSES, ids=_id)
@@ -478,7 +483,7 @@ def test_keyboard_interrupt_returns_the_last_completed_iterate(cls):
     slow_callback = CALLBACK.reset(lambda i: time.sleep(0.002))
 
     # compiled (and scipy's evaluations prepared) first: the signal must find the run itself
-    solve(prob, alg, maxiters=2, callback=slow_callback, gtol=_gtol(alg))
+    solve(prob, alg, maxiters=2, callback=slow_callback, gtol=_gtol(alg), maxtime=_MAXTIME)
     done = threading.Event()
     sent: list[float] = []
 
@@ -498,7 +503,7 @@ def test_keyboard_interrupt_returns_the_last_completed_iterate(cls):
     try:
         # maxtime: should the signal be lost, the run ends instead of going on for hours
         sol = solve(prob, alg, maxiters=10 ** 7, callback=slow_callback,
-                    gtol=_gtol(alg), maxtime=60.0)
+                    gtol=_gtol(alg), maxtime=_MAXTIME)
     finally:
         done.set()
         sender.join()
