@@ -99,11 +99,18 @@ def compare(rev: str, names: list[str], rounds: int, keep: Path | None = None) -
         for name in names:
             ratios = {"old": {}, "current": {}}
             counts = {"old": {}, "current": {}}
+            failed = None
             for r in range(rounds):
                 order = ("old", "current") if r % 2 == 0 else ("current", "old")
                 for side in order:
                     print(f"{name}: round {r + 1}/{rounds}, {side}", flush=True)
-                    section = run_section(name, sides[side])
+                    try:
+                        section = run_section(name, sides[side])
+                    except subprocess.CalledProcessError:
+                        # e.g. a benchmark that uses an API the old side lacks: the other
+                        # sections are still reported
+                        failed = side
+                        break
                     if keep is not None:
                         keep.mkdir(parents=True, exist_ok=True)
                         (keep / f"{name}-{side}-{r + 1}.md").write_text(section)
@@ -114,6 +121,12 @@ def compare(rev: str, names: list[str], rounds: int, keep: Path | None = None) -
                                                         []).append(value)
                             if row_counts(header, cells):
                                 counts[side][f"{heading} / {row}"] = row_counts(header, cells)
+                if failed:
+                    break
+            if failed:
+                lines += [f"## {name}", "", f"The benchmark failed on the {failed} side (its "
+                          "error is above in the output); not compared.", ""]
+                continue
             lines += [f"## {name}", "", "| ratio | old | current | current / old |",
                       "|---|---|---|---|"]
             for label in ratios["current"]:
