@@ -218,8 +218,8 @@ def _secular_parameter(s: Array, a: Array, delta: Array, par: Array) -> Array:
     lam = jnp.clip(par, lower, upper)
     lam = jnp.where(lam == 0, upper * 1e-3, lam)
 
-    def body(_, c):
-        lam, lower, upper, done = c
+    def body(c):
+        lam, lower, upper, done, i = c
         bad = (lam <= lower) | (lam > upper)
         lam = jnp.where(bad & ~done, jnp.maximum(1e-3 * upper, jnp.sqrt(lower * upper)), lam)
         pn, q = norms(lam)
@@ -228,10 +228,14 @@ def _secular_parameter(s: Array, a: Array, delta: Array, par: Array) -> Array:
         lower = jnp.where(fp > 0, jnp.maximum(lower, lam), lower)
         upper = jnp.where(fp < 0, jnp.minimum(upper, lam), upper)
         newton = lam + fp / delta * jnp.square(pn) / jnp.maximum(q, tiny)
-        return jnp.where(done, lam, jnp.maximum(lower, newton)), lower, upper, done
+        return jnp.where(done, lam, jnp.maximum(lower, newton)), lower, upper, done, i + 1
 
-    lam = lax.fori_loop(0, 10, body, (lam, lower, upper, jnp.zeros((), bool)))[0]
-    return jnp.where(gn_norm <= 1.1 * delta, jnp.zeros_like(lam), lam)
+    # a loop that ends once lambda is found, or at once where the Gauss-Newton step fits
+    # (lambda = 0): a fixed count of 10 would run every kernel of the body 10 times a trial
+    fits = gn_norm <= 1.1 * delta
+    lam = lax.while_loop(lambda c: ~c[3] & (c[4] < 10), body,
+                         (lam, lower, upper, fits, jnp.zeros((), jnp.int32)))[0]
+    return jnp.where(fits, jnp.zeros_like(lam), lam)
 
 
 class _Trial(NamedTuple):
