@@ -38,6 +38,14 @@ def time_first_call(fn: Callable[[], object]) -> float:
 def interleaved_medians(runners: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
     """Median wall time of each runner, measured in turns so drift hits all alike, in a new
     order each turn (seeded) so that no runner always follows the same one."""
+    times = interleaved_times(runners, repeats)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def interleaved_times(runners: dict[str, Callable[[], object]],
+                      repeats: int) -> dict[str, list[float]]:
+    """The wall times of :func:`interleaved_medians`, turn by turn: entry i of every list
+    comes from turn i, so ratios between runners can be taken within one turn."""
     times: dict[str, list[float]] = {name: [] for name in runners}
     order = list(runners)
     shuffle = random.Random(0).shuffle
@@ -48,7 +56,7 @@ def interleaved_medians(runners: dict[str, Callable[[], object]], repeats: int) 
             start = time.perf_counter()
             block(fn())
             times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(ts) for name, ts in times.items()}
+    return times
 
 
 def markdown_table(header: list[str], rows: list[list[str]]) -> str:
