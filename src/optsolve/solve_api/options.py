@@ -26,6 +26,34 @@ class DataSpec:
         return self.batch_size is not None
 
 
+@pytree_dataclass
+class InMemoryData:
+    """In-memory data consumed inside the compiled loop: each epoch a permutation of the
+    samples under ``fold_in(key, epoch)`` (in order without a key) cut into batches of
+    ``batch_size``, the remainder dropped; the arrays and the key are leaves, so they may be
+    traced (``jax.vmap`` over keys or over the data).
+
+    Attributes:
+      arrays: a pytree of arrays sharing a leading (sample) dimension.
+      key: a ``jax.random`` key, or None for batches in order.
+      batch_size: samples per batch (static).
+      steps: the steps of the run (static): ``epochs`` passes from where it starts, cut at
+        ``maxiters``.
+      epochs: the passes over the data the run may span (static; one more where a resumed
+        run starts inside an epoch).
+    """
+
+    arrays: Any
+    key: Any = None
+    batch_size: int = static_field(default=1)
+    steps: int = static_field(default=0)
+    epochs: int = static_field(default=1)
+
+    @property
+    def batches_per_epoch(self) -> int:
+        return jax.tree_util.tree_leaves(self.arrays)[0].shape[0] // self.batch_size
+
+
 COMMON_OPTIONS = ("maxiters", "maxtime", "gtol", "ftol", "callback", "callback_every")
 
 
@@ -57,6 +85,8 @@ class SolveOptions:
         with no ``maxiters`` (every one; tqdm's ``mininterval`` throttles the drawing). On
         the data path the host moves the bar between chunks instead.
       data: a :class:`DataSpec` for training on data, or None.
+      in_memory: an :class:`InMemoryData` consumed inside the compiled loop (a run on
+        in-memory data under jax.jit, jax.vmap or jax.grad): its arrays and key are leaves.
       replay: on the data path, a bool array, True while the host replays a chunk of steps
         up to a stopped step (the callback and progress bar stay silent); None elsewhere.
       metrics: ``metrics(x, p[, batch]) -> pytree`` recorded in the history at every
@@ -83,6 +113,7 @@ class SolveOptions:
     progress: bool = static_field(default=False)
     progress_every: int = static_field(default=1)
     data: Any = static_field(default=None)
+    in_memory: Any = None
     replay: Any = None
     metrics: Callable[..., Any] | None = static_field(default=None)
     evaluate: Callable[..., Any] | None = static_field(default=None)
