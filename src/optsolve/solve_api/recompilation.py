@@ -45,15 +45,35 @@ _ITEMS = 32     # a longer sequence is described by its type and length
 
 def _built(obj: Any, depth: int) -> str:
     """How ``obj`` was built, without its numbers' values (those are what a rebuilt object
-    changes): a function by its code and, recursively, the objects it closes over."""
+    changes): a function by its code and, recursively, the objects it closes over. Never
+    raises: a value it cannot describe (its attributes, iteration or printing raise) is
+    described by its type's name."""
+    try:
+        return _describe(obj, depth)
+    except Exception:  # any user object may raise anywhere; the check only warns
+        try:
+            return type(obj).__qualname__
+        except Exception:
+            return "?"
+
+
+def _describe(obj: Any, depth: int) -> str:
+    """:func:`_built`'s description, which may raise where ``obj`` misbehaves."""
     if depth > _DEPTH:
         return "..."
     if obj is None or isinstance(obj, (bool, str)):
         return repr(obj)
     if isinstance(obj, (int, float, complex)):
         return type(obj).__name__
-    if hasattr(obj, "shape") and hasattr(obj, "dtype"):
-        return f"{obj.dtype}{tuple(obj.shape)}"
+    # before the array test: a module or a class may have `shape` and `dtype` attributes
+    # that are functions (jax.numpy has both)
+    if isinstance(obj, types.ModuleType):
+        return f"module({obj.__name__})"
+    if isinstance(obj, type):
+        return f"class({obj.__module__}.{obj.__qualname__})"
+    shape = getattr(obj, "shape", None)
+    if isinstance(shape, tuple) and hasattr(obj, "dtype"):
+        return f"{obj.dtype}{shape}"
     if isinstance(obj, functools.partial):
         return f"partial({_built((obj.func, obj.args, obj.keywords), depth + 1)})"
     if isinstance(obj, types.MethodType):
@@ -67,7 +87,7 @@ def _built(obj: Any, depth: int) -> str:
             except ValueError:  # a cell not yet filled
                 cells.append("<empty>")
         return f"{obj.__qualname__}@{code.co_filename}:{code.co_firstlineno}[{', '.join(cells)}]"
-    if isinstance(obj, (tuple, list, dict)):
+    if isinstance(obj, (tuple, list, dict)):  # named tuples too (optax's transformations)
         if len(obj) > _ITEMS:
             return f"{type(obj).__name__}[{len(obj)}]"
         items = obj.items() if isinstance(obj, dict) else enumerate(obj)
@@ -79,16 +99,28 @@ def _built(obj: Any, depth: int) -> str:
 def note(leaves: list, treedef: Any, hooks: Any) -> None:
     """Record the structure of an eager solve (``(problem, algorithm)`` flattened); warn
     (once per fingerprint) where it is new but prints like an earlier one. ``hooks``: the
-    options' functions (the callback, the metrics, ...), also structure."""
+    options' functions (the callback, the metrics, ...), also structure. Never raises
+    (other than the warning itself, where warnings are errors): a structure whose objects
+    cannot be hashed, compared or printed is not checked."""
+    try:
+        message = _check(leaves, treedef, hooks)
+    except Exception:  # the user's objects may raise anywhere; the check only warns
+        return
+    if message is not None:
+        warnings.warn(message, RecompilationWarning, stacklevel=3)
+
+
+def _check(leaves: list, treedef: Any, hooks: Any) -> str | None:
+    """:func:`note`'s work: the warning's message, or None where there is nothing to say."""
     # shapes and dtypes too: a new shape compiles anew whatever else changed
     shapes = tuple((getattr(leaf, "shape", None), getattr(leaf, "dtype", type(leaf)))
                    for leaf in leaves)
     structure = (treedef, shapes, hooks)
     try:
         if _SEEN.get(structure) is not None:
-            return
+            return None
     except TypeError:  # an unhashable static value: JAX itself would refuse it
-        return
+        return None
     printed = f"{treedef} {shapes} {hooks!r}"
     static = [leaf for leaf in leaves if not hasattr(leaf, "dtype")]
     fingerprint = _ADDRESS.sub("", printed) + " " + _built(
@@ -96,15 +128,14 @@ def note(leaves: list, treedef: Any, hooks: Any) -> None:
     _SEEN.get_or_make(structure, lambda: fingerprint)
     first = _FINGERPRINTS.get_or_make(fingerprint, lambda: printed)
     if first == printed or fingerprint in _WARNED:
-        return
+        return None
     _WARNED.add(fingerprint)
     rebuilt = sorted(set(_OBJECT.findall(printed)) - set(_OBJECT.findall(first)))
     shown = ", ".join(_ADDRESS.sub("", r) for r in rebuilt[:3]) or "one of its objects"
-    warnings.warn(
+    return (
         f"solve: this call compiles again because {shown} is a new object built like one "
         "an earlier call used (functions and closures are structure: each new one compiles "
         "anew). Build it once, outside the loop; or use the pytree forms, whose numbers are "
         "leaves: optsolve's algorithm classes (optsolve.OptaxLBFGS() for optax.lbfgs(), "
         "optsolve.Adam(...) for optax.adam(...)), optsolve.schedules for optax's schedules, "
-        "and `p` for the numbers f closes over. (Shown once per structure.)",
-        RecompilationWarning, stacklevel=3)
+        "and `p` for the numbers f closes over. (Shown once per structure.)")
