@@ -242,17 +242,17 @@ def test_callback_sees_steps_with_grad_norm_and_stops():
     sol = solve(prob, optsolve.Adam(0.05), data=batches() * 3, callback=callback, callback_every=2)
     assert sol.retcode == ReturnCode.TERMINATED and int(sol.stats.iterations) == 4
     assert [s for s, _, _ in seen] == [2, 4]
-    # step k pairs x_k (after k updates) with its loss and gradient on batch k, as a
-    # full-batch run pairs x_k with f(x_k); the stop returns that x_k
+    # step k reports x_k (after k updates) with the loss and gradient of the batch it
+    # trained on (batch k - 1, at x_{k-1}), as a training loop logs them; the stop keeps x_k
+    x3 = hand_loop(optax.adam(0.05), prob, batches()[:3])
     x4 = hand_loop(optax.adam(0.05), prob, batches()[:4])
-    g = jax.grad(batch_loss)(x4, prob.p, batches()[4])
+    g = jax.grad(batch_loss)(x3, prob.p, batches()[3])
     expected_norm = max(float(jnp.max(jnp.abs(l))) for l in jax.tree_util.tree_leaves(g))
-    np.testing.assert_allclose(seen[-1][1], batch_loss(x4, prob.p, batches()[4]), rtol=1e-12)
+    np.testing.assert_allclose(seen[-1][1], batch_loss(x3, prob.p, batches()[3]), rtol=1e-12)
     np.testing.assert_allclose(seen[-1][2], expected_norm, rtol=1e-12)
     assert_close(sol.x, x4, rtol=1e-12)
-    # the stop returns x_4 with its own optimizer state (the host replays the chunk up to
-    # the stopped step, silently: the callback saw steps 2 and 4 once), so a resumed run
-    # continues exactly
+    # the stop returns x_4 with its own optimizer state (the callback saw steps 2 and 4
+    # once), so a resumed run continues exactly
     rest = solve(prob, optsolve.Adam(0.05), data=batches()[4:6], resume=sol)
     assert_close(rest.x, hand_loop(optax.adam(0.05), prob, batches()[:6]), rtol=1e-12)
 
@@ -318,7 +318,12 @@ def test_data_path_runs_the_full_batch_step():
                                rtol=1e-12)
     np.testing.assert_allclose(on_data.history.grad_norm, on_full.history.grad_norm[:20],
                                rtol=1e-12)
-    assert seen["data"] == seen["full"][:19] and len(seen["data"]) == 19
+    # on data the callback sees every step after its update, the last included, with the
+    # loss and gradient norm of the batch it trained on: the full-batch run's values one
+    # iterate earlier
+    assert [s for s, _, _ in seen["data"]] == list(range(1, 21))
+    assert [v for _, *v in seen["data"]] == [[f, g] for f, g in zip(
+        on_full.history.objective[:20].tolist(), on_full.history.grad_norm[:20].tolist())]
 
 
 def test_a_chunk_holds_at_most_32_batches_and_64_mib():

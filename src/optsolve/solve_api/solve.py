@@ -20,7 +20,7 @@ from optsolve.solve_api.checkpoint import Checkpoint, SavedLeaves
 from optsolve.solve_api.capabilities import (check_capabilities, check_objective, names_with,
                                              resume_point)
 from optsolve.solve_api.kkt import multipliers, per_constraint
-from optsolve.solve_api.options import DataSpec, make_options
+from optsolve.solve_api.options import DataSpec, InMemoryData, make_options
 from optsolve.solve_api.problem import OptimizationProblem
 from optsolve.solve_api.pytree import FlatInputs, is_traced, replace
 from optsolve.solve_api.registry import algorithm_classes, as_algorithm, backend_for
@@ -29,7 +29,8 @@ from optsolve.solve_api.solution import History, Solution, Stats
 from optsolve.solve_api.stationarity import stationarity
 
 
-def _solve_on_data(problem, algorithm, opts, data, batch_size, key, epochs) -> Solution:
+def _solve_on_data(problem, algorithm, opts, data, batch_size, key, epochs,
+                   adjoint=None) -> Solution:
     name = type(algorithm).__name__
     if not algorithm.capabilities()["takes_data"]:
         condition = type(algorithm).conditional_traits.get("takes_data")
@@ -74,13 +75,23 @@ def _solve_on_data(problem, algorithm, opts, data, batch_size, key, epochs) -> S
             "would be read as an iterable of batches, one per element; to train on in-memory "
             "arrays cut into batches, pass `batch_size` (and `key` to shuffle), or pass a "
             "list of batches.")
-    check_capabilities(problem, algorithm, opts, stops_with_data=True)
+    check_capabilities(problem, algorithm, opts, stops_with_data=True, adjoint=adjoint)
     inputs = FlatInputs(problem, algorithm)  # flattened once for the layers below
-    if inputs.traced:
+    # an iterable (a generator) is not a pytree: only in-memory data may be traced
+    traced = inputs.traced or is_traced(key) or (batch_size is not None and is_traced(data))
+    if batch_size is not None and (traced or adjoint is not None):
+        return _solve_in_memory(problem, algorithm, opts, data, batch_size, key, epochs,
+                                adjoint, traced)
+    if traced:
         raise ValueError(
-            "solve: training on `data` runs a host loop over batches; call solve outside "
-            "jax.jit / jax.vmap (the steps inside are compiled)."
-        )
+            "solve: an iterable of batches is fed by the host, so it cannot run inside "
+            "jax.jit / jax.vmap / jax.grad; pass in-memory arrays with `batch_size` (the "
+            "batches are then taken inside the compiled loop), or call solve outside.")
+    if adjoint is not None:
+        raise ValueError(
+            "solve: `adjoint` applies to in-memory `data` with `batch_size` (consumed inside "
+            "the compiled loop); an iterable of batches is fed by the host and is not "
+            f"differentiated. Got adjoint={adjoint!r}.")
     recompilation.note(*inputs.first(2), (opts.callback, opts.metrics, opts.evaluate))
     total = _data_steps(data, batch_size, epochs, opts.maxiters)
     opts = replace(opts, data=DataSpec(data, batch_size, key, epochs))
@@ -91,6 +102,77 @@ def _solve_on_data(problem, algorithm, opts, data, batch_size, key, epochs) -> S
         if opts.progress:
             host.advance_progress(int(solution.stats.iterations), solution.objective)
     return _eager(solution, time.perf_counter() - start, calls.interrupted)
+
+
+def _no_derivative(value: Any) -> Any:
+    """``value`` unchanged, refusing to be differentiated (see :func:`_solve_in_memory`)."""
+    return value
+
+
+_no_derivative = jax.custom_jvp(_no_derivative)
+
+
+@_no_derivative.defjvp
+def _refuse(primals, tangents):
+    raise ValueError(
+        "solve: a run on `data` is differentiated through its steps: pass "
+        "adjoint=optsolve.UnrolledAdjoint() (the implicit derivative assumes a minimiser of "
+        "one f, which stochastic training does not reach).")
+
+
+def _guarded(tree: Any) -> Any:
+    """``tree`` with each inexact leaf behind :func:`_no_derivative`."""
+    return jax.tree_util.tree_map(
+        lambda v: _no_derivative(v) if isinstance(v, jax.Array) and
+        jnp.issubdtype(v.dtype, jnp.inexact) else v, tree)
+
+
+def _solve_in_memory(problem, algorithm, opts, data, batch_size, key, epochs, adjoint,
+                     traced: bool) -> Solution:
+    """Training on in-memory arrays inside one compiled loop (under jax.jit, jax.vmap, or
+    jax.grad with UnrolledAdjoint): see :mod:`optsolve.backends.native.in_memory`."""
+    if isinstance(adjoint, ImplicitAdjoint):
+        raise ValueError(
+            "solve: ImplicitAdjoint does not apply to training on `data`: stochastic steps do "
+            "not reach a minimiser of one f. Differentiate the steps themselves with "
+            "adjoint=optsolve.UnrolledAdjoint().")
+    if opts.checkpoint is not None or opts.progress:
+        option = "checkpoint" if opts.checkpoint is not None else "progress"
+        raise ValueError(
+            f"solve: `{option}` works between the compiled chunks of an eager run; a run on "
+            "`data` inside jax.jit / jax.vmap / jax.grad or with an `adjoint` has none.")
+    if opts.keep == "best":
+        raise ValueError("solve: keep='best' on `data` runs eagerly only; call solve outside "
+                         "jax.jit / jax.vmap / jax.grad, without `adjoint`.")
+    size = jax.tree_util.tree_leaves(data)[0].shape[0]
+    per_epoch = size // batch_size
+    epochs = 1 if epochs is None else epochs
+    steps = epochs * per_epoch
+    maxiters = opts.maxiters
+    if maxiters is not None and not is_traced(maxiters):
+        steps = min(steps, int(maxiters))
+    # a resumed run may start inside an epoch: its steps then span one epoch more
+    span = epochs + (opts.resume is not None)
+    in_memory = InMemoryData(data, key, batch_size, steps, span)
+    opts = replace(opts, data=None, in_memory=in_memory,
+                   maxiters=steps if maxiters is None or not is_traced(maxiters) else maxiters,
+                   history=steps if opts.history else 0)
+    if adjoint is None:  # not differentiated: refused where a derivative is asked for
+        problem, algorithm, opts = _guarded((problem, algorithm, opts))
+        adjoint = _Plain()
+    start = time.perf_counter()
+    solution = adjoint.apply(backend_for(algorithm), problem, algorithm, opts)
+    if traced:
+        return solution
+    return _eager(solution, time.perf_counter() - start)
+
+
+class _Plain:
+    """The adjoint of a run that is not differentiated: the backend as it is."""
+
+    @staticmethod
+    def apply(run, problem, algorithm, options) -> Solution:
+        return run(problem, algorithm, options)
 
 
 def _in_memory_arrays(data: Any) -> bool:
@@ -396,12 +478,8 @@ def solve(problem: OptimizationProblem, algorithm: Any, *, maxiters: int | None 
                         evaluate=evaluate, eval_every=eval_every, keep=keep,
                         checkpoint=checkpoint, **options)
     if data is not None:
-        if adjoint is not None:
-            raise ValueError(
-                "solve: `adjoint` does not apply when training on `data`: the run is a host "
-                f"loop over batches, which is not differentiated; got adjoint={adjoint!r}. "
-                "Remove it.")
-        solution = _solve_on_data(problem, algorithm, opts, data, batch_size, key, epochs)
+        solution = _solve_on_data(problem, algorithm, opts, data, batch_size, key, epochs,
+                                  adjoint)
         return _finish(user_problem, problem, solution, split, on_data=True)
     for name, value in (("batch_size", batch_size), ("key", key), ("epochs", epochs)):
         if value is not None:

@@ -207,7 +207,7 @@ class StreamLoop(NamedTuple):
 
 
 def _gradient_parts(solver: GradientStepSolver, problem: OptimizationProblem,
-                    options: SolveOptions, stream: bool) -> StreamLoop:
+                    options: SolveOptions, stream: bool, guarded: bool = False) -> StreamLoop:
     rules = Rules(options, solver, problem.bounds)
     tracker = Tracker(options)
 
@@ -245,8 +245,9 @@ def _gradient_parts(solver: GradientStepSolver, problem: OptimizationProblem,
         f_ok, g_ok = all_finite(f), (true_() if stream else all_finite(g))
         ok = f_ok & g_ok
         has_prev = k > 0
-        stop = rules.callback_stop(ok & has_prev, k, point, f, g)
         false = jnp.zeros((), bool)
+        # on data the callback sees each step's outcome (below), after its update
+        stop = false if stream else rules.callback_stop(ok & has_prev, k, point, f, g)
         # x is finite here: an update to a non-finite x shows as a non-finite f first.
         converged = rules.converged(x, f, g, carry.x_prev, carry.f_last, has_prev)
         # maxiters=0 returns x0 with MAXITERS, even where it already meets a tolerance.
@@ -257,10 +258,11 @@ def _gradient_parts(solver: GradientStepSolver, problem: OptimizationProblem,
         status, reason = checks.verdict()
         is_running = status == RUNNING
         zero = jnp.zeros((), INT)
-        if stream:
+        if stream and not guarded:
             # On data every step updates: a conditional (or a select) per step costs more
             # than the step's own bookkeeping. The host undoes a stopped step's update by
-            # replaying its chunk up to that step (see StreamLoop).
+            # replaying its chunk up to that step (see StreamLoop). A run inside the
+            # caller's trace has no host to replay it: its steps are ``guarded``.
             upd, x_prev = solver.update(objective, x, f, g, carry.state), x
         else:
             # x_prev moves only in the running branch: a stop keeps the previous good
@@ -273,6 +275,13 @@ def _gradient_parts(solver: GradientStepSolver, problem: OptimizationProblem,
         # the failing step, so the counter takes one more).
         status = jnp.where(upd.failed, int(ReturnCode.FAILURE), status).astype(INT)
         reason = jnp.where(upd.failed, TRIAL_NONFINITE, reason).astype(INT)
+        if stream:
+            # The callback sees step k + 1's outcome: the iterate after its update, with the
+            # loss and gradient of the batch it trained on (as a training loop logs them),
+            # so the last step is seen too; a stop keeps that update.
+            after = upd.x if carry.carried is None else ModelPoint(upd.x, carried)
+            stop = rules.callback_stop(status == RUNNING, k + 1, after, f, g, evaluated_at=x)
+            status = jnp.where(stop, int(ReturnCode.TERMINATED), status).astype(INT)
         # x0's value is kept even when it is not finite: there is no earlier iterate.
         f_last = jnp.where(ok | (k == 0), f, carry.f_last)
         due = ok & tracker.due(k)
@@ -347,15 +356,17 @@ def stopped_at(replayed: _GradientCarry, stopped: _GradientCarry) -> _GradientCa
 
 
 def stream_loop(solver: NativeSolver, problem: OptimizationProblem,
-                options: SolveOptions) -> StreamLoop:
-    """The parts of a run on data (training on minibatches), for a gradient-step solver."""
+                options: SolveOptions, guarded: bool = False) -> StreamLoop:
+    """The parts of a run on data (training on minibatches), for a gradient-step solver.
+    ``guarded``: a step that stops the run applies no update (for a run inside the caller's
+    trace, which the host cannot replay; see :class:`StreamLoop`)."""
     if not isinstance(solver, GradientStepSolver):
         raise ValueError(
             "solve: this transformation ends in a line search, which needs one deterministic "
             "objective; training on `data` takes update-only transformations "
             "(optsolve.Adam, optax.chain of plain transforms, ...)."
         )
-    return _gradient_parts(solver, problem, options, stream=True)
+    return _gradient_parts(solver, problem, options, stream=True, guarded=guarded)
 
 
 def build_loop(make_solver: Callable[[Any, OptimizationProblem], NativeSolver],

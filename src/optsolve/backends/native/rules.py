@@ -82,8 +82,12 @@ class Rules:
             by_x = has_prev & (dx > 0) & (dx <= self.xtol * jnp.maximum(inf_norm(x), 1.0))
         return Converged(by_g, by_f, by_x)
 
-    def callback_stop(self, due, iteration, x, f, g) -> jax.Array:
-        """Run the user's callback (and the progress bar) where due; True = stop."""
+    def callback_stop(self, due, iteration, x, f, g, evaluated_at=None) -> jax.Array:
+        """Run the user's callback (and the progress bar) where due; True = stop.
+        ``evaluated_at``: the point where ``f`` and ``g`` were evaluated, where it is not
+        ``x`` (a step on data reports the iterate after its update with the loss and
+        gradient of the batch it trained on)."""
+        at = x if evaluated_at is None else evaluated_at
         callback, progress = self.options.callback, self.options.progress
         if callback is None and not progress:
             return jnp.zeros((), bool)
@@ -95,14 +99,14 @@ class Rules:
             with_norm = wants_grad_norm(callback)
             # stop_gradient: a host call has no derivative, and an unrolled loop is differentiated
             args = lax.stop_gradient(
-                (due_cb, iteration, x, f) + ((self.grad_norm(x, g),) if with_norm else ()))
+                (due_cb, iteration, x, f) + ((self.grad_norm(at, g),) if with_norm else ()))
             stop = lax.cond(due_cb, lambda: call_user_callback(callback, *args),
                             lambda: jnp.zeros((), bool))
         if progress:
             every = jnp.maximum(self.maxiters // 100, 1) if self.options.maxiters is not None \
                 else self.options.progress_every
             due_bar = due & ((iteration % every == 0) | (iteration >= self.maxiters))
-            args = lax.stop_gradient((due_bar, iteration, f, self.grad_norm(x, g)))
+            args = lax.stop_gradient((due_bar, iteration, f, self.grad_norm(at, g)))
             stop |= lax.cond(due_bar, lambda: report_progress(*args), lambda: jnp.zeros((), bool))
         return stop
 

@@ -171,7 +171,7 @@ def run_training(make_solver, problem: OptimizationProblem, algorithm: Any,
     # each chunk records its own steps: the first carry holds no record
     init_options = dataclasses.replace(loop_options, resume=options.resume, history=0)
     limit = int(options.maxiters) if options.maxiters is not None else None
-    start = time.perf_counter()
+    started = time.perf_counter()
     compiled = Prepared(make_solver, problem, algorithm, loop_options)
     # a fresh run's first chunk makes its first carry; a resumed one starts from its own
     fresh = options.resume is None
@@ -238,7 +238,7 @@ def run_training(make_solver, problem: OptimizationProblem, algorithm: Any,
             if source.interrupted or interrupt_requested():
                 interrupted = True
                 break
-            if options.maxtime is not None and time.perf_counter() - start >= options.maxtime:
+            if options.maxtime is not None and time.perf_counter() - started >= options.maxtime:
                 out_of_time = True
                 break
             if limit is not None and dispatched >= limit:
@@ -287,6 +287,8 @@ def _final_carry(recent: list[_Dispatched]):
     chunk replayed (silently) up to that step, whose update the step had applied."""
     for dispatched in recent:
         stopped = dispatched.chunk
+        if int(stopped.status) == int(ReturnCode.TERMINATED):
+            return stopped.carry  # the callback stops after a step's update, which it keeps
         if int(stopped.status) != RUNNING:
             steps = int(stopped.iteration) - int(dispatched.start)
             replayed = dispatched.run(dispatched.carry_in, steps, True, dispatched.begin).carry

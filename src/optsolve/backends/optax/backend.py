@@ -28,6 +28,7 @@ from optsolve.backends.optax.factory_arguments import (
 from optsolve.backends.optax.schedules import Schedule
 from optsolve.backends.native.protocol import GradientStepSolver, Step, SteppingSolver, Update
 from optsolve.backends.native.objective import Objective
+from optsolve.backends.native.in_memory import run_in_memory_compiled
 from optsolve.backends.native.training import run_training
 from optsolve.solve_api.algorithm import Algorithm, check_replace
 from optsolve.solve_api.cache import BoundedCache
@@ -378,7 +379,10 @@ def solve_optax(problem: OptimizationProblem, algorithm: Algorithm,
                 options: SolveOptions, loop: Any = None) -> Solution:
     """Run an optax-family algorithm: one compiled loop (see
     :mod:`optsolve.backends.native.driver`) in the ``loop`` the adjoint chose, or, with
-    ``data``, the training loop of :mod:`optsolve.backends.native.training`."""
+    ``data``, the training loop of :mod:`optsolve.backends.native.training` (eager), or
+    of :mod:`optsolve.backends.native.in_memory` (inside the caller's trace)."""
+    if options.in_memory is not None:
+        return run_in_memory_compiled(_make_solver, problem, algorithm, options, loop)
     if options.data is not None:
         return run_training(_make_solver, problem, algorithm, options)
     return run_iterative(_make_solver, problem, algorithm, options, loop)

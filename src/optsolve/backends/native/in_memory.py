@@ -1,0 +1,101 @@
+"""In-memory data consumed inside the compiled loop: training on data under ``jax.jit``,
+``jax.vmap`` and ``jax.grad``.
+
+The run is the shared driver's gradient step on data (:func:`~optsolve.backends.native.driver.stream_loop`)
+in one loop of the caller's trace, which the adjoint chooses (a ``lax.while_loop``, or a
+checkpointed scan for :class:`~optsolve.solve_api.adjoint.UnrolledAdjoint`). Step ``s`` of the
+stream (counted from the first run, so a resumed run continues at its epoch and batch) takes
+batch ``s % n_batches`` of epoch ``s // n_batches``: the rows ``order[e][b * batch_size :
+(b + 1) * batch_size]`` where ``order[e]`` is ``jax.random.permutation(fold_in(key, e), n)``,
+or the rows in order without a key. These are the batches an eager run takes
+(:func:`~optsolve.backends.native.training_steps.epochs_chunk`), so both runs agree.
+
+The orders of every epoch the run spans are drawn before the loop (``epochs x n`` integers):
+drawn inside it, a permutation would sit behind a conditional that ``jax.vmap`` turns into
+a permutation at every step. The steps are guarded (a step that stops the run applies no
+update): no host replays the run here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from optsolve.backends.native.driver import running, stream_loop
+from optsolve.backends.native.objective import Objective
+from optsolve.backends.native.rules import INT
+from optsolve.solve_api.loops import Loop as LoopRunner
+from optsolve.solve_api.loops import while_loop
+from optsolve.solve_api.options import InMemoryData, SolveOptions
+from optsolve.solve_api.problem import OptimizationProblem
+from optsolve.solve_api.returncode import RUNNING, ReturnCode
+from optsolve.solve_api.solution import Solution
+from optsolve.solve_api.pytree import replace
+
+PyTree = Any
+
+
+def _size(data: InMemoryData) -> int:
+    return jax.tree_util.tree_leaves(data.arrays)[0].shape[0]
+
+
+def epoch_orders(data: InMemoryData, first_epoch: jax.Array) -> jax.Array | None:
+    """The sample order of epochs ``first_epoch`` .. ``first_epoch + data.epochs - 1``, the
+    remainder dropped: an int array ``(data.epochs, n_batches * batch_size)``; None without
+    a key (batches in order)."""
+    if data.key is None:
+        return None
+    size, used = _size(data), data.batches_per_epoch * data.batch_size
+    epochs = first_epoch + jnp.arange(data.epochs, dtype=jnp.result_type(first_epoch))
+    return jax.vmap(
+        lambda e: jax.random.permutation(jax.random.fold_in(data.key, e), size)[:used])(epochs)
+
+
+def batch_at(data: InMemoryData, orders: jax.Array | None, step: jax.Array,
+             first_epoch: jax.Array) -> PyTree:
+    """The batch of stream step ``step`` (``orders`` from :func:`epoch_orders`)."""
+    per_epoch, size = data.batches_per_epoch, data.batch_size
+    epoch, index = jnp.divmod(step, per_epoch)
+    start = index * size
+    if orders is None:
+        return jax.tree_util.tree_map(
+            lambda a: lax.dynamic_slice_in_dim(a, start, size), data.arrays)
+    rows = lax.dynamic_slice_in_dim(
+        lax.dynamic_index_in_dim(orders, epoch - first_epoch, keepdims=False), start, size)
+    return jax.tree_util.tree_map(lambda a: jnp.take(a, rows, axis=0), data.arrays)
+
+
+def _on_batch(problem: OptimizationProblem, batch: PyTree) -> Objective:
+    return Objective(problem.f, problem.p, batch=(batch,))
+
+
+def run_in_memory(make_solver, problem: OptimizationProblem, algorithm: Any,
+                  options: SolveOptions, loop: LoopRunner | None = None) -> Solution:
+    """The whole run on ``options.in_memory`` in the caller's trace, in ``loop`` (the
+    adjoint's; a while loop by default). A run whose data ran out (``in_memory.steps``
+    taken) ends with MAXITERS, as an eager one does."""
+    data: InMemoryData = options.in_memory
+    parts = stream_loop(make_solver(algorithm, problem), problem, options, guarded=True)
+    head = jax.tree_util.tree_map(lambda a: a[:data.batch_size], data.arrays)
+    carry = parts.init(_on_batch(problem, head))
+    first_epoch = (carry.base.iterations // data.batches_per_epoch).astype(INT)
+    orders = epoch_orders(data, first_epoch)
+
+    def more(c):
+        return running(c) & (c.iteration < data.steps)
+
+    def step(c):
+        batch = batch_at(data, orders, c.base.iterations + c.iteration, first_epoch)
+        return parts.step(c, _on_batch(problem, batch))
+
+    final = (while_loop if loop is None else loop)(more, step, carry)
+    solution = parts.finish(final)
+    ran_out = solution.retcode == RUNNING
+    return replace(solution, retcode=jnp.where(ran_out, int(ReturnCode.MAXITERS),
+                                               solution.retcode).astype(INT))
+
+
+run_in_memory_compiled = jax.jit(run_in_memory, static_argnums=(0, 4))
