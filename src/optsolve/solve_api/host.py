@@ -20,6 +20,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+def under_a_trace() -> bool:
+    """Whether this call runs inside a JAX transformation (jit, vmap, grad, ...), where the
+    host cannot read values, even when none of its own inputs is traced (a jitted function
+    of no arguments whose problem is a constant)."""
+    try:
+        from jax._src.core import trace_state_clean  # no public equivalent in JAX
+    except ImportError:  # pragma: no cover - a JAX without it: the inputs decide
+        return False
+    return not trace_state_clean()
+
+
 # Times are offsets from import so that float32 keeps millisecond resolution for days.
 _T0 = time.perf_counter()
 

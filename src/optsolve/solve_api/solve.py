@@ -15,7 +15,7 @@ import numpy as np
 from jax import lax
 
 from optsolve.solve_api.adjoint import ImplicitAdjoint
-from optsolve.solve_api import host, recompilation, sense, trainable
+from optsolve.solve_api import host, recompilation, scipy_forms, sense, trainable
 from optsolve.solve_api.checkpoint import Checkpoint, SavedLeaves
 from optsolve.solve_api.capabilities import (check_capabilities, check_objective, names_with,
                                              resume_point)
@@ -78,7 +78,8 @@ def _solve_on_data(problem, algorithm, opts, data, batch_size, key, epochs,
     check_capabilities(problem, algorithm, opts, stops_with_data=True, adjoint=adjoint)
     inputs = FlatInputs(problem, algorithm)  # flattened once for the layers below
     # an iterable (a generator) is not a pytree: only in-memory data may be traced
-    traced = inputs.traced or is_traced(key) or (batch_size is not None and is_traced(data))
+    traced = (inputs.traced or is_traced(key) or (batch_size is not None and is_traced(data))
+              or host.under_a_trace())
     if batch_size is not None and (traced or adjoint is not None):
         return _solve_in_memory(problem, algorithm, opts, data, batch_size, key, epochs,
                                 adjoint, traced)
@@ -231,7 +232,9 @@ def _finish(user_problem: OptimizationProblem, problem: OptimizationProblem,
     """The solution in the terms of the user's problem (the whole model where the problem
     trains some of its leaves), holding the problem it solves."""
     solution = trainable.outer(split, problem, solution)
-    return _with_problem(sense.in_user_terms(user_problem, solution, on_data), problem)
+    solution = scipy_forms.outer(user_problem, sense.in_user_terms(user_problem, solution,
+                                                                   on_data))
+    return _with_problem(solution, problem)
 
 
 def _checkpoint(user_problem, problem, algorithm, split, path, every, keep,
@@ -449,6 +452,7 @@ def solve(problem: OptimizationProblem, algorithm: Any, *, maxiters: int | None 
             f"solve: `problem` must be an optsolve.OptimizationProblem, got {type(problem).__name__}."
         )
     user_problem, problem = problem, sense.to_minimisation(problem)
+    problem, resume = scipy_forms.inner(problem, resume)  # sol.x is given back in x0's form
     callback = sense.user_callback(user_problem, callback)
     if resume is not None and user_problem.sense == "max" and isinstance(resume, Solution):
         resume = replace(resume, objective=-resume.objective)
@@ -503,7 +507,7 @@ def solve(problem: OptimizationProblem, algorithm: Any, *, maxiters: int | None 
     problem = _project_start(problem)
     backend = backend_for(algorithm)
     inputs = FlatInputs(problem, algorithm, opts)  # flattened once for the layers below
-    traced = inputs.traced
+    traced = inputs.traced or host.under_a_trace()
     if (opts.maxiters is not None and not is_traced(opts.maxiters) and int(opts.maxiters) == 0
             and not compiled_driver):
         start = _no_iterations(algorithm.minimised_problem(problem), opts)

@@ -27,7 +27,7 @@ from optsolve.backends.native.prepared import FlatCarry, Prepared, zeros_of
 from optsolve.backends.native.rules import INT
 from optsolve.backends.native.protocol import GradientStepSolver
 from optsolve.solve_api.cache import BoundedCache
-from optsolve.solve_api.host import interrupt_requested
+from optsolve.solve_api.host import interrupt_requested, under_a_trace
 from optsolve.solve_api.loops import Loop as LoopRunner
 from optsolve.solve_api.options import SolveOptions
 from optsolve.solve_api.problem import OptimizationProblem
@@ -228,6 +228,6 @@ def run_iterative(make_solver, problem: OptimizationProblem, algorithm: Any,
     Inside a JAX transformation, or in a ``loop`` the adjoint chose, the run is one loop in
     the caller's trace; an eager call runs in interruptible chunks of one compiled function.
     """
-    if loop is not None or is_traced(problem, algorithm, options):
+    if loop is not None or is_traced(problem, algorithm, options) or under_a_trace():
         return _whole_compiled(make_solver, problem, algorithm, options, loop)
     return _run_chunks(make_solver, problem, algorithm, options)
