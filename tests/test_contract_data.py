@@ -78,3 +78,29 @@ def test_training_on_data_records_resumes_and_reports_progress(cls, tmp_path, ca
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
     assert resumed.stats.iterations == n + m
     np.testing.assert_allclose(resumed.history.objective, losses[n:], rtol=1e-12)
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=_id)
+def test_on_data_under_jit_equals_eager_and_the_callback_sees_every_step(cls):
+    """Two rules of every class that trains on data: in-memory data runs inside jax.jit and
+    gives the eager run's result, and the callback sees every step after its update, the
+    last included (steps 1 to 8 of one epoch)."""
+    alg = CASES[cls].make()
+    if not alg.capabilities()["takes_data"]:
+        return  # refused, by the rule above
+    prob = OptimizationProblem(_loss, X0, 10.0)
+    seen = {"eager": [], "jit": []}
+
+    def run(path):
+        return solve(prob, alg, data=SAMPLES, batch_size=BATCH, key=KEY,
+                     callback=lambda k, x, f: seen[path].append(int(k)))
+
+    eager = run("eager")
+    jitted = jax.jit(lambda: run("jit"))()
+    assert eager.retcode == ReturnCode.MAXITERS and eager.stats.iterations == 8
+    assert int(jitted.retcode) == ReturnCode.MAXITERS and int(jitted.stats.iterations) == 8
+    for a, b in zip(_leaves(eager.x), _leaves(jitted.x), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
+    for a, b in zip(_leaves(eager.state), _leaves(jitted.state), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
+    assert seen["eager"] == seen["jit"] == list(range(1, 9))
