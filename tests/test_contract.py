@@ -452,6 +452,46 @@ def test_maximisation_and_aux_are_the_minimisation_in_the_users_terms(cls):
     np.testing.assert_allclose(sol.aux["scaled"], 10.0 * sol.x[0], rtol=1e-15)
 
 
+def _flat(x):
+    """The leaves of any x0 structure as one vector, in order."""
+    return jnp.concatenate([jnp.ravel(jnp.asarray(leaf)) for leaf in jax.tree_util.tree_leaves(x)])
+
+
+def _tree_objective(x, p):
+    return _objective(_flat(x), p)
+
+
+def _tree_residuals(x, p):
+    return _residuals(_flat(x), p)
+
+
+# a tuple holding a dict and a list: three containers in one compiled run. Their leaves are
+# 1-element arrays: optax's SM3 fails on 0-d parameters (it indexes a leaf's first axis)
+NESTED_X0 = ({"a": jnp.array([-1.2])}, [jnp.array([1.0])])
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=_id)
+def test_x0s_structure_is_kept(cls):
+    """sol.x has x0's structure: a list of numbers (scipy's form, one array inside f) comes
+    back a list, from the compiled program of the array x0; lists, tuples and dicts in a
+    pytree x0 come back as they were given."""
+    alg, k = CASES[cls].make(), CASES[cls].iterations
+    array = solve(_problem(cls), alg, maxiters=k)
+    listed_problem = _problem(cls, x0=[-1.2, 1.0])
+    listed_problem.x0_form.to_user(X0)  # the list's own (one-off) program, compiled first
+    with count_compilations() as counter:
+        listed = solve(listed_problem, alg, maxiters=k)
+    assert counter.count == 0
+    assert isinstance(listed.x, list) and len(listed.x) == 2, listed.x
+    np.testing.assert_allclose(np.array(listed.x), array.x, rtol=1e-12, atol=1e-14)
+    nested = problem_for(cls, _tree_objective, _tree_residuals, NESTED_X0, 10.0,
+                         BOX if CASES[cls].box else None)
+    sol = solve(nested, alg, maxiters=k)
+    assert jax.tree_util.tree_structure(sol.x) == jax.tree_util.tree_structure(NESTED_X0)
+    np.testing.assert_allclose(sol.objective, _rosenbrock(_flat(sol.x), 10.0), rtol=1e-12,
+                               atol=1e-14)
+
+
 @pytest.mark.parametrize("cls", CLASSES, ids=_id)
 def test_float32_in_float32_out(cls):
     prob = _problem(cls, x0=X0.astype(jnp.float32), p=jnp.float32(10.0))

@@ -38,10 +38,12 @@ def test_a_list_of_pairs_needs_one_pair_per_entry():
     np.testing.assert_allclose(solve(prob, optsolve.LBFGS(), gtol=1e-10).x, [1, 2, 3], atol=1e-8)
 
 
-def test_x0_as_a_list_of_numbers_is_one_array():
-    sol = solve(OptimizationProblem(F, [0.0, 1.0]), optsolve.LBFGS(), gtol=1e-10)
-    assert isinstance(sol.x, jnp.ndarray) and sol.x.shape == (2,)
-    np.testing.assert_allclose(sol.x, [3.0, 3.0], atol=1e-8)
+def test_x0_as_a_list_of_numbers_is_one_array_inside_and_a_list_back():
+    prob = OptimizationProblem(F, [0.0, 1.0])
+    assert isinstance(prob.x0, jnp.ndarray) and prob.x0.shape == (2,)  # what f receives
+    sol = solve(prob, optsolve.LBFGS(), gtol=1e-10)
+    assert isinstance(sol.x, list) and len(sol.x) == 2  # x0's structure (test_structure.py)
+    np.testing.assert_allclose(np.array(sol.x), [3.0, 3.0], atol=1e-8)
     # a list of arrays stays a pytree
     tree = OptimizationProblem(lambda x, p: F(x[0], p) + F(x[1], p), [jnp.zeros(2), jnp.zeros(1)])
     assert isinstance(solve(tree, optsolve.LBFGS()).x, list)

@@ -132,7 +132,9 @@ class OptimizationProblem:
     Args:
       f: the objective, ``f(x, p) -> scalar`` (real floating point).
       x0: the starting point; any pytree of real floating-point arrays (nested dicts,
-        tuples, lists, a flax params dict). A list of numbers (scipy's form) is one array.
+        tuples, lists, a flax params dict). A list of numbers (scipy's form, nested lists
+        included) is one array inside ``f`` and ``prob.x0``, and ``sol.x`` comes back as
+        lists of the same nesting; an integer NumPy array is cast to float, as scipy does.
       p: hyperparameters, any pytree (or None); differentiable through ``solve``.
       bounds: ``(lower, upper)``, each None, a scalar or a pytree shaped like x0; None or
         +-inf entries mean unbounded. Stored normalised, as two pytrees shaped like x0.
@@ -161,6 +163,8 @@ class OptimizationProblem:
         from step to step by the algorithms that evaluate f once per step (the optax
         family) and returned in ``sol.x``. None (default): every leaf is trained and must
         be a floating-point array.
+      x0_form: set by the problem itself (a :class:`~optsolve.solve_api.scipy_forms.ListForm`
+        where x0 was a list of numbers): the form ``sol.x`` is given back in.
 
     Example:
       >>> import jax.numpy as jnp
@@ -177,9 +181,10 @@ class OptimizationProblem:
     sense: str = static_field(default="min")
     has_aux: bool = static_field(default=False)
     trainable: Any = static_field(default=None)
+    x0_form: scipy_forms.ListForm | None = static_field(default=None)
 
     def __init__(self, f, x0, p=None, *, bounds=None, constraints=None, grad=None, hvp=None,
-                 sense="min", has_aux=False, trainable=None):
+                 sense="min", has_aux=False, trainable=None, x0_form=None):
         if sense not in ("min", "max"):
             raise ValueError(f"OptimizationProblem: `sense` must be 'min' or 'max', got {sense!r}.")
         if not isinstance(has_aux, bool):
@@ -197,7 +202,10 @@ class OptimizationProblem:
                 f"OptimizationProblem: `hvp` must be None or a callable hvp(x, v, p) -> pytree "
                 f"like x, got {hvp!r}."
             )
-        x0 = scipy_forms.start_point(x0)
+        x0, form = scipy_forms.start_point(x0)
+        if form is None and isinstance(x0_form, scipy_forms.ListForm) and \
+                getattr(x0, "shape", None) == x0_form.shape:
+            form = x0_form  # a copy of a problem given a list (prob.replace(p=...))
         bounded = x0  # what bounds are shaped like: x0, or a model's trained leaves
         if trainable is None:
             _check_x0(x0)
@@ -252,6 +260,7 @@ class OptimizationProblem:
         object.__setattr__(self, "sense", sense)
         object.__setattr__(self, "has_aux", has_aux)
         object.__setattr__(self, "trainable", trainable)
+        object.__setattr__(self, "x0_form", form)
 
     def replace(self, **changes: Any) -> "OptimizationProblem":
         """A new problem with some of ``f``, ``x0``, ``p``, ``bounds``, ``constraints``, ``grad``,
@@ -262,6 +271,14 @@ class OptimizationProblem:
                 f"OptimizationProblem.replace: unknown field(s) {sorted(unknown)}; valid fields "
                 "are f, x0, p, bounds, constraints, grad, hvp, sense, has_aux, trainable."
             )
+        if "x0" in changes and "x0_form" not in changes:
+            # a new x0 has its own form; lists in this problem's form (an earlier sol.x,
+            # for a warm start) are this problem's array again
+            form = self.x0_form
+            if form is not None and form.holds(changes["x0"]):
+                changes["x0"] = form.to_array(changes["x0"])
+            else:
+                changes["x0_form"] = None
         return replace(self, **changes)
 
     def derived(self, **changes: Any) -> "OptimizationProblem":
