@@ -357,3 +357,36 @@ def test_resume_on_shuffled_in_memory_data_continues_the_stream_bit_for_bit():
                     jax.tree_util.tree_leaves((resumed.x, resumed.state)), strict=True):
         np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(whole.objective, resumed.objective)
+
+
+def test_nonfinite_skip_skips_the_batch_and_fails_after_too_many_in_a_row():
+    prob = make_problem()
+    data = batches()
+    data[2] = (np.full_like(data[2][0], np.nan), data[2][1])
+    kept = [b for i, b in enumerate(batches()) if i != 2]
+    # Adam skips batch 2's update (its state too): the run is the hand loop without it
+    for algorithm in (optsolve.Adam(0.05), optax.apply_if_finite(optax.adam(0.05), 3)):
+        policy = {} if isinstance(algorithm, optax.GradientTransformation) else \
+            dict(nonfinite="skip")
+        sol = solve(prob, algorithm, data=data, **policy)
+        assert sol.retcode == ReturnCode.MAXITERS and sol.stats.iterations == 6
+        assert sol.stats.skipped == 1 and "1 step(s) skipped" in sol.message
+        assert_close(sol.x, hand_loop(optax.adam(0.05), prob, kept), rtol=1e-12)
+    # in memory, under jit: the same
+    features = np.concatenate([b[0] for b in data])
+    jitted = jax.jit(lambda: solve(prob, optsolve.Adam(0.05), data=(features, LABELS),
+                                   batch_size=16, nonfinite="skip"))()
+    assert int(jitted.stats.skipped) == 1
+    assert_close(jitted.x, hand_loop(optax.adam(0.05), prob, kept), rtol=1e-12)
+    # the third skip in a row fails with max_consecutive_skips=2, at the last good iterate
+    worse = batches()[:2] + [data[2]] * 4
+    sol = solve(prob, optsolve.Adam(0.05), data=worse, nonfinite="skip",
+                max_consecutive_skips=2)
+    assert sol.retcode == ReturnCode.FAILURE and sol.stats.skipped == 2
+    assert_close(sol.x, hand_loop(optax.adam(0.05), prob, batches()[:2]), rtol=1e-12)
+    # the default fails at the first one
+    assert solve(prob, optsolve.Adam(0.05), data=data).retcode == ReturnCode.FAILURE
+    with pytest.raises(ValueError, match="needs `data`"):
+        solve(prob, optsolve.Adam(0.05), maxiters=3, nonfinite="skip")
+    with pytest.raises(ValueError, match="'fail' or 'skip'"):
+        solve(prob, optsolve.Adam(0.05), data=data, nonfinite="ignore")

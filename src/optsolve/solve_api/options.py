@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import inspect
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import numpy as np
+import scipy.optimize as so
 
 from optsolve.solve_api.algorithm import Algorithm
 from optsolve.solve_api.pytree import pytree_dataclass, static_field
@@ -57,6 +60,98 @@ class InMemoryData:
 COMMON_OPTIONS = ("maxiters", "maxtime", "gtol", "ftol", "callback", "callback_every")
 
 
+def solve_keywords() -> tuple[str, ...]:
+    """Every keyword ``solve`` takes, the common options first: read from its signature,
+    so that the errors listing them stay in step with it."""
+    from optsolve.solve_api.solve import solve  # solve imports this module
+    named = [name for name, param in inspect.signature(solve).parameters.items()
+             if param.kind is inspect.Parameter.KEYWORD_ONLY]
+    return COMMON_OPTIONS + tuple(name for name in named if name not in COMMON_OPTIONS)
+
+
+def nearest(name: str, valid: Any) -> str:
+    """``"; did you mean 'x'?"`` for the valid name closest to a misspelled ``name``, or
+    ``""`` when none is close."""
+    close = difflib.get_close_matches(name, list(valid), n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+class ScipyCallback:
+    """A callback in scipy's form, ``callback(xk)`` or ``callback(intermediate_result)``,
+    called as solve's ``callback(iteration, x, objective)``. As in scipy, raising
+    StopIteration stops the run (TERMINATED), and so does returning True.
+
+    Equal to another one wrapping the same function, so that repeated solves share compiled
+    code (a callback is static)."""
+
+    def __init__(self, fn: Callable[..., Any], result: bool):
+        self.fn, self.result = fn, result
+
+    def __call__(self, iteration: Any, x: Any, objective: Any) -> Any:
+        try:
+            if self.result:
+                return self.fn(so.OptimizeResult(x=x, fun=objective, nit=iteration))
+            return self.fn(x)
+        except StopIteration:
+            return True
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, ScipyCallback) and (other.fn, other.result) == (
+            self.fn, self.result)
+
+    def __hash__(self) -> int:
+        return hash((ScipyCallback, self.fn, self.result))
+
+    def __repr__(self) -> str:
+        # names what it wraps: the recompilation warning compares printed structures
+        return f"ScipyCallback({self.fn!r})"
+
+
+def as_callback(callback: Any) -> Any:
+    """``callback`` as solve calls it, ``callback(iteration, x, objective[, grad_norm])``:
+    itself when it takes those, a :class:`ScipyCallback` for scipy's one-argument forms.
+
+    Raises:
+      TypeError: for a callback that takes another number of positional arguments.
+    """
+    if callback is None or not callable(callback):
+        return callback  # make_options says what a callback must be
+    try:
+        signature = inspect.signature(callback)
+    except (TypeError, ValueError):  # a builtin without a signature: called as it is
+        return callback
+    params = list(signature.parameters.values())
+    if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params):
+        return callback
+    positional = [p for p in params if p.kind in (inspect.Parameter.POSITIONAL_ONLY,
+                                                  inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    required = sum(p.default is inspect.Parameter.empty for p in positional)
+    if any(required <= n <= len(positional) for n in (3, 4)):
+        return callback
+    if required <= 1 <= len(positional):
+        return ScipyCallback(callback, [p.name for p in params] == ["intermediate_result"])
+    name = getattr(callback, "__name__", type(callback).__name__)
+    raise TypeError(
+        f"solve: `callback` must be callback(iteration, x, objective) (a fourth argument "
+        f"gets the gradient norm) or scipy's callback(xk) or callback(intermediate_result); "
+        f"got {name}{signature}. E.g. callback=lambda i, x, f: print(i, f).")
+
+
+def check_key(key: Any) -> None:
+    """Raise a clear error unless ``key`` is None or a JAX PRNG key (a typed key from
+    ``jax.random.key`` or a raw uint32 one from ``jax.random.PRNGKey``)."""
+    if key is None:
+        return
+    dtype = getattr(key, "dtype", None)
+    if dtype is not None and (jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key) or (
+            dtype == np.uint32 and np.ndim(key) >= 1)):
+        return
+    given = f"{key!r}" if len(repr(key)) < 40 else type(key).__name__
+    raise TypeError(
+        f"solve: `key` (which shuffles in-memory data) must be a jax.random key, e.g. "
+        f"jax.random.key(0); got {given}.")
+
+
 @pytree_dataclass
 class SolveOptions:
     """Validated options of one ``solve`` call.
@@ -87,6 +182,10 @@ class SolveOptions:
       data: a :class:`DataSpec` for training on data, or None.
       in_memory: an :class:`InMemoryData` consumed inside the compiled loop (a run on
         in-memory data under jax.jit, jax.vmap or jax.grad): its arrays and key are leaves.
+      nonfinite: on data, what a step whose batch gives a non-finite loss or gradient does:
+        ``"fail"`` ends the run with FAILURE; ``"skip"`` skips its update.
+      max_consecutive_skips: with ``nonfinite="skip"``, the run ends with FAILURE at the
+        step that would skip more than this many updates in a row.
       replay: on the data path, a bool array, True while the host replays a chunk of steps
         up to a stopped step (the callback and progress bar stay silent); None elsewhere.
       metrics: ``metrics(x, p[, batch]) -> pytree`` recorded in the history at every
@@ -114,6 +213,8 @@ class SolveOptions:
     progress_every: int = static_field(default=1)
     data: Any = static_field(default=None)
     in_memory: Any = None
+    nonfinite: str = static_field(default="fail")
+    max_consecutive_skips: Any = None
     replay: Any = None
     metrics: Callable[..., Any] | None = static_field(default=None)
     evaluate: Callable[..., Any] | None = static_field(default=None)
@@ -155,9 +256,6 @@ def _check_tracking(history: bool, metrics, evaluate, eval_every, keep) -> None:
     for name, fn in (("metrics", metrics), ("evaluate", evaluate)):
         if fn is not None and not callable(fn):
             raise TypeError(f"solve: `{name}` must be a function of (x, p), got {fn!r}.")
-    if metrics is not None and not history:
-        raise ValueError("solve: `metrics` are recorded in `sol.history`; pass history=True "
-                         "as well.")
     if keep not in ("last", "best"):
         raise ValueError(f"solve: `keep` must be 'last' or 'best', got {keep!r}.")
     if evaluate is not None and not history and keep != "best":
@@ -176,10 +274,11 @@ def make_options(algorithm: Algorithm, *, maxiters=None, maxtime=None, gtol=None
     valid_extra = tuple(type(algorithm).extra_options)
     unknown = sorted(set(extra) - set(valid_extra))
     if unknown:
-        valid = ", ".join(COMMON_OPTIONS + valid_extra)
+        valid = solve_keywords() + valid_extra
         raise TypeError(
             f"solve: {type(algorithm).__name__} does not take the option(s) "
-            f"{', '.join(repr(u) for u in unknown)}. Valid options: {valid}."
+            f"{', '.join(repr(u) for u in unknown)}. Valid options: {', '.join(valid)}"
+            f"{nearest(unknown[0], valid) or '.'}"
         )
     _check_number("maxiters", maxiters, integer=True)
     _check_number("maxtime", maxtime, positive=True)
@@ -193,6 +292,7 @@ def make_options(algorithm: Algorithm, *, maxiters=None, maxtime=None, gtol=None
             f"{callback!r}."
         )
     _check_every("callback_every", callback_every)
+    history = history or metrics is not None  # metrics are recorded in the history
     _check_tracking(history, metrics, evaluate, eval_every, keep)
     # -1: a history without a known length, which only a training loop on data can record
     length = -1 if maxiters is None or isinstance(maxiters, jax.core.Tracer) else int(maxiters) + 1

@@ -23,12 +23,16 @@ class Stats:
       grad_evals: gradient evaluations.
       time: wall-clock seconds of the solve; None when ``solve`` ran inside a JAX
         transformation (jit, vmap, grad), where the host cannot time it.
+      skipped: steps on data whose update was skipped because their batch's loss or
+        gradient was not finite (``nonfinite="skip"``, or an ``optax.apply_if_finite``
+        transformation); None where no step may be skipped. They count in ``iterations``.
     """
 
     iterations: Any = None
     f_evals: Any = None
     grad_evals: Any = None
     time: Any = None
+    skipped: Any = None
 
 
 @pytree_dataclass
@@ -136,6 +140,11 @@ class Solution:
         reason = _concrete_code(self.reason, reason_text)
         if reason:
             parts.append(reason)
+        skipped = self.stats.skipped if self.stats is not None else None
+        if skipped is not None and np.ndim(skipped) == 0 and \
+                not isinstance(skipped, jax.core.Tracer) and int(skipped) > 0:
+            parts.append(f"{int(skipped)} step(s) skipped: their batch's loss or gradient was "
+                         "not finite")
         if self.detail:
             parts.append(f"backend: {self.detail}")
         return "; ".join(parts)

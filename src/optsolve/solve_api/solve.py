@@ -20,7 +20,8 @@ from optsolve.solve_api.checkpoint import Checkpoint, SavedLeaves
 from optsolve.solve_api.capabilities import (check_capabilities, check_objective, names_with,
                                              resume_point)
 from optsolve.solve_api.kkt import multipliers, per_constraint
-from optsolve.solve_api.options import DataSpec, InMemoryData, make_options
+from optsolve.solve_api.options import (DataSpec, InMemoryData, as_callback, check_key,
+                                        make_options)
 from optsolve.solve_api.problem import OptimizationProblem
 from optsolve.solve_api.pytree import FlatInputs, is_traced, replace
 from optsolve.solve_api.registry import algorithm_classes, as_algorithm, backend_for
@@ -213,10 +214,13 @@ def _eager(solution: Solution, elapsed: float, interrupted: bool = False) -> Sol
     retcode, reason = ReturnCode(int(code)), count(reason)
     if interrupted and retcode in (ReturnCode.TERMINATED, ReturnCode.MAXTIME):
         retcode, reason = ReturnCode.INTERRUPTED, None
+    skipped = stats.skipped
+    if isinstance(skipped, jax.Array):
+        skipped = int(skipped)
     return replace(
         solution, retcode=retcode, reason=reason,
         stats=replace(stats, iterations=count(iterations), f_evals=count(f_evals),
-                      grad_evals=count(grad_evals), time=elapsed))
+                      grad_evals=count(grad_evals), time=elapsed, skipped=skipped))
 
 
 def _with_problem(solution: Solution, problem: OptimizationProblem) -> Solution:
@@ -377,7 +381,8 @@ def solve(problem: OptimizationProblem, algorithm: Any, *, maxiters: int | None 
           epochs: int | None = None, metrics: Callable[..., Any] | None = None,
           evaluate: Callable[..., Any] | None = None, eval_every: int = 1,
           keep: str = "last", checkpoint: str | os.PathLike | None = None,
-          checkpoint_every: int | None = None, **options: Any) -> Solution:
+          checkpoint_every: int | None = None, nonfinite: str = "fail",
+          max_consecutive_skips: int = 10, **options: Any) -> Solution:
     """Minimise ``problem`` with ``algorithm`` and return a :class:`Solution`.
 
     Args:
@@ -432,6 +437,13 @@ def solve(problem: OptimizationProblem, algorithm: Any, *, maxiters: int | None 
       batch_size: the batch size of in-memory ``data`` (a remainder is dropped each epoch).
       key: a ``jax.random`` key to shuffle in-memory data at every epoch (no shuffling if None).
       epochs: passes over ``data`` (re-iterable data or in-memory arrays).
+      nonfinite: on ``data``, what a step does whose batch gives a non-finite loss or
+        gradient: ``"fail"`` (default) ends the run with FAILURE at the latest finite
+        iterate; ``"skip"`` skips that step's update (the batch is used up), counts it in
+        ``sol.stats.skipped`` and the message, and ends the run with FAILURE only at the
+        ``max_consecutive_skips + 1``-th skip in a row. An ``optax.apply_if_finite``
+        transformation skips on its own: its skips are honoured the same way.
+      max_consecutive_skips: see ``nonfinite`` (default 10).
       adjoint: how the solution is differentiated with respect to ``problem.p``
         (default :class:`ImplicitAdjoint`). Gradients with respect to ``x0`` are zero.
       **options: ``callback_every`` and algorithm-specific options; unknown ones are errors.
@@ -453,7 +465,8 @@ def solve(problem: OptimizationProblem, algorithm: Any, *, maxiters: int | None 
         )
     user_problem, problem = problem, sense.to_minimisation(problem)
     problem, resume = scipy_forms.inner(problem, resume)  # sol.x is given back in x0's form
-    callback = sense.user_callback(user_problem, callback)
+    check_key(key)
+    callback = sense.user_callback(user_problem, as_callback(callback))  # scipy's forms too
     if resume is not None and user_problem.sense == "max" and isinstance(resume, Solution):
         resume = replace(resume, objective=-resume.objective)
     if resume is not None and not isinstance(resume, Solution):
@@ -481,6 +494,17 @@ def solve(problem: OptimizationProblem, algorithm: Any, *, maxiters: int | None 
                         history=history, progress=progress, metrics=metrics,
                         evaluate=evaluate, eval_every=eval_every, keep=keep,
                         checkpoint=checkpoint, **options)
+    if nonfinite not in ("fail", "skip"):
+        raise ValueError(f"solve: `nonfinite` must be 'fail' or 'skip', got {nonfinite!r}.")
+    if isinstance(max_consecutive_skips, bool) or not isinstance(
+            max_consecutive_skips, (int, np.integer)) or max_consecutive_skips < 0:
+        raise ValueError("solve: `max_consecutive_skips` must be an integer >= 0, got "
+                         f"{max_consecutive_skips!r}.")
+    if nonfinite == "skip" and data is None:
+        raise ValueError(
+            "solve: nonfinite='skip' skips the update of a batch with a non-finite loss; it "
+            "needs `data` (full batch, the same point would fail again).")
+    opts = replace(opts, nonfinite=nonfinite, max_consecutive_skips=int(max_consecutive_skips))
     if data is not None:
         solution = _solve_on_data(problem, algorithm, opts, data, batch_size, key, epochs,
                                   adjoint)

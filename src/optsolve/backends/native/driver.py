@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import optax
 from jax import lax
 
 from optsolve.backends.native.objective import Objective, all_finite
@@ -184,6 +185,14 @@ class _GradientCarry(NamedTuple):
     record: Record | None
     base: BaseCounts
     best: Best | None  # with keep="best"
+    skips: tuple | None = None  # on data where steps may skip: (skipped, skipped in a row)
+
+
+def _skips_itself(state: PyTree) -> bool:
+    """Whether the optimizer's state is optax.apply_if_finite's, which skips non-finite
+    updates itself (its skips are honoured: the run does not fail on them)."""
+    found = lambda s: isinstance(s, optax.ApplyIfFiniteState)  # noqa: E731
+    return any(found(s) for s in jax.tree_util.tree_leaves(state, is_leaf=found))
 
 
 class StreamLoop(NamedTuple):
@@ -224,10 +233,12 @@ def _gradient_parts(solver: GradientStepSolver, problem: OptimizationProblem,
         f_dtype = jax.eval_shape(objective.value, x0).dtype
         zero = jnp.zeros((), INT)
         carried = objective.p.carried if objective.mutates_state(x0) else None
+        skipping = stream and (options.nonfinite == "skip" or _skips_itself(state0))
         carry = _GradientCarry(x0, state0, carried, x0, jnp.zeros((), f_dtype), zero, zero,
                                zero, jnp.asarray(RUNNING, INT), zero, rules.start_time(zero),
                                None, base_counts(start),
-                               tracker.first_best(x0, state0, carried, f_dtype))
+                               tracker.first_best(x0, state0, carried, f_dtype),
+                               (zero, zero) if skipping else None)
         return new_record(carry, objective)
 
     def step(carry: _GradientCarry, objective: Objective) -> _GradientCarry:
@@ -243,7 +254,22 @@ def _gradient_parts(solver: GradientStepSolver, problem: OptimizationProblem,
         # On data a non-finite gradient is caught through the iterate its update makes (the
         # next loss, or finish's check of x): a reduction over g per step costs more there.
         f_ok, g_ok = all_finite(f), (true_() if stream else all_finite(g))
-        ok = f_ok & g_ok
+        gate, skips = None, carry.skips
+        if skips is not None:
+            # A step whose batch gives a non-finite loss or gradient skips its update (the
+            # policy's gate; apply_if_finite gates its own) and fails the run only as the
+            # (max_consecutive_skips + 1)-th skip in a row.
+            g_ok = all_finite(g)
+            finite = f_ok & g_ok
+            in_a_row = jnp.where(finite, 0, skips[1] + 1).astype(INT)
+            limit = options.max_consecutive_skips
+            tolerated = ~finite & (in_a_row <= (10 if limit is None else limit))
+            if options.nonfinite == "skip":
+                gate = finite
+            ok = finite
+            f_ok, g_ok = f_ok | tolerated, g_ok | tolerated
+        else:
+            ok = f_ok & g_ok
         has_prev = k > 0
         false = jnp.zeros((), bool)
         # on data the callback sees each step's outcome (below), after its update
@@ -258,19 +284,28 @@ def _gradient_parts(solver: GradientStepSolver, problem: OptimizationProblem,
         status, reason = checks.verdict()
         is_running = status == RUNNING
         zero = jnp.zeros((), INT)
-        if stream and not guarded:
+        def hold():  # no update: x, the state and the model's state as they were
+            return Update(x, carry.state, zero, zero, jnp.zeros((), bool))
+
+        if stream and not guarded and gate is None:
             # On data every step updates: a conditional (or a select) per step costs more
             # than the step's own bookkeeping. The host undoes a stopped step's update by
             # replaying its chunk up to that step (see StreamLoop). A run inside the
             # caller's trace has no host to replay it: its steps are ``guarded``.
             upd, x_prev = solver.update(objective, x, f, g, carry.state), x
+        elif stream and not guarded:
+            upd = lax.cond(gate, lambda: solver.update(objective, x, f, g, carry.state), hold)
+            x_prev = x
+            if carried is not None:  # a skipped batch's statistics are not kept either
+                carried = select(gate, carried, carry.carried)
         else:
             # x_prev moves only in the running branch: a stop keeps the previous good
             # iterate without a select over every parameter at every step.
+            moves = is_running if gate is None else is_running & gate
             upd, x_prev, carried = lax.cond(
-                is_running, lambda: (solver.update(objective, x, f, g, carry.state), x, carried),
-                lambda: (Update(x, carry.state, zero, zero, jnp.zeros((), bool)),
-                         carry.x_prev, carry.carried))
+                moves, lambda: (solver.update(objective, x, f, g, carry.state), x, carried),
+                # a skipped step (running) took its batch: x is the iterate it evaluated
+                lambda: (hold(), select(is_running, x, carry.x_prev), carry.carried))
         # A failed update ends the run at x, which counts as completed (finish subtracts
         # the failing step, so the counter takes one more).
         status = jnp.where(upd.failed, int(ReturnCode.FAILURE), status).astype(INT)
@@ -294,10 +329,12 @@ def _gradient_parts(solver: GradientStepSolver, problem: OptimizationProblem,
         best = tracker.update_best(carry.best, ok, x, carry.state, carry.carried, f, score, k)
         # on data a stopped step (a failed update included) is undone: it counts no update
         advanced = is_running & ~upd.failed if stream else is_running | upd.failed
+        if skips is not None:
+            skips = (skips[0] + (is_running & ~ok).astype(INT), in_a_row)
         return _GradientCarry(upd.x, upd.state, carried, x_prev, f_last, k + advanced.astype(INT),
                               carry.f_evals + 1 + upd.f_evals.astype(INT),
                               carry.grad_evals + 1 + upd.grad_evals.astype(INT), status,
-                              reason, carry.t_start, record, carry.base, best)
+                              reason, carry.t_start, record, carry.base, best, skips)
 
     def finish(final: _GradientCarry) -> Solution:
         start = final.base
@@ -331,7 +368,8 @@ def _gradient_parts(solver: GradientStepSolver, problem: OptimizationProblem,
             x=x, objective=f, retcode=status,
             stats=Stats(iterations=start.iterations + iterations,
                         f_evals=start.f_evals + final.f_evals,
-                        grad_evals=start.grad_evals + final.grad_evals, time=None),
+                        grad_evals=start.grad_evals + final.grad_evals, time=None,
+                        skipped=None if final.skips is None else final.skips[0]),
             original=state, state=state, history=history_of(final.record),
             reason=reason, model_state=carried,
         )

@@ -254,7 +254,8 @@ def run_training(make_solver, problem: OptimizationProblem, algorithm: Any,
     final = _final_carry(recent)
     solution, summary = at_last if final is last else finish(final)
     solution = solution.unpack()
-    status, reason, iterations, f_evals, grad_evals = (int(v) for v in np.asarray(summary))
+    status, reason, iterations, f_evals, grad_evals, skipped = (
+        int(v) for v in np.asarray(summary))
     if status == RUNNING:
         # the data or the epochs ran out: the iteration budget was used up
         status = int(ReturnCode.INTERRUPTED if interrupted else
@@ -266,7 +267,7 @@ def run_training(make_solver, problem: OptimizationProblem, algorithm: Any,
                  zip(records, counts)]
         history = History(*jax.tree_util.tree_map(lambda *a: jnp.concatenate(a), *parts))
     stats = Stats(iterations=iterations, f_evals=f_evals, grad_evals=grad_evals,
-                  time=solution.stats.time)
+                  time=solution.stats.time, skipped=None if skipped < 0 else skipped)
     return replace(solution, retcode=ReturnCode(status), reason=reason, stats=stats,
                    history=history, original=solution.state)
 
@@ -275,7 +276,7 @@ def _write_checkpoint(checkpoint, finish, carry) -> None:
     """A running chunk's end as the checkpoint."""
     solution, summary = finish(carry)
     solution = solution.unpack()
-    _, _, iterations, f_evals, grad_evals = (int(v) for v in np.asarray(summary))
+    _, _, iterations, f_evals, grad_evals, _ = (int(v) for v in np.asarray(summary))
     checkpoint.write(replace(
         solution, retcode=ReturnCode.INTERRUPTED, reason=None, history=None,
         original=solution.state,

@@ -148,8 +148,10 @@ def run_solution(solver, problem, options, carry) -> tuple[FlatCarry, jax.Array]
     # ``original`` is the state: one output, not two (each output buffer costs the call)
     solution = replace(solution, original=None)
     stats = solution.stats
+    skipped = -1 if stats.skipped is None else stats.skipped  # -1: no step may skip
     summary = jnp.stack([jnp.asarray(v, INT) for v in (
-        solution.retcode, solution.reason, stats.iterations, stats.f_evals, stats.grad_evals)])
+        solution.retcode, solution.reason, stats.iterations, stats.f_evals, stats.grad_evals,
+        skipped)])
     return FlatCarry.of(solution), summary
 
 
