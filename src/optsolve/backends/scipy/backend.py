@@ -20,14 +20,16 @@ The common options: ``maxiters`` is scipy's ``maxiter`` where that counts iterat
 method has one (for Newton-CG, which has none, and the trust-region methods, whose
 ``gtol`` tests the 2-norm, optsolve tests ||grad||_inf after each iteration);
 ``ftol`` (relative change of the objective between iterations) is L-BFGS-B's own ``ftol``
-(the same test) and elsewhere, like ``maxtime`` and the callback, is tested by optsolve
-after each iteration, stopping scipy through
+(the same test); SLSQP's own (absolute) ``ftol`` also takes it, and on a constrained problem
+decides alone (its test requires feasibility too); elsewhere ``ftol``, like ``maxtime`` and
+the callback, is tested by optsolve after each iteration, on a constrained problem only at
+a feasible point (within ``FEASIBILITY_TOL``), stopping scipy through
 ``StopIteration`` in ``callback(intermediate_result)`` (scipy >= 1.11) or, for TNC, shgo
 and direct, whose callbacks cannot stop them, by an exception optsolve catches.
 A non-finite f, gradient or Hessian at any evaluation gives FAILURE with the last finite
 iterate (never SUCCESS or MAXITERS, never an exception), and ``Solution.detail`` says how
 often; a run that ends outside the constraints or bounds (by more than
-``scipy_run.FEASIBILITY_TOL``, relative) is INFEASIBLE. ``Solution.detail`` is scipy's
+``FEASIBILITY_TOL``, relative, in :mod:`optsolve.backends.scipy.compiled`) is INFEASIBLE. ``Solution.detail`` is scipy's
 message, then optsolve's notes where it stopped the run or changed the code. The run itself
 is in :mod:`optsolve.backends.scipy.run` (optsolve's per-iteration side in :mod:`optsolve.backends.scipy.monitor`), the
 method tables in :mod:`optsolve.backends.scipy.options` and :mod:`optsolve.backends.scipy.retcodes`.

@@ -35,6 +35,13 @@ PyTree = Any
 
 _CACHE = BoundedCache(256)
 
+# Constraints (and bounds) count as violated beyond this (:meth:`HostProblem.violation`,
+# relative to max(1, |bound|)): at the end of a run (INFEASIBLE) and where optsolve's ftol
+# test would end a constrained run. Looser than the methods' own tolerances (COBYLA's
+# catol = sqrt(eps), trust-constr's 1e-8), so a converged run is never reported INFEASIBLE
+# by accident (COBYLA's own flag, by that catol, is not the verdict: see run._outcome).
+FEASIBILITY_TOL = 1e-6
+
 
 def eval_dtype(x0: PyTree) -> np.dtype:
     """The dtype f is evaluated in: float64 when JAX's x64 mode is on (scipy works in

@@ -14,7 +14,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from optsolve.backends.scipy.compiled import HostProblem
+from optsolve.backends.scipy.compiled import FEASIBILITY_TOL, HostProblem
 from optsolve.backends.scipy.options import MethodSpec
 from optsolve.solve_api.cache import BoundedCache
 from optsolve.solve_api.host import (advance_progress, progress_every, raise_if_interrupted,
@@ -78,6 +78,8 @@ class Monitor:
         self.every = options["callback_every"]
         self.pass_grad_norm = self.callback is not None and wants_grad_norm(self.callback)
         self.ftol = None if spec.native_ftol else options["ftol"]
+        if spec.constrained_ftol and host.constraints:
+            self.ftol = None  # the method's own test decides (MethodSpec.constrained_ftol)
         self.gtol = own_gtol
         self.maxiters = own_maxiters
         self.deadline = (None if options["maxtime"] is None
@@ -206,7 +208,7 @@ class Monitor:
         moved = self.prev_x is not None and bool(np.any(x != self.prev_x))
         if self.ftol is not None and self.prev_f is not None and moved:
             scale = max(abs(self.prev_f), abs(f), 1.0)
-            converged = abs(self.prev_f - f) <= self.ftol * scale
+            converged = abs(self.prev_f - f) <= self.ftol * scale and self._feasible(x)
             self.stopped_by = "optsolve's ftol test" if converged else None
         if not converged and self.gtol is not None:
             converged = bool(np.max(np.abs(self.host.grad(x))) <= self.gtol)
@@ -214,6 +216,15 @@ class Monitor:
         self.prev_f = f
         self.prev_x = x
         return converged
+
+    def _feasible(self, x: np.ndarray) -> bool:
+        """Whether x satisfies the constraints and bounds (to FEASIBILITY_TOL, the end-of-run
+        verdict's): on a constrained problem f may be flat where they are violated (a
+        constant objective, a feasibility problem), and a test on f alone would end the run
+        there, INFEASIBLE, where the method would have gone on to a feasible optimum."""
+        if not self.host.constraints and self.bounds is None:
+            return True
+        return self.host.violation(x, self.bounds) <= FEASIBILITY_TOL
 
     def history(self, x: np.ndarray, fun: float) -> tuple:
         """(objectives, grad_norms, metrics, evaluations) as float64 arrays (metrics and

@@ -40,6 +40,11 @@ class MethodSpec:
       native_ftol: scipy's own ``ftol`` option is solve's ``ftol`` (same definition:
         |f_k - f_{k+1}| / max(|f_k|, |f_{k+1}|, 1)); elsewhere optsolve tests it.
       native_xtol: scipy's own ``xtol`` option is ``solve(..., xtol=...)`` (least_squares).
+      constrained_ftol: scipy's own ``ftol`` takes solve's ``ftol`` where the method's
+        options give none, and on a constrained problem it alone decides: SLSQP's test
+        (|f_k - f_{k+1}| < ftol, absolute, so never looser than solve's relative test) also
+        requires the constraints to hold to ftol and a step below it, where optsolve's test
+        on f alone could end the run at a barely feasible point.
       maxiter_name: scipy's option counting iterations, or None (optsolve counts them).
       maxiter_offset: added to maxiters for scipy, whose count includes iterations the
         callback never sees: Nelder-Mead counts from 1 (``maxiter=m`` performs m - 1),
@@ -67,6 +72,7 @@ class MethodSpec:
     native_gtol: bool = False
     native_ftol: bool = False
     native_xtol: bool = False
+    constrained_ftol: bool = False
     gtol_2norm: bool = False
     maxiter_name: str | None = "maxiter"
     maxiter_offset: int = 0
@@ -97,7 +103,7 @@ MINIMIZE_SPECS: dict[str, MethodSpec] = {s.key: s for s in (
     MethodSpec("cobyqa", "COBYQA", _m._minimize_cobyqa, False, takes_bounds=True,
                takes_constraints=True, maxiter_name="maxfev", monitor_counts=True),
     MethodSpec("slsqp", "SLSQP", _m._minimize_slsqp, True, takes_bounds=True,
-               takes_constraints=True),
+               takes_constraints=True, constrained_ftol=True),
     MethodSpec("trust-constr", "trust-constr", _m._minimize_trustregion_constr, True,
                hessian="hessp", takes_bounds=True, takes_constraints=True, native_gtol=True),
     MethodSpec("dogleg", "dogleg", _minimize_trust_region, True, hessian="hess",

@@ -15,7 +15,7 @@ import numpy as np
 import scipy.optimize as so
 from scipy.optimize import Bounds, NonlinearConstraint, OptimizeResult
 
-from optsolve.backends.scipy.compiled import HostProblem
+from optsolve.backends.scipy.compiled import FEASIBILITY_TOL, HostProblem
 from optsolve.backends.scipy.monitor import Monitor, Stop
 from optsolve.backends.scipy.multipliers import solver_multipliers
 from optsolve.backends.scipy.options import MINIMIZE_SPECS, MethodSpec
@@ -27,11 +27,6 @@ from optsolve.solve_api.problem import OptimizationProblem
 from optsolve.solve_api.returncode import ReturnCode
 from optsolve.solve_api.stationarity import stationarity
 
-# Constraints (and bounds) count as violated at the end beyond this, relative to
-# max(1, |bound|): looser than the methods' own tolerances (COBYLA's catol = sqrt(eps),
-# trust-constr's 1e-8), so a converged run is never reported INFEASIBLE by accident
-# (COBYLA's own flag, by that catol, is not the verdict: see _outcome).
-FEASIBILITY_TOL = 1e-6
 
 
 def _flat(tree) -> np.ndarray:
@@ -111,7 +106,7 @@ def _tolerances(spec: MethodSpec, method_options: dict, gtol, ftol) -> dict:
     if ftol is not None and spec.native_ftol:
         # Same definition: it replaces scipy's default (2.2e-9) instead of adding a test.
         out["ftol"] = ftol
-    elif ftol is not None and spec.key == "slsqp" and "ftol" not in out:
+    elif ftol is not None and spec.constrained_ftol and "ftol" not in out:
         # SLSQP's own test, |f_k - f_k+1| < ftol absolute (1e-6 by default), would end the
         # run, with success, long before a user's tighter relative ftol holds.
         out["ftol"] = ftol
