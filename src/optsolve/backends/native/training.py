@@ -53,6 +53,10 @@ PyTree = Any
 CHUNK = 32  # the most batches of an iterable run per compiled call
 CHUNK_BYTES = 64 * 2 ** 20  # ... and the most bytes of stacked batches per call
 EPOCH_SLOTS = 8  # epochs of in-memory data run per compiled call
+# Chunks are also sized by time, so that a Ctrl-C (seen between chunks, with two in flight)
+# and the progress bar respond within about 0.3 s: the first takes a few steps, each later
+# one about this long, from the steps per second of the chunk read before it.
+_FIRST_STEPS, _CHUNK_SECONDS = 16, 0.15
 
 
 @functools.cache
@@ -201,13 +205,14 @@ def run_training(make_solver, problem: OptimizationProblem, algorithm: Any,
                                  chunk_length(first))
 
     recent: list[_Dispatched] = []   # the last two chunks dispatched
+    budget, read_at = _FIRST_STEPS, started  # steps of the next chunk; the last status read
     records: list[tuple] = []        # with history: each chunk's records and step count
     dispatched = 0
     interrupted = out_of_time = False
     finish = compiled(run_solution)
     try:
         while True:
-            most = None if limit is None else limit - dispatched
+            most = budget if limit is None else min(budget, limit - dispatched)
             if checkpoint is not None:  # chunks end at the checkpoints
                 to_next = checkpoint.steps_to_next(dispatched)
                 most = to_next if most is None else min(most, to_next)
@@ -230,8 +235,15 @@ def run_training(make_solver, problem: OptimizationProblem, algorithm: Any,
                 _write_checkpoint(checkpoint, finish, carry)
             # the previous chunk's status is read while this one runs (a chunk after a
             # stop runs no step)
-            if len(recent) > 1 and int(recent[0].chunk.status) != RUNNING:
-                break
+            if len(recent) > 1:
+                status = int(recent[0].chunk.status)  # waits for that chunk
+                now = time.perf_counter()
+                steps = int(recent[1].start) - int(recent[0].start)
+                per_step = (now - read_at) / max(steps, 1)
+                budget = int(min(max(_CHUNK_SECONDS / max(per_step, 1e-9), 1), 2 ** 24))
+                read_at = now
+                if status != RUNNING:
+                    break
             if options.progress and len(recent) > 1:
                 done = recent[0].chunk
                 advance_progress(int(done.iteration), float(done.f_last))
