@@ -433,7 +433,9 @@ def solve(problem: OptimizationProblem, algorithm: Any, *, maxiters: int | None 
         stops at ``maxiters`` steps, after ``epochs`` passes (default 1), or when the
         iterable is exhausted (MAXITERS: the budget is used up). ``sol.objective`` is then
         the loss of the last step's batch. A KeyboardInterrupt returns the last completed
-        step with ``ReturnCode.INTERRUPTED``.
+        step with ``ReturnCode.INTERRUPTED``. In-memory data runs inside ``jax.jit``,
+        ``jax.vmap`` and ``jax.grad`` (the batches are taken inside the compiled loop; the
+        arrays and the key may be traced); an iterable is fed by the host, eagerly.
       batch_size: the batch size of in-memory ``data`` (a remainder is dropped each epoch).
       key: a ``jax.random`` key to shuffle in-memory data at every epoch (no shuffling if None).
       epochs: passes over ``data`` (re-iterable data or in-memory arrays).
@@ -445,7 +447,9 @@ def solve(problem: OptimizationProblem, algorithm: Any, *, maxiters: int | None 
         transformation skips on its own: its skips are honoured the same way.
       max_consecutive_skips: see ``nonfinite`` (default 10).
       adjoint: how the solution is differentiated with respect to ``problem.p``
-        (default :class:`ImplicitAdjoint`). Gradients with respect to ``x0`` are zero.
+        (default :class:`ImplicitAdjoint`). Gradients with respect to ``x0`` are zero. On
+        in-memory ``data`` only :class:`UnrolledAdjoint` applies (through the steps); a run
+        on data is not differentiated otherwise, and a derivative is refused.
       **options: ``callback_every`` and algorithm-specific options; unknown ones are errors.
 
     Returns:
