@@ -434,7 +434,8 @@ def test_callback_true_stops_with_the_current_iterate(method):
     prob = OptimizationProblem(rosen_jax, jnp.asarray(ROSEN_X0))
     sol = solve(prob, ScipyMinimize(method), callback=callback)
     assert sol.retcode == ReturnCode.TERMINATED
-    assert len(seen) == 3
+    # Nelder-Mead's first callback is at scipy's iteration 2 (iteration 1 builds the simplex)
+    assert len(seen) == (2 if method == "Nelder-Mead" else 3)
     np.testing.assert_array_equal(np.asarray(sol.x), seen[-1][0])
     assert float(sol.objective) == seen[-1][1]
 

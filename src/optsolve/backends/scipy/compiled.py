@@ -189,6 +189,9 @@ class HostProblem:
       bad: how many evaluations of "f", "the gradient" and "the Hessian" were not finite.
       nonfinite: True once any evaluation returned a NaN or infinite value.
       last_finite: (x, f) of the last evaluation with a finite value (and gradient), or None.
+      watch_first: how many first evaluations of :meth:`fun` ``best_of_first`` watches.
+      best_of_first: (x, f) of the lowest finite value among them (the first on ties, as
+        Nelder-Mead's sort of its initial simplex), or None.
     """
 
     def __init__(self, problem: OptimizationProblem, p_weak: tuple[bool, ...] | None = None):
@@ -223,6 +226,8 @@ class HostProblem:
         self.bad = {"f": 0, "the gradient": 0, "the Hessian": 0}
         self.nonfinite = False
         self.last_finite: tuple[np.ndarray, float] | None = None
+        self.watch_first = 0
+        self.best_of_first: tuple[np.ndarray, float] | None = None
         self._memo_x: np.ndarray | None = None
         self._memo_fg: tuple[float, np.ndarray] | None = None
         self._memo_cx: np.ndarray | None = None
@@ -262,6 +267,9 @@ class HostProblem:
         f = float(self._exe["f"](self._x(x))[0])
         self.n_f += 1
         self._seen(x, f, np.isfinite(f))
+        if self.n_f <= self.watch_first and np.isfinite(f) and (
+                self.best_of_first is None or f < self.best_of_first[1]):
+            self.best_of_first = (np.array(x, dtype=np.float64), f)
         return f
 
     def fun_and_grad(self, x: np.ndarray) -> tuple[float, np.ndarray]:

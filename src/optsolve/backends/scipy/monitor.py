@@ -113,6 +113,9 @@ class Monitor:
                 self.objectives = [f0]
                 self.grad_norms = [self._norm_of(host.x0, g0)]
             self._track(host.x0, f0, 0)
+        if spec.first_iteration and (history or self.keep_best):
+            # the initial simplex's evaluations: its best vertex is iteration 1's iterate
+            host.watch_first = host.n + 1
 
     @property
     def needed(self) -> bool:
@@ -127,6 +130,7 @@ class Monitor:
     def record(self, x: np.ndarray, f: float) -> bool:
         """Account one iteration at (x, f); True when the run must stop."""
         raise_if_interrupted()
+        self.count_first_iterations()
         self.k += 1
         x = np.array(x, dtype=np.float64)
         if np.isfinite(f) and np.all(np.isfinite(x)):
@@ -164,6 +168,25 @@ class Monitor:
         elif self.deadline is not None and time.perf_counter() >= self.deadline:
             self.reason, self.stopped_by = ReturnCode.MAXTIME, "optsolve's maxtime"
         return self.reason is not None
+
+    def count_first_iterations(self) -> None:
+        """Count the iterations scipy performs before its first callback
+        (``MethodSpec.first_iteration``), once, with their history entry: Nelder-Mead's
+        initial simplex, whose iterate is its best vertex. Called at the first callback,
+        or after a run that ended before any."""
+        if self.k or not self.spec.first_iteration:
+            return
+        self.k = self.spec.first_iteration
+        best = self.host.best_of_first
+        if best is None:
+            return
+        x, f = best
+        self.last = (x, f)
+        if self.objectives is not None:
+            self.objectives.append(f)
+            self.grad_norms.append(self.grad_norm(x))
+        if self.objectives is not None or self.keep_best:
+            self._track(x, f, self.k)
 
     def _track(self, x: np.ndarray, f: float, k: int) -> None:
         """Metrics, the evaluation where due, and the best iterate, at iterate ``k``."""

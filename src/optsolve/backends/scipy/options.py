@@ -47,12 +47,16 @@ class MethodSpec:
         on f alone could end the run at a barely feasible point.
       maxiter_name: scipy's option counting iterations, or None (optsolve counts them).
       maxiter_offset: added to maxiters for scipy, whose count includes iterations the
-        callback never sees: Nelder-Mead counts from 1 (``maxiter=m`` performs m - 1),
-        direct's first two iterations divide the box before its callback runs.
+        callback never sees: direct's first two iterations divide the box before its
+        callback runs.
       monitor_counts: optsolve's iteration count is the number of callback calls (the
-        monitor always runs): Nelder-Mead's and direct's ``nit`` count more (see
-        maxiter_offset); COBYQA calls its callback after each evaluation, and its ``nit``
-        counts trust-region iterations.
+        monitor always runs): direct's ``nit`` counts more (see maxiter_offset); COBYQA
+        calls its callback after each evaluation, and its ``nit`` counts trust-region
+        iterations.
+      first_iteration: the iterations scipy counts before its first callback, which the
+        callback's numbering and the history include: Nelder-Mead's iteration 1 builds
+        the initial simplex (its iterate: the simplex's best vertex), so its callback sees
+        iterations 2, 3, ... and ``nit``, ``maxiter`` and optsolve's count agree.
       callback_per_iteration: scipy's callback runs once per iteration it counts (not
         dual_annealing: per new best minimum; not shgo: per local-search iteration). Where
         False, no history is recorded and the progress bar moves once, at the end.
@@ -77,6 +81,7 @@ class MethodSpec:
     maxiter_name: str | None = "maxiter"
     maxiter_offset: int = 0
     monitor_counts: bool = False
+    first_iteration: int = 0
     callback_per_iteration: bool = True
     callback: str = "intermediate"
     extra: tuple[str, ...] = ()
@@ -85,7 +90,7 @@ class MethodSpec:
 
 MINIMIZE_SPECS: dict[str, MethodSpec] = {s.key: s for s in (
     MethodSpec("nelder-mead", "Nelder-Mead", _m._minimize_neldermead, False, takes_bounds=True,
-               maxiter_offset=1, monitor_counts=True),
+               first_iteration=1),
     MethodSpec("powell", "Powell", _m._minimize_powell, False, takes_bounds=True),
     MethodSpec("cg", "CG", _m._minimize_cg, True, native_gtol=True),
     MethodSpec("bfgs", "BFGS", _m._minimize_bfgs, True, native_gtol=True),

@@ -263,6 +263,8 @@ def run_host(problem: OptimizationProblem, algorithm: Any, options: dict,
     # L-BFGS-B's ftol is the user's when given: its success is then the user's test too.
     gtol = None if spec.native_ftol and options["ftol"] is not None else options["gtol"]
     x, fun, code = _outcome(algorithm, result, monitor, host, bounds, gtol, notes)
+    if result.get("nit"):
+        monitor.count_first_iterations()  # a run that ended before its first callback
     nit = result.get("nit")
     if nit is None or monitor.reason is not None or spec.monitor_counts:
         nit = monitor.k  # what the callback saw: scipy's nit counts otherwise here
