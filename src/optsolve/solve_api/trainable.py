@@ -15,9 +15,15 @@ the model with ``None`` in place of every other leaf (equinox's ``partition`` co
 ``p`` is :class:`ModelArgs` of the user's p and the carried leaves, and f is
 :class:`ModelObjective`, which rebuilds the model around x before calling the user's f.
 Where f changes carried leaves in place (an NNX BatchNorm in train mode, an NNX Dropout's
-RNG counter), the JAX-native driver reads them back after each step's evaluation and
-carries them to the next (:meth:`ModelObjective.with_state`); the run's final carried
-leaves come back in ``Solution.model_state`` and :func:`outer` rebuilds the whole model.
+RNG counter), or returns them in equinox's idiom (x0 = ``(model, state)`` from
+``eqx.nn.make_with_state``, f returning ``(loss, new_state)``), the JAX-native driver reads
+them back after each step's evaluation and carries them to the next
+(:meth:`ModelObjective.with_state`); the run's final carried leaves come back in
+``Solution.model_state`` and :func:`outer` rebuilds the whole model.
+
+Masks and labels over a model (an optax mask, ``ParameterGroups`` labels) may be given in
+the structure the model library's users build: the whole model, the trained leaves, or for
+NNX an ``nnx.State`` (:func:`fit_to`).
 """
 
 from __future__ import annotations
@@ -43,6 +49,26 @@ def _nnx() -> Any:
     return sys.modules.get("flax.nnx")
 
 
+def _eqx_state_type() -> type | None:
+    # equinox is optional too: x0 can only hold an eqx.nn.State where equinox is imported
+    module = sys.modules.get("equinox.nn")
+    return getattr(module, "State", None)
+
+
+def _is_eqx_state(node: Any) -> bool:
+    state_type = _eqx_state_type()
+    return state_type is not None and isinstance(node, state_type)
+
+
+def _state_leaf_flags(x0: PyTree) -> list[bool]:
+    """Whether each leaf of ``x0`` lies inside an ``eqx.nn.State``."""
+    flags = []
+    for node in jax.tree_util.tree_leaves(x0, is_leaf=_is_eqx_state):
+        flags += [True] * len(jax.tree_util.tree_leaves(node)) if _is_eqx_state(node) \
+            else [False]
+    return flags
+
+
 def _holds_nnx_variables(x0: PyTree) -> bool:
     nnx = _nnx()
     if nnx is None:
@@ -63,6 +89,12 @@ def _is_array(leaf: Any) -> bool:
         leaf, (bool, int, float, complex))
 
 
+def _is_array_object(leaf: Any) -> bool:
+    # a Python bool, int or float outside the filter is configuration (equinox's
+    # BatchNorm(inference=False), read with `if`), so it stays structure, not a traced array
+    return hasattr(leaf, "shape") and hasattr(leaf, "dtype")
+
+
 def _is_float(leaf: Any) -> bool:
     return _is_array(leaf) and jnp.issubdtype(jnp.result_type(leaf), jnp.floating)
 
@@ -79,7 +111,10 @@ def _selected(x0: PyTree, trainable: Any) -> list[bool]:
             selected += [chosen] * len(jax.tree_util.tree_leaves(node))
         return selected
     if callable(trainable):
-        return [bool(trainable(leaf)) for leaf in jax.tree_util.tree_leaves(x0)]
+        # an eqx.nn.State holds what the forward pass updates (BatchNorm statistics): it is
+        # carried, never trained, whatever the predicate says of its arrays
+        return [bool(trainable(leaf)) and not in_state for leaf, in_state in
+                zip(jax.tree_util.tree_leaves(x0), _state_leaf_flags(x0))]
     mask_leaves, mask_def = jax.tree_util.tree_flatten(trainable)
     try:
         subtrees = mask_def.flatten_up_to(x0)
@@ -104,6 +139,9 @@ class Split(NamedTuple):
     treedef: Any
     roles: tuple[str, ...]
     statics: tuple
+    state: tuple[int, int, Any] | None = None
+    """Where x0 holds an ``eqx.nn.State``: the span of its leaves among the carried ones
+    (start, stop) and its structure, which f's returned state must have."""
 
     def trained(self, model: PyTree, leaves: list | None = None) -> PyTree:
         """The model with None in place of every leaf that is not trained (``leaves``: the
@@ -134,6 +172,21 @@ class Split(NamedTuple):
     def carries(self) -> bool:
         return CARRY in self.roles
 
+    def value_and_state(self, out: Any, carried: tuple) -> tuple[Any, tuple]:
+        """f's value alone, and ``carried`` with the state f returned (equinox's idiom:
+        ``(value, new_state)`` for an x0 that holds an ``eqx.nn.State``) put in place."""
+        if self.state is None or not (isinstance(out, tuple) and len(out) == 2
+                                      and _is_eqx_state(out[1])):
+            return out, carried
+        start, stop, structure = self.state
+        leaves, treedef = jax.tree_util.tree_flatten(out[1])
+        if treedef != structure:
+            raise ValueError(
+                "solve: f returned an eqx.nn.State of another structure than x0's "
+                f"({treedef} against {structure}); return the state the model's layers "
+                "gave back for the state f received.")
+        return out[0], carried[:start] + tuple(leaves) + carried[stop:]
+
 
 def _leaf_names(x0: PyTree) -> list[str]:
     return ["x0" + jax.tree_util.keystr(path)
@@ -154,20 +207,47 @@ def split_of(x0: PyTree, trainable: Any) -> Split:
                 f"OptimizationProblem: `trainable`={trainable!r} selects leaf {name}, which "
                 f"is {kind}; only floating-point arrays can be trained. Narrow the filter "
                 "(e.g. nnx.Param for a flax NNX model, eqx.is_inexact_array for equinox).")
-        roles.append(TRAIN if chosen else CARRY if _is_array(leaf) else STATIC)
+        roles.append(TRAIN if chosen else CARRY if _is_array_object(leaf) else STATIC)
         if roles[-1] == STATIC:
             statics.append(leaf)
     if TRAIN not in roles:
         raise ValueError(
             f"OptimizationProblem: `trainable`={trainable!r} selects no leaf of x0; nothing "
             "would be trained.")
-    return Split(treedef, tuple(roles), tuple(statics))
+    return Split(treedef, tuple(roles), tuple(statics), _state_span(x0, roles))
+
+
+def _state_span(x0: PyTree, roles: list[str]) -> tuple[int, int, Any] | None:
+    """Where the one ``eqx.nn.State`` of ``x0`` lies among its carried leaves."""
+    states = [node for node in jax.tree_util.tree_leaves(x0, is_leaf=_is_eqx_state)
+              if _is_eqx_state(node)]
+    if not states:
+        return None
+    if len(states) > 1:
+        raise ValueError(
+            f"OptimizationProblem: x0 holds {len(states)} eqx.nn.State objects; give one, "
+            "as eqx.nn.make_with_state makes it: x0 = (model, state).")
+    flags = _state_leaf_flags(x0)
+    carried_flags = [flag for flag, role in zip(flags, roles) if role == CARRY]
+    if sum(carried_flags) != sum(flags):
+        raise ValueError(
+            "OptimizationProblem: `trainable` selects leaves of the eqx.nn.State in x0; its "
+            "arrays are updated by the forward pass, not by gradients: leave them out.")
+    if not any(carried_flags):
+        return None
+    start = carried_flags.index(True)
+    return start, start + sum(carried_flags), jax.tree_util.tree_structure(states[0])
 
 
 def untrainable_hint(x0: PyTree) -> str | None:
     """Without a ``trainable`` filter: a message naming the leaves of ``x0`` that should not
-    be trained (NNX variables other than ``nnx.Param``: BatchNorm statistics, RNG state),
-    or None."""
+    be trained (NNX variables other than ``nnx.Param``: BatchNorm statistics, RNG state; an
+    ``eqx.nn.State``), or None."""
+    if any(_state_leaf_flags(x0)):
+        return ("OptimizationProblem: x0 holds an eqx.nn.State (BatchNorm statistics), which "
+                "the forward pass updates, not gradients; declare what is trained with "
+                "trainable=eqx.is_inexact_array: the state is then carried, and f returns "
+                "(loss, new_state) to update it.")
     if not _holds_nnx_variables(x0):
         return None
     nnx = _nnx()
@@ -204,14 +284,15 @@ class ModelObjective:
         self.f, self.split = f, split
 
     def __call__(self, trained: PyTree, args: ModelArgs, *batch: Any) -> Any:
-        return self.f(self.split.combine(trained, args.carried), args.p, *batch)
+        out = self.f(self.split.combine(trained, args.carried), args.p, *batch)
+        return self.split.value_and_state(out, args.carried)[0]
 
     def with_state(self, trained: PyTree, args: ModelArgs, *batch: Any) -> tuple[Any, tuple]:
         """f's value and the carried leaves as f left them (changed in place by an NNX
-        module's forward pass)."""
+        module's forward pass, or returned beside the value as an ``eqx.nn.State``)."""
         model = self.split.combine(trained, args.carried)
-        value = self.f(model, args.p, *batch)
-        return value, self.split.carried(model)
+        out = self.f(model, args.p, *batch)
+        return self.split.value_and_state(out, self.split.carried(model))
 
     def mutates(self, trained: PyTree, args: ModelArgs, *batch: Any) -> bool:
         """Whether f changes a carried leaf (decided at trace time: a leaf read back after f
@@ -298,8 +379,20 @@ def cached_split(x0: PyTree, trainable: Any, flat: tuple | None = None) -> Split
     """:func:`split_of`, once per (structure, leaf dtypes, filter); ``flat``: x0's
     ``(leaves, treedef)``, where already flattened."""
     leaves, treedef = jax.tree_util.tree_flatten(x0) if flat is None else flat
-    key = (treedef, tuple(getattr(l, "dtype", type(l)) for l in leaves), trainable)
+    key = (treedef, tuple(map(_leaf_key, leaves)), trainable)
     return _SPLITS.get_or_make(key, lambda: split_of(x0, trainable))
+
+
+def _leaf_key(leaf: Any) -> Any:
+    # an array by its dtype; anything else may be a static leaf, whose value the split
+    # holds, so by its value (an unhashable one never matches)
+    if _is_array_object(leaf):
+        return leaf.dtype
+    try:
+        hash(leaf)
+    except TypeError:
+        return object()
+    return type(leaf), leaf
 
 
 def inner(problem: Any, resume: Any = None) -> tuple[Any, Split | None, Any]:
