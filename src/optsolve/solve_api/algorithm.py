@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import inspect
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
@@ -12,13 +14,91 @@ def check_replace(algorithm: Any, changes: dict[str, Any], valid: Iterable[str])
     valid = list(valid)
     unknown = sorted(set(changes) - set(valid))
     if unknown:
+        close = difflib.get_close_matches(unknown[0], valid, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
         raise TypeError(
             f"{type(algorithm).__name__}.replace: unknown hyperparameter(s) {unknown}; valid: "
-            f"{', '.join(valid) or '(none)'}."
+            f"{', '.join(valid) or '(none)'}.{hint}"
         )
 
 
-class Algorithm:
+def argument_error(cls: type, args: tuple, kwargs: dict) -> str | None:
+    """A short message for a construction ``cls(*args, **kwargs)`` whose arguments do not
+    fit the class's signature (the argument, the nearest valid name, the valid names), or
+    None when they fit."""
+    try:
+        signature = inspect.signature(cls)
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in signature.parameters.values()):
+        return None  # a class taking any arguments checks them itself
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError as err:
+        problem = str(err)
+    else:
+        return None
+    names = [n for n, p in signature.parameters.items()
+             if p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
+    unknown = [k for k in kwargs if k not in names]
+    if unknown:  # named first: a misspelling also leaves its argument missing
+        problem = f"unknown argument(s) {', '.join(map(repr, unknown))}"
+    close = difflib.get_close_matches(unknown[0], names, n=1) if unknown else []
+    hint = f"; did you mean {close[0]!r}?" if close else "."
+    required = [n for n, p in signature.parameters.items()
+                if p.default is inspect.Parameter.empty and p.kind not in (
+                    inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
+    needs = f" (required: {', '.join(required)})" if required else ""
+    start = f"{cls.__name__}: {problem}{hint} {cls.__name__} takes "
+    takes = ", ".join(names) or "no arguments"
+    if len(start) + len(takes) + len(needs) > 280:  # a long list, cut: help() has it whole
+        room = 280 - len(start) - len(needs) - len(f", ... ({len(names)} in all)")
+        shown = []
+        for n in names:
+            if len(", ".join(shown + [n])) > room:
+                break
+            shown.append(n)
+        takes = f"{', '.join(shown)}, ... ({len(names)} in all)"
+    return f"{start}{takes}{needs}."
+
+
+def _declared_signature(cls: type) -> inspect.Signature:
+    for klass in cls.__mro__:
+        for name in ("_declared_signature", "__signature__"):
+            own = klass.__dict__.get(name)
+            if isinstance(own, inspect.Signature):
+                return own
+    init = inspect.signature(cls.__init__)
+    return init.replace(parameters=list(init.parameters.values())[1:])  # without self
+
+
+class _Checked(type):
+    """The metaclass of :class:`Algorithm`: a construction with arguments the class does
+    not take raises a short TypeError naming the valid ones (and the nearest to a misspelled
+    one), for every algorithm class in one place, instead of its signature with every
+    annotation. Other errors of a construction pass unchanged."""
+
+    # inspect.signature(cls) would otherwise read this metaclass's __call__: the class's
+    # own (declared, or its __init__'s) stays what help() and the docs show
+    @property
+    def __signature__(cls) -> inspect.Signature:
+        return _declared_signature(cls)
+
+    @__signature__.setter
+    def __signature__(cls, value: inspect.Signature) -> None:
+        type.__setattr__(cls, "_declared_signature", value)
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().__call__(*args, **kwargs)
+        except TypeError as err:
+            message = argument_error(cls, args, kwargs)
+            if message is None:
+                raise
+            raise TypeError(message) from err
+
+
+class Algorithm(metaclass=_Checked):
     """Base class of optsolve algorithms: immutable pytrees whose numeric hyperparameters
     are leaves, so a new value reuses compiled code.
 
@@ -48,6 +128,10 @@ class Algorithm:
         is carried from step to step and returned in ``sol.x``.
       compiled_driver: runs in optsolve's compiled JAX loop, which starts from x0 itself
         (``maxiters=0`` returns its initial state); other backends are not called then.
+      dense_matrices: how many dense matrices of x's size squared (n x n; for a method on
+        residuals n x max(n, m), m residuals) the run holds at once: BFGS's inverse Hessian
+        and its update; 0 for matrix-free methods. ``solve`` refuses, before it runs, a
+        problem whose matrices would not fit in memory.
       conditional_traits: traits that hold only for some configurations of an instance
         (see :meth:`capabilities`), each with the condition, which errors list with the name.
     """
@@ -68,6 +152,7 @@ class Algorithm:
     takes_data: ClassVar[bool] = False
     compiled_driver: ClassVar[bool] = False
     threads_model_state: ClassVar[bool] = False
+    dense_matrices: ClassVar[int] = 0
     conditional_traits: ClassVar[dict[str, str]] = {}
 
     @classmethod
@@ -77,7 +162,7 @@ class Algorithm:
             "family", "needs_gradient", "needs_hessian", "needs_residuals", "takes_bounds", "takes_constraints",
             "jittable", "vmappable", "stops_by_itself", "extra_options", "unrollable",
             "resumable", "records_history", "takes_data", "compiled_driver",
-            "threads_model_state",
+            "threads_model_state", "dense_matrices",
         )
         return {n: getattr(cls, n) for n in names}
 

@@ -6,6 +6,8 @@ naming the algorithms that can.
 
 from __future__ import annotations
 
+import math
+import os
 from typing import Any
 
 import jax
@@ -15,9 +17,9 @@ from optsolve.solve_api.adjoint import UnrolledAdjoint
 from optsolve.solve_api.algorithm import Algorithm
 from optsolve.solve_api.cache import BoundedCache
 from optsolve.solve_api.options import SolveOptions
-from optsolve.solve_api.least_squares import LeastSquaresProblem, check_residual
+from optsolve.solve_api.least_squares import LeastSquaresProblem, check_residual, residual_size
 from optsolve.solve_api.problem import OptimizationProblem
-from optsolve.solve_api.pytree import tree_spec
+from optsolve.solve_api.pytree import is_traced, tree_spec
 from optsolve.solve_api.registry import algorithm_classes
 
 
@@ -88,6 +90,63 @@ def check_capabilities(problem: OptimizationProblem, algorithm: Algorithm,
             f"solve: {name} has no convergence test of its own, so `maxiters` is required "
             "(or a stopping tolerance: gtol, ftol, maxtime); e.g. solve(prob, alg, maxiters=1000)."
         )
+    check_dense_memory(problem, algorithm, caps, adjoint)
+
+
+def available_memory(on_device: bool) -> int | None:
+    """The bytes a run may allocate: JAX's default device's limit for a compiled run (an
+    accelerator's memory), else this machine's memory; None where neither is known."""
+    if on_device:
+        try:
+            stats = jax.local_devices()[0].memory_stats()
+        except Exception:  # a backend without memory statistics (the CPU's: None)
+            stats = None
+        if stats and stats.get("bytes_limit"):
+            return int(stats["bytes_limit"])
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def check_dense_memory(problem: OptimizationProblem, algorithm: Algorithm,
+                       caps: dict[str, Any], adjoint: Any = None) -> None:
+    """Raise a MemoryError, before anything is allocated, when the dense matrices of the
+    algorithm (its ``dense_matrices`` trait) or of a dense implicit adjoint under
+    differentiation cannot fit in memory, naming the matrix-free choices."""
+    matrices = caps.get("dense_matrices", 0)
+    # the dense adjoint builds the Hessian (and its factorisation) only when differentiated
+    adjoint_matrices = 3 if getattr(adjoint, "linear_solver", None) == "dense" and \
+        is_traced(problem.p) else 0
+    if not matrices and not adjoint_matrices:
+        return
+    leaves = jax.tree_util.tree_leaves(problem.x0)
+    n = sum(math.prod(jnp.shape(leaf)) for leaf in leaves)
+    on_device = caps["compiled_driver"]
+    itemsize = max(jnp.dtype(jnp.result_type(leaf)).itemsize for leaf in leaves) \
+        if on_device else 8  # scipy works in float64
+    memory = available_memory(on_device)
+    if memory is None:
+        return
+    rows = max(n, residual_size(problem)) if caps["needs_residuals"] and isinstance(
+        problem, LeastSquaresProblem) else n
+    needed = matrices * itemsize * n * rows
+    where = "this device's" if on_device else "this machine's"
+    if needed > memory:
+        fix = ("linear_solver='cg' (matrix-free), or optsolve.LBFGS()" if caps["needs_residuals"]
+               else "optsolve.LBFGS() (limited memory), or Newton() / TrustRegion() (Hessian "
+               "products)")
+        raise MemoryError(
+            f"solve: {type(algorithm).__name__} keeps {matrices} dense {rows} x {n} matrices: "
+            f"about {needed / 2 ** 30:,.0f} GiB for n = {n}, more than {where} "
+            f"{memory / 2 ** 30:,.0f} GiB. Use {fix}.")
+    needed = adjoint_matrices * itemsize * n * n
+    if adjoint_matrices and needed > memory:
+        raise MemoryError(
+            f"solve: ImplicitAdjoint(linear_solver='dense') builds the dense {n} x {n} Hessian "
+            f"to differentiate the solution: about {needed / 2 ** 30:,.0f} GiB, more than "
+            f"{where} {memory / 2 ** 30:,.0f} GiB. Use linear_solver='cg' (Hessian products, "
+            "the default).")
 
 
 def resume_point(problem: OptimizationProblem, solution: Any) -> Any:

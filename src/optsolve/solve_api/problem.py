@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -53,6 +54,21 @@ class Constraint:
     @property
     def is_equality(self) -> bool:
         return bool(np.all(np.asarray(self.lower) == np.asarray(self.upper)))
+
+
+def _check_takes_x_and_p(f: Callable[..., Any], name: str, form: str) -> None:
+    """Raise a clear error when ``f`` is a Python function that cannot take ``(x, p)``: read
+    from its code object (free), callables without one (partials, jitted functions, modules)
+    are called as they are."""
+    code = getattr(f, "__code__", None)
+    if code is None or inspect.ismethod(f) or code.co_flags & inspect.CO_VARARGS or \
+            code.co_argcount >= 2:
+        return
+    label = getattr(f, "__name__", "f")
+    raise TypeError(
+        f"OptimizationProblem: `{name}` must be {form}, taking x and the hyperparameters p "
+        f"(None when there are none); got {label}{inspect.signature(f)}. Write "
+        f"lambda x, p: ..., and pass p= to the problem to use it.")
 
 
 def _check_x0(x0: PyTree) -> None:
@@ -192,6 +208,9 @@ class OptimizationProblem:
                             f"{has_aux!r}.")
         if not callable(f):
             raise TypeError(f"OptimizationProblem: `f` must be a callable f(x, p) -> scalar, got {f!r}.")
+        _check_takes_x_and_p(f, "f", "f(x, p) -> scalar")
+        _check_takes_x_and_p(getattr(f, "residual", None), "residual",
+                             "residual(x, p) -> array")  # a least-squares problem's
         if grad is not None and not callable(grad):
             raise TypeError(
                 f"OptimizationProblem: `grad` must be None or a callable grad(x, p) -> pytree "

@@ -166,6 +166,13 @@ class GaussNewton(ClassicalAlgorithm):
         check_positive("GaussNewton", "cg_rtol", self.cg_rtol)
         _default_linesearch(self, Backtracking())
 
+    def capabilities(self) -> dict[str, Any]:
+        """The class's traits; with ``linear_solver="dense"`` the Jacobian and its
+        factorisation are dense at any size (``dense_matrices``: about three m x n ones)."""
+        caps = super().capabilities()
+        caps["dense_matrices"] = 3 if self.linear_solver == "dense" else 0
+        return caps
+
     def make_solver(self, problem: LeastSquaresProblem) -> _GaussNewtonSolver:
         return _GaussNewtonSolver(self, problem)
 
@@ -446,6 +453,13 @@ class LevenbergMarquardt(ClassicalAlgorithm):
             raise ValueError("LevenbergMarquardt: `max_trials` must be an integer >= 1, got "
                              f"{self.max_trials!r}.")
         _check_linear_solver("LevenbergMarquardt", self.linear_solver)
+
+    def capabilities(self) -> dict[str, Any]:
+        """The class's traits; with ``linear_solver="dense"`` the Jacobian and its
+        factorisation are dense at any size (``dense_matrices``: about three m x n ones)."""
+        caps = super().capabilities()
+        caps["dense_matrices"] = 3 if self.linear_solver == "dense" else 0
+        return caps
 
     def make_solver(self, problem: LeastSquaresProblem) -> _LevenbergMarquardtSolver:
         return _LevenbergMarquardtSolver(self, problem)

@@ -299,6 +299,9 @@ class BFGS(ClassicalAlgorithm):
         :class:`Backtracking`.
     """
 
+    # H in the carry, the updated H, the identity of a reset and the selected one
+    dense_matrices: ClassVar[int] = 4
+
     linesearch: Any = None
 
     def __post_init__(self):
