@@ -101,3 +101,13 @@ def test_a_checkpoint_of_a_list_run_resumes(tmp_path):
     whole = solve(prob, optsolve.LBFGS(), maxiters=5)
     assert isinstance(resumed.x, list) and resumed.stats.iterations == 5
     np.testing.assert_allclose(np.array(resumed.x), np.array(whole.x), rtol=1e-12)
+
+
+def test_covariance_of_a_solution_started_from_a_list():
+    # f takes one array although x0 was a list; the inverse Hessian of
+    # (x0 - 1)^2 + 4 (x1 - 1)^2 is diag(1/2, 1/8)
+    prob = OptimizationProblem(lambda x, p: jnp.sum((x - 1.0) ** 2 * jnp.array([1.0, 4.0])),
+                               [0.0, 0.0])
+    sol = solve(prob, optsolve.LBFGS())
+    assert isinstance(sol.x, list)
+    np.testing.assert_allclose(optsolve.covariance(sol), np.diag([0.5, 0.125]), rtol=1e-8)

@@ -7,6 +7,8 @@ maximum-likelihood estimate when ``f`` is the negative log-likelihood).
 
 from __future__ import annotations
 
+import dataclasses
+
 from typing import Any
 
 import jax
@@ -59,6 +61,8 @@ def covariance(solution: Solution, problem: OptimizationProblem | None = None, *
         raise ValueError(
             "covariance: this Solution holds no problem (it crossed jax.jit, or was built by "
             "hand); pass it: covariance(sol, problem).")
+    if isinstance(solution.x, list):  # an x0 given as a list of numbers: f takes one array
+        solution = dataclasses.replace(solution, x=jnp.asarray(solution.x))
     # the curvature of what was minimised: -f for sense="max", f's value for has_aux
     problem = to_minimisation(problem)
     n = sum(int(np.size(leaf)) for leaf in jax.tree_util.tree_leaves(solution.x))
