@@ -7,7 +7,10 @@ a template Solution of the same structure (``like``), for instance from a zero-i
 solve of the same problem and algorithm, and checks every leaf against it; or, to resume a
 run, no template: ``x`` and ``state`` then hold the leaves alone, and ``solve(...,
 resume=...)`` rebuilds their structure from the problem and the algorithm (checking every
-leaf). A file from elsewhere can therefore only ever yield arrays, never execute anything.
+leaf); or the model (``like=model``), which rebuilds ``x`` alone. A file from elsewhere can
+therefore only ever yield arrays, never execute anything. A model's leaves that are not
+arrays (an equinox module's activation functions, its configuration strings) are structure:
+they are not saved, and come back from the template.
 
 :class:`Checkpoint` is what ``solve(..., checkpoint=path, checkpoint_every=k)`` writes
 with: the Solution so far, every k iterations of an eager run.
@@ -25,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from optsolve.solve_api.pytree import replace
 from optsolve.solve_api.returncode import ReturnCode
 from optsolve.solve_api.solution import Solution, Stats
 
@@ -34,6 +38,20 @@ _FORMAT = "optsolve-solution-v1"
 def _dtype(leaf: Any) -> Any:
     # the leaf's own dtype: a typed PRNG key's is not a numpy one
     return leaf.dtype if hasattr(leaf, "dtype") else np.asarray(leaf).dtype
+
+
+def _is_saved(leaf: Any) -> bool:
+    """Whether a leaf is data that a file holds (an array, a number), not structure."""
+    return hasattr(leaf, "dtype") or isinstance(leaf, (bool, int, float, complex))
+
+
+def _restored(saved: Any, leaf: Any) -> Any:
+    """A saved value in the form of the template's ``leaf``: a Python number stays one (a
+    model's configuration, such as equinox's ``BatchNorm(inference=False)``, read with
+    ``if``), anything else is an array."""
+    if isinstance(leaf, (bool, int, float, complex)) and not isinstance(leaf, ReturnCode):
+        return type(leaf)(np.asarray(saved).item())
+    return jnp.asarray(saved)
 
 
 def _leaves_with_paths(solution: Solution) -> list[tuple[str, Any]]:
@@ -55,6 +73,8 @@ def save(path: str | os.PathLike, solution: Solution) -> None:
     for i, (key, leaf) in enumerate(_leaves_with_paths(solution)):
         if key.startswith(".original") and not isinstance(leaf, (np.ndarray, jax.Array)):
             continue
+        if key.startswith(".x") and not _is_saved(leaf):
+            continue  # a model's structure (a function, a string): `like` gives it back
         if isinstance(leaf, jax.core.Tracer):
             raise ValueError("save: the solution is traced; save it outside jax.jit / vmap.")
         entry = {"key": key}
@@ -88,24 +108,31 @@ class SavedLeaves:
     def tree_unflatten(cls, aux, leaves):
         return cls(leaves, *aux)
 
-    def like(self, template: Any) -> Any:
+    def like(self, template: Any, who: str = "solve") -> Any:
         """These leaves in the structure of ``template`` (arrays or shape structs), each
-        checked against its leaf's shape and dtype."""
+        checked against its leaf's shape and dtype; the template's leaves that are not data
+        (an equinox module's functions) are kept as they are. ``who`` names the caller in
+        errors: ``"solve"`` (a resume) or ``"load"`` (``like=model``)."""
         leaves, treedef = jax.tree_util.tree_flatten(template)
-        if len(leaves) != len(self.leaves):
+        data = [leaf for leaf in leaves if _is_saved(leaf)]
+        fix = ("resume with the problem and algorithm that wrote it" if who == "solve" else
+               "give as `like` a model of the structure the run trained")
+        theirs = "this problem and algorithm's" if who == "solve" else "`like`'s"
+        if len(data) != len(self.leaves):
             raise ValueError(
-                f"solve: the checkpoint's {self.field} has {len(self.leaves)} arrays, but this "
-                f"problem and algorithm's has {len(leaves)}; resume with the problem and "
-                "algorithm that wrote it.")
-        for key, saved, leaf in zip(self.keys, self.leaves, leaves):
+                f"{who}: the checkpoint's {self.field} has {len(self.leaves)} arrays, but "
+                f"{theirs} has {len(data)}; {fix}.")
+        for key, saved, leaf in zip(self.keys, self.leaves, data):
             if jnp.shape(saved) != jnp.shape(leaf) or jnp.result_type(saved) != \
                     jnp.result_type(leaf):
                 raise ValueError(
-                    f"solve: the checkpoint's {key} is {jnp.result_type(saved)}"
-                    f"{list(jnp.shape(saved))}, but this problem and algorithm's is "
-                    f"{jnp.result_type(leaf)}{list(jnp.shape(leaf))}; resume with the problem "
-                    "and algorithm that wrote it.")
-        return jax.tree_util.tree_unflatten(treedef, self.leaves)
+                    f"{who}: the checkpoint's {key} is {jnp.result_type(saved)}"
+                    f"{list(jnp.shape(saved))}, but {theirs} is "
+                    f"{jnp.result_type(leaf)}{list(jnp.shape(leaf))}; {fix}.")
+        saved = iter(self.leaves)
+        return jax.tree_util.tree_unflatten(
+            treedef, [_restored(next(saved), leaf) if _is_saved(leaf) else leaf
+                      for leaf in leaves])
 
 
 def _is_prng_key(leaf: Any) -> bool:
@@ -145,16 +172,18 @@ def _resume_point(path, saved: dict[str, np.ndarray]) -> Solution:
         state=leaves("state") if "state" in fields else None)
 
 
-def load(path: str | os.PathLike, like: Solution | None = None) -> Solution:
+def load(path: str | os.PathLike, like: Any = None) -> Solution:
     """Read a Solution written by :func:`save` (or a checkpoint).
 
     Args:
       path: the ``.npz`` file.
       like: a Solution of the same structure (same problem shapes and algorithm), e.g.
-        ``solve(problem, algorithm, maxiters=0)``, whose values are not used; or None,
-        for a Solution to resume from: its ``x`` and ``state`` are then the saved leaves
-        alone, which ``solve(problem, algorithm, resume=...)`` puts in the structure of
-        that problem and algorithm (checking each one).
+        ``solve(problem, algorithm, maxiters=0)``, whose values are not used; or a model
+        (or any pytree) of the structure of the saved ``x``, e.g. a freshly built model of
+        the same architecture: ``x`` is then that model with the saved values; or None.
+        Without a Solution as template, ``state`` (and ``x`` where ``like`` is None) hold
+        the saved leaves alone, which ``solve(problem, algorithm, resume=...)`` puts in the
+        structure of that problem and algorithm (checking each one).
 
     Returns:
       The saved Solution, ready for ``solve(..., resume=...)``.
@@ -162,6 +191,9 @@ def load(path: str | os.PathLike, like: Solution | None = None) -> Solution:
     saved = _read(path)
     if like is None:
         return _resume_point(path, saved)
+    if not isinstance(like, Solution):
+        point = _resume_point(path, saved)
+        return replace(point, x=point.x.like(like, who="load"))
     return _like(path, saved, like)
 
 
@@ -170,6 +202,9 @@ def _like(path, saved: dict[str, Any], like: Solution) -> Solution:
     treedef = jax.tree_util.tree_structure(like)
     leaves = []
     for key, leaf in template:
+        if key.startswith(".x") and not _is_saved(leaf):
+            leaves.append(leaf)  # structure, not saved
+            continue
         if key not in saved:
             if key.startswith(".original"):
                 leaves.append(None)
