@@ -160,3 +160,14 @@ def test_a_dense_adjoint_too_large_for_memory_is_refused_before_it_runs():
         jax.grad(loss)(1.0)
     message = str(info.value)
     assert len(message) < LIMIT and "linear_solver='dense'" in message and "cg" in message
+
+
+def test_resume_with_another_algorithm_names_both_states_briefly():
+    prob = OptimizationProblem(lambda x, p: jnp.sum((x - 1.0) ** 2), jnp.zeros(3))
+    adam = solve(prob, optsolve.Adam(0.1), maxiters=3)
+    for other in (optsolve.SGD(0.1, momentum=0.9), optsolve.LBFGS()):
+        with pytest.raises(ValueError) as caught:
+            solve(prob, other, maxiters=3, resume=adam)
+        message = str(caught.value)
+        assert "ScaleByAdamState" in message and "PyTreeDef" not in message
+        assert "resume=None" in message and len(message) < 300

@@ -190,14 +190,26 @@ def start_point(problem: OptimizationProblem, options: SolveOptions,
         given = jax.tree_util.tree_structure(state)
         if expected != given:
             raise ValueError(
-                "solve: `resume` holds an optimizer state of structure "
-                f"{given}, but this algorithm's state has structure {expected}; resume with "
-                "the algorithm that produced it."
-            )
+                f"solve: `resume` holds the optimizer state of {_state_name(given)}, but "
+                f"this algorithm's state is {_state_name(expected)}: resume with the "
+                "algorithm (and configuration) that produced it, or pass resume=None.")
     stats = resume.stats
     count = lambda v: jnp.asarray(0 if v is None else v, INT)
     return StartPoint(resume.x, state, count(stats.iterations), count(stats.f_evals),
                   count(stats.grad_evals))
+
+
+def _state_name(structure: Any) -> str:
+    """A short name of an optimizer state's structure (its outermost node types), not the
+    whole PyTreeDef, which runs to thousands of characters."""
+    node = structure.node_data()
+    kind = node[0].__name__ if node is not None and hasattr(node[0], "__name__") else \
+        type(structure).__name__
+    children = [c.node_data() for c in structure.children()][:3]
+    inner = ", ".join(c[0].__name__ for c in children if c is not None and
+                      hasattr(c[0], "__name__"))
+    return f"{kind}({inner}{', ...' if structure.num_nodes > 4 else ''}) with " \
+           f"{structure.num_leaves} arrays"
 
 
 class BaseCounts(NamedTuple):
