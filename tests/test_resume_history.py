@@ -46,7 +46,7 @@ def test_resume_errors():
     other = OptimizationProblem(lambda x, p: jnp.sum(x**2), jnp.ones(3))
     with pytest.raises(ValueError, match="`resume` holds x with structure"):
         solve(other, optsolve.Adam(0.1), maxiters=3, resume=sol)
-    with pytest.raises(ValueError, match="`resume` holds an optimizer state of structure"):
+    with pytest.raises(ValueError, match="`resume` holds the optimizer state of"):
         solve(PROBLEM, optsolve.SGD(0.1, momentum=0.9), maxiters=3, resume=sol)
 
 
