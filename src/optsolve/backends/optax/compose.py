@@ -18,26 +18,42 @@ import jax
 import optax
 
 from optsolve.backends.optax.backend import (
-    OptaxAlgorithm, OptaxFamily, make_optax_algorithm, solve_optax,
+    OptaxAlgorithm, OptaxFamily, OptaxTransform, make_optax_algorithm, solve_optax,
 )
 from optsolve.solve_api.algorithm import check_replace
+from optsolve.solve_api.cache import BoundedCache
 from optsolve.solve_api.pytree import freeze, thaw
-from optsolve.solve_api.registry import register_algorithm, register_backend
+from optsolve.solve_api.registry import register_adapter, register_algorithm, register_backend
 
 PyTree = Any
-Member = OptaxFamily | optax.GradientTransformation
+Member = OptaxFamily | optax.GradientTransformation | optax.MultiSteps
+
+# optax's wrapper objects that are not GradientTransformations themselves but hold one
+OPTAX_WRAPPERS = (optax.MultiSteps,)
+_WRAPPED = BoundedCache(256)
+
+
+def optax_transformation(obj: Any) -> Any:
+    """The GradientTransformation of one of optax's wrapper objects (``optax.MultiSteps``),
+    the same object for the same wrapper, so that solving with it twice compiles once;
+    anything else unchanged."""
+    if isinstance(obj, OPTAX_WRAPPERS):
+        return _WRAPPED.get_or_make(obj, obj.gradient_transformation)
+    return obj
 
 
 def _check_member(owner: str, member: Any, where: str) -> None:
-    if not isinstance(member, (OptaxFamily, optax.GradientTransformation)):
+    if not isinstance(member, (OptaxFamily, optax.GradientTransformation) + OPTAX_WRAPPERS):
         raise TypeError(
             f"{owner}: {where} must be an optsolve optax-family algorithm or transformation "
-            f"(optsolve.Adam(1e-3), optsolve.ClipByGlobalNorm(1.0), ...) or an "
-            f"optax.GradientTransformation, got {type(member).__name__}.")
+            f"(optsolve.Adam(1e-3), optsolve.ClipByGlobalNorm(1.0), ...), an "
+            f"optax.GradientTransformation or an optax.MultiSteps, got {type(member).__name__}.")
 
 
 def _transformation(member: Member) -> optax.GradientTransformation:
-    return member.transformation() if isinstance(member, OptaxFamily) else member
+    if isinstance(member, OptaxFamily):
+        return member.transformation()
+    return optax_transformation(member)
 
 
 def _split(members: tuple) -> tuple[tuple, tuple]:
@@ -215,3 +231,6 @@ _register_wrapper(ApplyIfFinite, "max_consecutive_errors")
 for _cls in (Chain, MultiSteps, ApplyIfFinite):
     register_algorithm(_cls)
     register_backend(_cls, solve_optax)
+# an optax.MultiSteps object runs as its transformation (optsolve.MultiSteps keeps every_k
+# and the inner algorithm's numbers as leaves: a sweep over them compiles once)
+register_adapter(optax.MultiSteps, lambda obj: OptaxTransform(optax_transformation(obj)))

@@ -12,13 +12,14 @@ from typing import Any
 import jax
 import optax
 
-from optsolve.backends.optax.backend import OptaxAlgorithm, OptaxFamily, solve_optax
+from optsolve.backends.optax.backend import OptaxFamily, solve_optax
+from optsolve.backends.optax.compose import OPTAX_WRAPPERS, optax_transformation
 from optsolve.solve_api.pytree import freeze, thaw
 from optsolve.solve_api.algorithm import check_replace
 from optsolve.solve_api.registry import register_algorithm, register_backend
 
 PyTree = Any
-Group = OptaxAlgorithm | optax.GradientTransformation | None
+Group = OptaxFamily | optax.GradientTransformation | optax.MultiSteps | None
 
 
 def _is_label_function(labels: Any) -> bool:
@@ -65,10 +66,12 @@ class ParameterGroups(OptaxFamily):
                 f"{groups!r}."
             )
         for name, alg in groups.items():
-            if alg is not None and not isinstance(alg, (OptaxAlgorithm, optax.GradientTransformation)):
+            if alg is not None and not isinstance(
+                    alg, (OptaxFamily, optax.GradientTransformation) + OPTAX_WRAPPERS):
                 raise TypeError(
                     f"ParameterGroups: group {name!r} must be an optsolve optax algorithm, an "
-                    f"optax.GradientTransformation or None (frozen), got {type(alg).__name__}."
+                    "optax.GradientTransformation, an optax.MultiSteps or None (frozen), got "
+                    f"{type(alg).__name__}."
                 )
         object.__setattr__(self, "groups", dict(groups))
         object.__setattr__(self, "labels", labels)
@@ -105,17 +108,17 @@ class ParameterGroups(OptaxFamily):
         for name, alg in self.groups.items():
             if alg is None:
                 transforms[name] = optax.set_to_zero()
-            elif isinstance(alg, OptaxAlgorithm):
+            elif isinstance(alg, OptaxFamily):
                 transforms[name] = alg.transformation()
             else:
-                transforms[name] = alg
+                transforms[name] = optax_transformation(alg)
         return optax.multi_transform(transforms, self._label_tree)
 
 
 def _flatten(groups: ParameterGroups):
     names = tuple(groups.groups)
-    children = tuple(alg if isinstance(alg, OptaxAlgorithm) else None for alg in groups.groups.values())
-    statics = tuple(None if isinstance(alg, OptaxAlgorithm) else alg for alg in groups.groups.values())
+    children = tuple(alg if isinstance(alg, OptaxFamily) else None for alg in groups.groups.values())
+    statics = tuple(None if isinstance(alg, OptaxFamily) else alg for alg in groups.groups.values())
     return children, (names, tuple(freeze(s) for s in statics), freeze(groups.labels))
 
 
