@@ -20,10 +20,10 @@ The common options: ``maxiters`` is scipy's ``maxiter`` where that counts iterat
 method has one (for Newton-CG, which has none, and the trust-region methods, whose
 ``gtol`` tests the 2-norm, optsolve tests ||grad||_inf after each iteration);
 ``ftol`` (relative change of the objective between iterations) is L-BFGS-B's own ``ftol``
-(the same test); SLSQP's own (absolute) ``ftol`` also takes it, and on a constrained problem
-decides alone (its test requires feasibility too); elsewhere ``ftol``, like ``maxtime`` and
-the callback, is tested by optsolve after each iteration, on a constrained problem only at
-a feasible point (within ``FEASIBILITY_TOL``), stopping scipy through
+(the same test); SLSQP's own (absolute) ``ftol`` also takes it; elsewhere ``ftol``, like
+``maxtime`` and the callback, is tested by optsolve after each iteration, on a constrained
+problem only at a feasible point (within ``FEASIBILITY_TOL``; for SLSQP, within ftol),
+stopping scipy through
 ``StopIteration`` in ``callback(intermediate_result)`` (scipy >= 1.11) or, for TNC, shgo
 and direct, whose callbacks cannot stop them, by an exception optsolve catches.
 A non-finite f, gradient or Hessian at any evaluation gives FAILURE with the last finite

@@ -78,8 +78,12 @@ class Monitor:
         self.every = options["callback_every"]
         self.pass_grad_norm = self.callback is not None and wants_grad_norm(self.callback)
         self.ftol = None if spec.native_ftol else options["ftol"]
-        if spec.constrained_ftol and host.constraints:
-            self.ftol = None  # the method's own test decides (MethodSpec.constrained_ftol)
+        # how feasible a point must be for optsolve's ftol test to end a constrained run:
+        # where the method's own test also takes ftol as its feasibility bar
+        # (MethodSpec.constrained_ftol), that bar, else the end-of-run verdict's
+        self.feasibility_bar = FEASIBILITY_TOL
+        if spec.constrained_ftol and self.ftol is not None:
+            self.feasibility_bar = min(FEASIBILITY_TOL, self.ftol)
         self.gtol = own_gtol
         self.maxiters = own_maxiters
         self.deadline = (None if options["maxtime"] is None
@@ -241,13 +245,12 @@ class Monitor:
         return converged
 
     def _feasible(self, x: np.ndarray) -> bool:
-        """Whether x satisfies the constraints and bounds (to FEASIBILITY_TOL, the end-of-run
-        verdict's): on a constrained problem f may be flat where they are violated (a
+        """Whether x satisfies the constraints and bounds (to ``feasibility_bar``): on a constrained problem f may be flat where they are violated (a
         constant objective, a feasibility problem), and a test on f alone would end the run
         there, INFEASIBLE, where the method would have gone on to a feasible optimum."""
         if not self.host.constraints and self.bounds is None:
             return True
-        return self.host.violation(x, self.bounds) <= FEASIBILITY_TOL
+        return self.host.violation(x, self.bounds) <= self.feasibility_bar
 
     def history(self, x: np.ndarray, fun: float) -> tuple:
         """(objectives, grad_norms, metrics, evaluations) as float64 arrays (metrics and

@@ -41,10 +41,10 @@ class MethodSpec:
         |f_k - f_{k+1}| / max(|f_k|, |f_{k+1}|, 1)); elsewhere optsolve tests it.
       native_xtol: scipy's own ``xtol`` option is ``solve(..., xtol=...)`` (least_squares).
       constrained_ftol: scipy's own ``ftol`` takes solve's ``ftol`` where the method's
-        options give none, and on a constrained problem it alone decides: SLSQP's test
-        (|f_k - f_{k+1}| < ftol, absolute, so never looser than solve's relative test) also
-        requires the constraints to hold to ftol and a step below it, where optsolve's test
-        on f alone could end the run at a barely feasible point.
+        options give none, and is also its bar on the constraints (SLSQP's test requires
+        them to hold to ftol): optsolve's relative ftol test then ends a constrained run
+        only at a point feasible to ftol, not merely to FEASIBILITY_TOL (which left HS26
+        1e-3 from its optimum at ftol=1e-10).
       maxiter_name: scipy's option counting iterations, or None (optsolve counts them).
       maxiter_offset: added to maxiters for scipy, whose count includes iterations the
         callback never sees: direct's first two iterations divide the box before its
