@@ -132,6 +132,86 @@ def _selected(x0: PyTree, trainable: Any) -> list[bool]:
     return selected
 
 
+def _names(path: tuple) -> tuple:
+    return tuple(_key_name(k) for k in path)
+
+
+def _nodes(tree: PyTree) -> list[tuple[tuple, Any]]:
+    """``tree``'s NNX variables (whole) and other leaves, None included, by their path's
+    names: a module's ``.hidden.kernel`` and an ``nnx.State``'s ``['hidden']['kernel']``
+    are both ``('hidden', 'kernel')``."""
+    nnx = _nnx()
+    is_node = lambda n: n is None or (nnx is not None and isinstance(n, nnx.Variable))
+    return [(_names(path), node)
+            for path, node in jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_node)[0]]
+
+
+def fit_to(tree: PyTree, x: PyTree, what: str) -> PyTree:
+    """``tree`` (a mask, labels, updates) in the structure of ``x`` (the trained leaves of
+    a model, None elsewhere, or any pytree), matched leaf by leaf.
+
+    Args:
+      tree: x's structure or a prefix of it; a tree with more leaves than x (the whole
+        model, where x has None for the leaves it does not train); or another structure
+        with the same names (an ``nnx.State`` of a module, a dict): matched by path, a
+        value for a subtree (``{'hidden': False}``) covering every leaf under it.
+      x: the tree whose structure is wanted.
+      what: the argument's name, for errors.
+
+    Returns:
+      ``tree``'s values in x's structure (None where x has None); a prefix of x unchanged.
+    """
+    slots, treedef = jax.tree_util.tree_flatten(x, is_leaf=lambda n: n is None)
+    try:
+        per_slot = treedef.flatten_up_to(tree)
+    except (ValueError, TypeError):
+        per_slot = None
+    if per_slot is not None:
+        if not any(slot is None for slot in slots):
+            return tree
+        return treedef.unflatten([None if slot is None else value
+                                  for slot, value in zip(slots, per_slot)])
+    if jax.tree_util.tree_structure(x).num_leaves and \
+            jax.tree_util.tree_structure(tree) == jax.tree_util.tree_structure(True):
+        return tree  # one value for everything: a prefix optax broadcasts
+    entries = dict(_nodes(tree))
+    fitted = []
+    for names, node in _nodes(x):
+        node_leaves, node_def = jax.tree_util.tree_flatten(node)
+        if not node_leaves:
+            fitted.append(node)
+            continue
+        key = next((names[:i] for i in range(len(names), -1, -1) if names[:i] in entries),
+                   None)
+        if key is None:
+            raise ValueError(
+                f"{what} has no entry for x0.{'.'.join(map(str, names))}, which is trained; "
+                "give it the structure of the model, of the trained leaves, or (NNX) of "
+                f"nnx.state(model, filter). Its entries: {sorted(map(str, entries))[:4]}...")
+        values = jax.tree_util.tree_leaves(entries[key])
+        if len(values) == 1 and len(node_leaves) > 1:
+            values = values * len(node_leaves)
+        if len(values) != len(node_leaves):
+            raise ValueError(
+                f"{what}: its entry for x0.{'.'.join(map(str, names))} holds {len(values)} "
+                f"values where the model has {len(node_leaves)} arrays.")
+        fitted.append(node_def.unflatten(values))
+    is_node = lambda n: n is None or (_nnx() is not None and isinstance(n, _nnx().Variable))
+    return jax.tree_util.tree_structure(x, is_leaf=is_node).unflatten(fitted)
+
+
+def as_nnx_state(x: PyTree) -> PyTree:
+    """The trained leaves of an NNX model (the module with None elsewhere) as the
+    ``nnx.State`` that ``nnx.Optimizer`` hands optax (``nnx.state(model, wrt)``)."""
+    nnx = _nnx()
+    return nnx.state(x, lambda path, variable: bool(jax.tree_util.tree_leaves(variable)))
+
+
+def holds_nnx_variables(x: PyTree) -> bool:
+    """Whether ``x`` is (or holds) a flax NNX module's variables."""
+    return _holds_nnx_variables(x)
+
+
 class Split(NamedTuple):
     """The roles of a model's leaves (hashable: it keys compiled code). ``statics`` holds
     the static leaves' values, in order."""

@@ -212,7 +212,8 @@ class OptaxTransform(OptaxFamily):
         object.__setattr__(self, "_transformation", transformation)
 
     def transformation(self) -> optax.GradientTransformation:
-        return self._transformation
+        from optsolve.backends.optax.compose import on_model_parameters  # (imports this)
+        return on_model_parameters(self._transformation)  # NNX masks as nnx.State
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"OptaxTransform is immutable; use .replace({name}=...).")

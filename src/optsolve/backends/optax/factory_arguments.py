@@ -17,6 +17,7 @@ import numpy as np
 
 from optsolve.solve_api.cache import BoundedCache
 from optsolve.solve_api.pytree import freeze, thaw
+from optsolve.solve_api.trainable import fit_to
 
 _SIGNATURES = BoundedCache(1024)  # one per optax factory: a few hundred at most
 
@@ -49,6 +50,42 @@ def float_valued_names(factory: Callable[..., Any]) -> frozenset[str]:
     return frozenset(names)
 
 
+class ModelMask:
+    """A mask pytree given to an optax factory (``AdamW(mask=...)``), as the function of
+    the parameters optax also takes: it fits the mask to them (:func:`fit_to`), so that a
+    model's mask may be given as the whole model, its trained leaves or an ``nnx.State``.
+    Equal to a ModelMask of an equal hashable mask, else of the same mask object (a new
+    unhashable mask compiles anew)."""
+
+    def __init__(self, mask: Any, name: str):
+        self.mask, self.name = mask, name
+        try:
+            self.key = hash(mask), mask
+        except TypeError:
+            self.key = id(mask), None
+
+    def __call__(self, params: Any) -> Any:
+        return fit_to(self.mask, params, f"`{self.name}`")
+
+    def __eq__(self, other: Any) -> bool:
+        if not isinstance(other, ModelMask):
+            return False
+        return other.mask is self.mask or (self.key[1] is not None and other.key == self.key)
+
+    def __hash__(self) -> int:
+        return hash((ModelMask, self.key[0]))
+
+    def __repr__(self) -> str:
+        return repr(self.mask)
+
+
+def _is_mask_tree(name: str, value: Any) -> bool:
+    # a function of the parameters is optax's other form; a module is callable, but a tree
+    return "mask" in name and value is not None and not isinstance(value, ModelMask) and \
+        not (callable(value) and jax.tree_util.treedef_is_leaf(
+            jax.tree_util.tree_structure(value)))
+
+
 class FactoryArguments:
     """Base of immutable pytrees holding the arguments of ``factory``.
 
@@ -71,7 +108,8 @@ class FactoryArguments:
             raise TypeError(f"{type(self).__name__}{signature}: {err}") from None
         bound.apply_defaults()
         arguments = {name: float(value) if name in self.float_valued and isinstance(
-            value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)) else value
+            value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)) else
+                     ModelMask(value, name) if _is_mask_tree(name, value) else value
                      for name, value in bound.arguments.items()}
         object.__setattr__(self, "_arguments", arguments)
 
@@ -81,7 +119,8 @@ class FactoryArguments:
     def __getattr__(self, name: str) -> Any:
         arguments = self.__dict__.get("_arguments", {})
         if name in arguments:
-            return arguments[name]
+            value = arguments[name]
+            return value.mask if isinstance(value, ModelMask) else value
         raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
 
     @classmethod

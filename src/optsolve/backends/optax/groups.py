@@ -17,6 +17,7 @@ from optsolve.backends.optax.compose import OPTAX_WRAPPERS, optax_transformation
 from optsolve.solve_api.pytree import freeze, thaw
 from optsolve.solve_api.algorithm import check_replace
 from optsolve.solve_api.registry import register_algorithm, register_backend
+from optsolve.solve_api.trainable import fit_to
 
 PyTree = Any
 Group = OptaxFamily | optax.GradientTransformation | optax.MultiSteps | None
@@ -28,20 +29,6 @@ def _is_label_function(labels: Any) -> bool:
         jax.tree_util.tree_structure(labels))
 
 
-def _on_trained_leaves(labels: PyTree, x: PyTree) -> PyTree:
-    """A labels pytree of a whole model, cut to the leaves ``x`` holds (the trained ones of a
-    problem with ``trainable``, None elsewhere); other label trees unchanged."""
-    slots, treedef = jax.tree_util.tree_flatten(x, is_leaf=lambda n: n is None)
-    if not any(slot is None for slot in slots):
-        return labels
-    try:
-        per_slot = treedef.flatten_up_to(labels)
-    except (ValueError, TypeError):
-        return labels  # a prefix of x's structure: optax matches it
-    return treedef.unflatten([None if slot is None else label
-                              for slot, label in zip(slots, per_slot)])
-
-
 class ParameterGroups(OptaxFamily):
     """Route each part of ``x`` to its own algorithm, by a label per leaf.
 
@@ -50,8 +37,10 @@ class ParameterGroups(OptaxFamily):
         ``optax.GradientTransformation``, or None to freeze that part (zero updates).
       labels: either a pytree of labels with the structure of ``x`` (or a prefix of it; for
         a model trained with ``trainable``, the whole model's structure, e.g. a module with
-        a label per leaf), or a function of a leaf's path string (``jax.tree_util.keystr``,
-        e.g. ``"['encoder']['w']"``) returning its label.
+        a label per leaf, or its trained leaves', for NNX an ``nnx.State`` such as
+        ``jax.tree.map(label_of, nnx.state(model, nnx.Param))``), or a function of a
+        leaf's path string (``jax.tree_util.keystr``, e.g. ``"['encoder']['w']"``)
+        returning its label.
 
     Example:
       >>> groups = optsolve.ParameterGroups(
@@ -93,7 +82,7 @@ class ParameterGroups(OptaxFamily):
             labels = jax.tree_util.tree_map_with_path(
                 lambda path, _: self.labels(jax.tree_util.keystr(path)), x)
         else:
-            labels = _on_trained_leaves(self.labels, x)
+            labels = fit_to(self.labels, x, "ParameterGroups: `labels`")
         unknown = set(jax.tree_util.tree_leaves(labels)) - set(self.groups)
         if unknown:
             raise ValueError(
