@@ -348,7 +348,8 @@ def test_resume_on_shuffled_in_memory_data_continues_the_stream_bit_for_bit():
     run = functools.partial(solve, prob, optsolve.Adam(0.05), data=data, batch_size=16,
                             key=jax.random.key(3))
     whole = run(maxiters=13, epochs=3)
-    first = run(maxiters=7)
+    with pytest.warns(UserWarning, match="maxiters=7 exceeds the 6 steps"):
+        first = run(maxiters=7)
     assert first.stats.iterations == 6  # one epoch of 6 batches unless epochs says more
     first = run(maxiters=7, epochs=2)
     resumed = run(maxiters=6, epochs=2, resume=first)

@@ -207,3 +207,12 @@ def test_the_callback_sees_the_last_step(every, steps, expected):
         sol = solve(PROBLEM, optsolve.SGD(0.1), callback=lambda k, x, f: seen.append(int(k)),
                     callback_every=every, **data)
         assert sol.stats.iterations == steps and seen == expected
+
+
+def test_maxiters_beyond_the_epochs_warns():
+    with pytest.warns(UserWarning, match="maxiters=20 exceeds the 12 steps that epochs=3"):
+        sol = solve(PROBLEM, optsolve.SGD(0.1), data=DATA, batch_size=BATCH, epochs=3,
+                    maxiters=20)
+    assert sol.stats.iterations == 12
+    with pytest.warns(UserWarning, match="maxiters=9 exceeds the 5 steps that epochs=1"):
+        solve(PROBLEM, optsolve.SGD(0.1), data=[DATA] * 5, maxiters=9)

@@ -77,6 +77,13 @@ def _solve_on_data(problem, algorithm, opts, data, batch_size, key, epochs,
             "arrays cut into batches, pass `batch_size` (and `key` to shuffle), or pass a "
             "list of batches.")
     check_capabilities(problem, algorithm, opts, stops_with_data=True, adjoint=adjoint)
+    allowed = _data_steps(data, batch_size, epochs, None)
+    if allowed is not None and opts.maxiters is not None and not is_traced(opts.maxiters) \
+            and int(opts.maxiters) > allowed:
+        warnings.warn(
+            f"solve: maxiters={int(opts.maxiters)} exceeds the {allowed} steps that "
+            f"epochs={1 if epochs is None else epochs} allow(s) over this data, so the run "
+            "ends after those; raise `epochs` to take more steps.", UserWarning, stacklevel=3)
     inputs = FlatInputs(problem, algorithm)  # flattened once for the layers below
     # an iterable (a generator) is not a pytree: only in-memory data may be traced
     traced = (inputs.traced or is_traced(key) or (batch_size is not None and is_traced(data))
@@ -133,6 +140,8 @@ def _solve_in_memory(problem, algorithm, opts, data, batch_size, key, epochs, ad
                      traced: bool) -> Solution:
     """Training on in-memory arrays inside one compiled loop (under jax.jit, jax.vmap, or
     jax.grad with UnrolledAdjoint): see :mod:`optsolve.backends.native.in_memory`."""
+    if adjoint is not None:
+        _check_adjoint(adjoint)  # an adjoint object, or its error
     if isinstance(adjoint, ImplicitAdjoint):
         raise ValueError(
             "solve: ImplicitAdjoint does not apply to training on `data`: stochastic steps do "
