@@ -57,5 +57,19 @@ a = optsolve.solve(optsolve.OptimizationProblem(full, prob.x0, prob.p), optsolve
 b = optsolve.solve(optsolve.OptimizationProblem(full_sharded, sharded_prob.x0, prob.p),
                    optsolve.Adam(0.05), maxiters=100)
 diffs.append(float(jnp.max(jnp.abs(a.x - b.x))))
+# in-memory data inside one compiled program (jax.jit): the batches keep the samples'
+# sharding, the parameters stay replicated and XLA reduces the gradients (an all-reduce
+# in the compiled program); the result is the single-device one
+def train(data, x0):
+    return optsolve.solve(prob.replace(x0=x0), optsolve.Adam(0.05), data=data, batch_size=64,
+                          key=jax.random.key(0), epochs=3).x
+
+
+single_jit = jax.jit(train)((features, labels), prob.x0)
+sharded_jit = jax.jit(train)(in_memory, sharded_prob.x0)
+assert sharded_jit.sharding.is_equivalent_to(replicated, 1), sharded_jit.sharding
+diffs.append(float(jnp.max(jnp.abs(single_jit - sharded_jit))))
+program = jax.jit(train).lower(in_memory, sharded_prob.x0).compile().as_text()
+assert "all-reduce" in program, "no gradient reduction across devices"
 print("OK", max(diffs))
 sys.exit(0 if max(diffs) < 1e-12 else 1)

@@ -44,6 +44,10 @@ class InMemoryData:
         ``maxiters``.
       epochs: the passes over the data the run may span (static; one more where a resumed
         run starts inside an epoch).
+      sharding: the arrays' sharding over a device mesh where they were given sharded over
+        their sample axis (a ``NamedSharding``, static), which each batch keeps: the steps
+        then run data-parallel (parameters replicated, gradients reduced by XLA). None
+        otherwise.
     """
 
     arrays: Any
@@ -51,6 +55,7 @@ class InMemoryData:
     batch_size: int = static_field(default=1)
     steps: int = static_field(default=0)
     epochs: int = static_field(default=1)
+    sharding: Any = static_field(default=None)
 
     @property
     def batches_per_epoch(self) -> int:

@@ -164,7 +164,7 @@ def _solve_in_memory(problem, algorithm, opts, data, batch_size, key, epochs, ad
         steps = min(steps, int(maxiters))
     # a resumed run may start inside an epoch: its steps then span one epoch more
     span = epochs + (opts.resume is not None)
-    in_memory = InMemoryData(data, key, batch_size, steps, span)
+    in_memory = InMemoryData(data, key, batch_size, steps, span, _sample_sharding(data))
     opts = replace(opts, data=None, in_memory=in_memory,
                    maxiters=steps if maxiters is None or not is_traced(maxiters) else maxiters,
                    history=steps if opts.history else 0)
@@ -176,6 +176,21 @@ def _solve_in_memory(problem, algorithm, opts, data, batch_size, key, epochs, ad
     if traced:
         return solution
     return _eager(solution, time.perf_counter() - start)
+
+
+def _sample_sharding(data: Any) -> Any:
+    """The ``NamedSharding`` that splits every array of ``data`` over its sample axis (the
+    batches keep it: data-parallel steps), or None (one device, traced arrays, or arrays
+    sharded otherwise)."""
+    shardings = {getattr(leaf, "sharding", None) for leaf in jax.tree_util.tree_leaves(data)}
+    if len(shardings) != 1:
+        return None
+    sharding = shardings.pop()
+    if not isinstance(sharding, jax.sharding.NamedSharding) or not sharding.spec or \
+            sharding.spec[0] is None or any(axis is not None for axis in sharding.spec[1:]):
+        return None
+    return jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec(
+        sharding.spec[0]))
 
 
 class _Plain:

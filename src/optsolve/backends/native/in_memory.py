@@ -61,11 +61,16 @@ def batch_at(data: InMemoryData, orders: jax.Array | None, step: jax.Array,
     epoch, index = jnp.divmod(step, per_epoch)
     start = index * size
     if orders is None:
-        return jax.tree_util.tree_map(
+        batch = jax.tree_util.tree_map(
             lambda a: lax.dynamic_slice_in_dim(a, start, size), data.arrays)
-    rows = lax.dynamic_slice_in_dim(
-        lax.dynamic_index_in_dim(orders, epoch - first_epoch, keepdims=False), start, size)
-    return jax.tree_util.tree_map(lambda a: jnp.take(a, rows, axis=0), data.arrays)
+    else:
+        rows = lax.dynamic_slice_in_dim(
+            lax.dynamic_index_in_dim(orders, epoch - first_epoch, keepdims=False), start, size)
+        batch = jax.tree_util.tree_map(lambda a: jnp.take(a, rows, axis=0), data.arrays)
+    if data.sharding is not None:  # each device takes its share of the batch
+        batch = jax.tree_util.tree_map(
+            lambda b: lax.with_sharding_constraint(b, data.sharding), batch)
+    return batch
 
 
 def _on_batch(problem: OptimizationProblem, batch: PyTree) -> Objective:
