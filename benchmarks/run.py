@@ -1,6 +1,6 @@
 """Run every benchmark side by side with its peers and write docs/benchmarks.md.
 
-Usage: ``python benchmarks/run.py [name ...]`` (names: optax, classical, scipy, hypergradient, training, least_squares, models, overhead, vmap, program_size, cutest); ``make bench``
+Usage: ``python benchmarks/run.py [name ...]`` (names: optax, classical, scipy, hypergradient, training, least_squares, models, overhead, vmap, program_size, cutest, data_compiled); ``make bench``
 runs them all. Each benchmark runs in a fresh Python process, so none inherits another's
 compiled executables, threads or memory. BLAS is pinned to one thread (threadpoolctl):
 OpenBLAS's default threads stall small BLAS calls on 2-core VMs (see shared/PEERS.md); JAX's
@@ -28,7 +28,8 @@ BENCHMARKS = {"optax": "bench_optax", "classical": "bench_classical", "scipy": "
               "hypergradient": "bench_hypergradient", "training": "bench_training",
               "least_squares": "bench_least_squares", "models": "bench_models",
               "overhead": "bench_overhead", "vmap": "bench_vmap",
-              "program_size": "program_size", "cutest": "bench_cutest"}
+              "program_size": "program_size", "cutest": "bench_cutest",
+              "data_compiled": "bench_data_compiled"}
 
 
 def table_rows(markdown: str):
