@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from optsolve.solve_api.linear_solve import CGStatus, cg
+from optsolve.solve_api.linear_solve import CGStatus, cg, cgls
 
 
 def spd(n, eigenvalues, seed=0):
@@ -268,3 +268,72 @@ def test_a_preconditioner_goes_with_positive_definite_cg_only():
     with pytest.raises(ValueError, match="preconditioner"):
         cg(lambda v: v, jnp.ones(2), rtol=1e-6, maxiter=5, negative_curvature="last",
            preconditioner=lambda r: r)
+
+
+# ------------------------------------------------------------ singular systems
+
+# H = diag(3, 3, 1, 0): singular along e_3. b_RANGE lies in the range, b_MIXED does not.
+H_SINGULAR = np.diag([3.0, 3.0, 1.0, 0.0])
+B_RANGE = np.array([1.0, 2.0, 3.0, 0.0])
+B_MIXED = np.array([1.0, 2.0, 3.0, 4.0])
+
+
+def test_singular_mode_converges_on_a_consistent_system_to_the_minimum_norm_solution():
+    """From 0 on b in range(H), CG stays in the range: two distinct nonzero eigenvalues, two
+    products, and the null component stays 0 (the minimum-norm solution)."""
+    res = cg(matvec_of(H_SINGULAR), jnp.asarray(B_RANGE), rtol=1e-12, maxiter=40,
+             negative_curvature="singular")
+    assert int(res.status) == CGStatus.CONVERGED and int(res.matvecs) == 2
+    np.testing.assert_allclose(np.asarray(res.x), [1 / 3, 2 / 3, 3.0, 0.0], rtol=1e-12)
+
+
+def test_singular_mode_stops_where_the_curvature_vanishes():
+    """b along the null vector alone: d.Hd = 0 at the first product. Plain CG divides by it
+    (NaN); "singular" stops there with the last iterate, x = 0."""
+    b = jnp.asarray([0.0, 0.0, 0.0, 1.0])
+    plain = cg(matvec_of(H_SINGULAR), b, rtol=1e-10, maxiter=40)
+    assert np.isnan(np.asarray(plain.x)).all()
+    res = cg(matvec_of(H_SINGULAR), b, rtol=1e-10, maxiter=40, negative_curvature="singular")
+    assert int(res.status) == CGStatus.SINGULAR and int(res.matvecs) == 1
+    assert int(res.iterations) == 0 and not np.any(np.asarray(res.x))
+    # with a range component too, CG grows along the null vector until the curvature of
+    # its direction is below eps times the largest seen
+    mixed = cg(matvec_of(H_SINGULAR), jnp.asarray(B_MIXED), rtol=1e-10, maxiter=40,
+               negative_curvature="singular")
+    assert int(mixed.status) == CGStatus.SINGULAR and int(mixed.matvecs) < 40
+
+
+def test_cgls_is_the_pseudo_inverse_applied():
+    """H^+ b for an inconsistent b (the null component is ignored), for a consistent one,
+    and on a spread spectrum with a two-dimensional null space, against numpy's pinv."""
+    for b in (B_MIXED, B_RANGE):
+        res = cgls(matvec_of(H_SINGULAR), jnp.asarray(b), rtol=1e-12, maxiter=40)
+        assert bool(res.converged)
+        np.testing.assert_allclose(np.asarray(res.x), np.linalg.pinv(H_SINGULAR) @ b,
+                                   rtol=1e-12, atol=1e-14)
+    a = spd(8, [0.0, 0.0, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0], seed=3)
+    b = np.random.default_rng(8).normal(size=8)
+    res = cgls(matvec_of(a), jnp.asarray(b), rtol=1e-12, maxiter=80)
+    assert bool(res.converged) and int(res.matvecs) % 2 == 0
+    np.testing.assert_allclose(np.asarray(res.x), np.linalg.pinv(a, rcond=1e-10) @ b,
+                               rtol=1e-9, atol=1e-12)
+
+
+def test_cgls_zero_right_hand_side_costs_no_product_also_under_vmap():
+    """The implicit adjoint calls it with b = 0 on the regular path: no product there, and
+    under vmap a batch of zeros runs no iteration."""
+    res = cgls(matvec_of(H_SINGULAR), jnp.zeros(4), rtol=1e-10, maxiter=40)
+    assert int(res.matvecs) == 0 and not np.any(np.asarray(res.x))
+    batched = jax.vmap(lambda b: cgls(matvec_of(H_SINGULAR), b, rtol=1e-10, maxiter=40))(
+        jnp.zeros((3, 4)))
+    assert not np.any(np.asarray(batched.matvecs))
+
+
+def test_singular_mode_takes_a_preconditioner_and_names_the_modes():
+    res = cg(matvec_of(H_SINGULAR), jnp.asarray(B_RANGE), rtol=1e-12, maxiter=40,
+             negative_curvature="singular", preconditioner=lambda r: r / 2.0)
+    assert int(res.status) == CGStatus.CONVERGED
+    np.testing.assert_allclose(np.asarray(res.x), [1 / 3, 2 / 3, 3.0, 0.0], rtol=1e-12)
+    with pytest.raises(ValueError, match="goes with negative_curvature='ignore' or 'singular'"):
+        cg(lambda v: v, jnp.ones(2), rtol=1e-6, maxiter=5, negative_curvature="boundary",
+           radius=1.0, preconditioner=lambda r: r)

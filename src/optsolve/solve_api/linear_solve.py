@@ -7,7 +7,8 @@ it compiles once, runs under ``jit`` and ``vmap``, and is forward-differentiable
 the products it makes, because on data-bound objectives each costs about a gradient.
 
 It lives in ``solve_api`` so that the adjoint (which must not import a backend) and the
-backends share it.
+backends share it. :func:`cgls` beside it gives the minimum-norm least-squares solution of a
+singular system, where CG breaks down (the implicit adjoint's fallback).
 """
 
 from __future__ import annotations
@@ -15,18 +16,20 @@ from __future__ import annotations
 import enum
 import functools
 import operator
+import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.custom_batching import custom_vmap
 
 from optsolve.solve_api.loops import inner_while_loop
 
 PyTree = Any
 Array = jax.Array
 
-_NEGATIVE_CURVATURE = ("ignore", "last", "steepest", "boundary")
+_NEGATIVE_CURVATURE = ("ignore", "last", "steepest", "boundary", "singular")
 
 
 class CGStatus(enum.IntEnum):
@@ -36,6 +39,7 @@ class CGStatus(enum.IntEnum):
     MAX_ITERATIONS = 1      # maxiter products made without meeting the tolerance
     NEGATIVE_CURVATURE = 2  # d.Hd <= 0 along the current direction
     BOUNDARY = 3            # the next iterate would leave the trust region |x| <= radius
+    SINGULAR = 4            # d.Hd <= eps (largest d.Hd / d.d seen) d.d: H singular along d
 
 
 class CGResult(NamedTuple):
@@ -46,7 +50,8 @@ class CGResult(NamedTuple):
       matvecs: products with H made (int32). Every loop iteration makes exactly one; the
         zero start costs none (the initial residual is ``-b``).
       iterations: iterations that moved x (int32): ``matvecs``, less the one rejected at
-        negative curvature under ``negative_curvature="last"`` or ``"steepest"``.
+        negative curvature under ``negative_curvature="last"``, ``"steepest"`` or
+        ``"singular"``.
       status: a :class:`CGStatus` value (int32).
       model: ``q(x) = x.Hx/2 - b.x``, tracked from the CG recurrences without another
         product (<= 0 unless "ignore" met negative curvature); with ``b = -g`` it is the change ``m(x) - m(0)`` of the quadratic
@@ -69,6 +74,7 @@ class _Carry(NamedTuple):
     rr: Array          # r.z, z = M r the preconditioned residual (r.r without M)
     model: Array       # q(x)
     status: Array      # MAX_ITERATIONS while running
+    curvature: Array   # the largest d.Hd / d.d seen ("singular" only; else 0)
 
 
 def tree_dot(u: PyTree, w: PyTree, dtype: Any) -> Array:
@@ -119,7 +125,14 @@ def cg(matvec: Callable[[PyTree], PyTree], b: PyTree, *, maxiter: Any,
         "last": stop and return the last iterate (0 if met at the first iteration);
         "steepest": as "last", but return ``b`` (steepest descent on q) if met at the first
         iteration (Newton-CG);
-        "boundary": stop on the trust-region boundary along d (Steihaug; needs ``radius``).
+        "boundary": stop on the trust-region boundary along d (Steihaug; needs ``radius``);
+        "singular": H is taken as positive semidefinite, possibly singular: a direction
+        along which it is numerically singular, ``d.Hd <= eps c d.d`` with c the largest
+        ``d.Hd / d.d`` seen (zero, negative and NaN curvature included), stops CG with
+        status SINGULAR and the last iterate. Below eps c, a curvature is within the
+        rounding of the products themselves. On a consistent system (b in the range of H)
+        CG from 0 converges before that; otherwise its iterates grow without bound first,
+        and the last iterate is not a solution (see :func:`cgls`).
       radius: the trust radius: an iterate that would reach ``|x| >= radius`` is replaced by
         the point on the boundary along d and CG stops. Needs ``negative_curvature="boundary"``.
       test_start: test the tolerance on ``b`` before the first product (a ``b`` that meets
@@ -149,9 +162,9 @@ def cg(matvec: Callable[[PyTree], PyTree], b: PyTree, *, maxiter: Any,
                          f"negative_curvature={negative_curvature!r}.")
     if rtol is None and atol is None:
         raise ValueError("cg: give `rtol`, `atol` or both (the residual tolerance).")
-    if preconditioner is not None and negative_curvature != "ignore":
-        raise ValueError("cg: a `preconditioner` goes with negative_curvature='ignore' only; "
-                         f"got negative_curvature={negative_curvature!r}.")
+    if preconditioner is not None and negative_curvature not in ("ignore", "singular"):
+        raise ValueError("cg: a `preconditioner` goes with negative_curvature='ignore' or "
+                         f"'singular' only; got negative_curvature={negative_curvature!r}.")
     precondition = preconditioner if preconditioner is not None else (lambda r: r)
 
     with jax.numpy_dtype_promotion("standard"):
@@ -185,8 +198,15 @@ def cg(matvec: Callable[[PyTree], PyTree], b: PyTree, *, maxiter: Any,
         residual = rr if preconditioner is None else tree_dot(r, r, dtype)
         status = status_of(jnp.sqrt(residual) <= tol)
         moved = jnp.ones((), bool)
+        curvature = c.curvature
         # A stop leaves r, d and r.r as computed: the loop ends, and they are not returned.
-        if negative_curvature != "ignore":
+        if negative_curvature == "singular":
+            dd = tree_dot(c.d, c.d, dtype)
+            curvature = jnp.maximum(curvature, dhd / jnp.where(dd > 0, dd, 1.0))
+            bad = ~(dhd > jnp.finfo(dtype).eps * curvature * dd)  # also a NaN curvature
+            x, model, moved = _where(bad, c.x, x), jnp.where(bad, c.model, model), ~bad
+            status = jnp.where(bad, CGStatus.SINGULAR, status).astype(jnp.int32)
+        elif negative_curvature != "ignore":
             bad = ~(dhd > 0)  # also catches a NaN curvature
             if radius is None:
                 x, model, moved = _where(bad, c.x, x), jnp.where(bad, c.model, model), ~bad
@@ -199,7 +219,8 @@ def cg(matvec: Callable[[PyTree], PyTree], b: PyTree, *, maxiter: Any,
                                   + 0.5 * tau * tau * dhd, model)
                 status = jnp.where(crossing, CGStatus.BOUNDARY, status)
             status = jnp.where(bad, CGStatus.NEGATIVE_CURVATURE, status).astype(jnp.int32)
-        return _Carry(c.k + 1, c.steps + moved.astype(jnp.int32), x, r, d, rr, model, status)
+        return _Carry(c.k + 1, c.steps + moved.astype(jnp.int32), x, r, d, rr, model, status,
+                      curvature)
 
     start = (status_of(jnp.sqrt(rr0) <= tol) if test_start
              else jnp.asarray(CGStatus.MAX_ITERATIONS, jnp.int32))
@@ -211,8 +232,127 @@ def cg(matvec: Callable[[PyTree], PyTree], b: PyTree, *, maxiter: Any,
         rz0 = tree_dot(b, d0, dtype)
     c = inner_while_loop(cond, body, _Carry(
         zero_int, zero_int, jax.tree_util.tree_map(jnp.zeros_like, b), r0, d0, rz0,
-        jnp.zeros((), dtype), start), maxiter)
+        jnp.zeros((), dtype), start, jnp.zeros((), dtype)), maxiter)
     x = c.x
     if negative_curvature == "steepest":
         x = _where((c.status == CGStatus.NEGATIVE_CURVATURE) & (c.steps == 0), b, x)
     return CGResult(x, c.k, c.steps, c.status, c.model)
+
+
+class CGLSResult(NamedTuple):
+    """What :func:`cgls` returns.
+
+    Attributes:
+      x: the solution (a pytree like ``b``).
+      matvecs: products with H made (int32): two per iteration.
+      converged: whether ``|H (H x - b)| <= rtol |H b|`` was met (bool).
+    """
+
+    x: PyTree
+    matvecs: Array
+    converged: Array
+
+
+class _CGLSCarry(NamedTuple):
+    k: Array           # iterations made
+    x: PyTree
+    r: PyTree          # b - H x
+    p: PyTree          # search direction
+    ss: Array          # s.s of the last s = H r (the normal equations' residual)
+    tol: Array         # rtol |H b|, set at the first iteration
+    done: Array
+
+
+def cgls(matvec: Callable[[PyTree], PyTree], b: PyTree, *, rtol: Any,
+         maxiter: Any) -> CGLSResult:
+    """The minimum-norm least-squares solution ``H^+ b`` of ``H x = b`` for a symmetric,
+    possibly singular H: conjugate gradients on the normal equations ``H^2 x = H b`` from
+    x = 0, in the form that never multiplies H by itself (CGLS: Hestenes & Stiefel 1952;
+    Paige & Saunders, ACM TOMS 8, 1982, section 7.1; Bjorck, *Numerical Methods for Least
+    Squares Problems*, 1996, section 7.4.1).
+
+    Every iterate lies in the Krylov space of ``H^2`` on ``H b``, inside the range of H, so
+    the limit is the least-squares solution with no component in the null space: where b
+    has one (a right-hand side CG breaks down on), it is ignored rather than amplified.
+    Each iteration ``s = H r``, ``p = s + (s.s / s.s old) p``, ``q = H p``,
+    ``x += (s.s / q.q) p``, ``r -= (s.s / q.q) q`` makes two products; all are inside the
+    loop, so a zero ``b`` costs none (also under ``vmap``, where only the rows with a
+    nonzero ``b`` keep the loop going). Slower than CG on a regular system (the normal
+    equations square H's condition number): meant as the fallback for singular ones.
+
+    Args:
+      matvec: ``v -> H v`` on pytrees shaped like ``b``; H symmetric.
+      b: the right-hand side (a pytree of float arrays).
+      rtol: the tolerance on the normal equations' residual ``|H (b - H x)|``, relative to
+        ``|H b|``.
+      maxiter: the most iterations (a Python int or an int array).
+
+    Returns:
+      A :class:`CGLSResult`.
+
+    Example:
+      >>> h = jnp.diag(jnp.array([2.0, 0.0]))
+      >>> cgls(lambda v: h @ v, jnp.array([1.0, 1.0]), rtol=1e-6, maxiter=10).x
+      Array([0.5, 0. ], dtype=float32)
+    """
+    with jax.numpy_dtype_promotion("standard"):
+        dtype = jnp.result_type(*jax.tree_util.tree_leaves(b))
+
+    def cond(c: _CGLSCarry):
+        return ~c.done & (c.k < maxiter)
+
+    def body(c: _CGLSCarry) -> _CGLSCarry:
+        s = matvec(c.r)
+        ss = tree_dot(s, s, dtype)
+        first = c.k == 0
+        tol = jnp.where(first, jnp.asarray(rtol, dtype) * jnp.sqrt(ss), c.tol)
+        converged = jnp.sqrt(ss) <= tol  # at the first iteration, only where H b = 0
+        beta = jnp.where(first, 0.0, ss / jnp.where(c.ss > 0, c.ss, 1.0))
+        p = _axpy(beta, c.p, s)
+        q = matvec(p)
+        qq = tree_dot(q, q, dtype)
+        # q = 0 needs p in the null space; p lies in the range and p.s = s.s > 0, so only
+        # rounding can make it 0
+        stop = converged | ~(qq > 0)
+        alpha = jnp.where(stop, 0.0, ss / jnp.where(qq > 0, qq, 1.0))
+        x = _axpy(alpha, p, c.x)
+        r = _axpy(-alpha, q, c.r)
+        return _CGLSCarry(c.k + 1, x, r, p, ss, tol, stop)
+
+    zero = jax.tree_util.tree_map(jnp.zeros_like, b)
+    empty = tree_dot(b, b, dtype) == 0
+    c = inner_while_loop(cond, body, _CGLSCarry(
+        jnp.zeros((), jnp.int32), zero, b, zero, jnp.zeros((), dtype), jnp.zeros((), dtype),
+        empty), maxiter)
+    return CGLSResult(c.x, 2 * c.k, c.done)
+
+
+SINGULAR_MESSAGE = (
+    "optsolve: the implicit derivative's linear system is singular (the Hessian at x* has "
+    "a null space: a leaf of x that f ignores, a flat direction of f); its minimum-norm "
+    "least-squares solution was used, which gives the null directions no derivative. "
+    "ImplicitAdjoint(ridge=...) regularises them instead.")
+
+
+def _warn_singular(flag: Any) -> None:
+    if bool(flag):
+        warnings.warn(SINGULAR_MESSAGE, RuntimeWarning, stacklevel=2)
+
+
+@custom_vmap
+def warn_singular(flag: Array) -> Array:
+    """Warn (:data:`SINGULAR_MESSAGE`, a RuntimeWarning) when ``flag`` is true, at run
+    time (under ``jit`` too). Under ``vmap`` (``jax.jacrev`` batches one cotangent per
+    output) the batch warns once, if any of its rows is singular.
+
+    Returns:
+      ``flag``, to be ignored (the callback is kept for its effect).
+    """
+    jax.debug.callback(_warn_singular, flag)
+    return flag
+
+
+@warn_singular.def_vmap
+def _warn_singular_batched(axis_size, in_batched, flag):
+    del axis_size, in_batched
+    return warn_singular(jnp.any(flag)), False
