@@ -55,6 +55,40 @@ def test_a_leaf_of_x_that_does_not_depend_on_p(cls):
             np.testing.assert_allclose(got[leaf], expected[leaf], atol=1e-8, err_msg=mode.__name__)
 
 
+def _ignoring(x, lam):
+    """f ignores x["u"]: H is singular along it. x["a"] tracks lam: dx_a/dlam = 1."""
+    return jnp.sum((x["a"] - lam) ** 2) + 0.5
+
+
+def _ignoring_residuals(x, lam):
+    """A pytree of residuals whose half squared norm is :func:`_ignoring`; the constant one
+    makes as many residuals as parameters, which MINPACK's lm needs."""
+    return {"a": jnp.sqrt(2.0) * (x["a"] - lam), "c": jnp.ones(1)}
+
+
+X0_IGNORED = {"a": jnp.zeros(2), "u": jnp.ones(1)}
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=_id)
+def test_a_leaf_of_x_that_f_ignores(cls):
+    """The Hessian is singular along x["u"], which the outer loss reads: reverse mode's
+    cotangent has a component in H's null space. It used to give NaN where forward mode
+    gave the right answer; both are the minimum-norm derivative, dx_u/dlam = 0, so
+    d(sum a + sum u)/dlam = 2, and reverse mode warns that the system is singular."""
+    alg = CASES[cls].make()
+    bounds = BOX if CASES[cls].box else None
+
+    def outer(lam):
+        prob = problem_for(cls, _ignoring, _ignoring_residuals, X0_IGNORED, lam, bounds)
+        x = solve(prob, alg, maxiters=CASES[cls].iterations).x
+        return jnp.sum(x["a"]) + jnp.sum(x["u"])
+
+    with pytest.warns(RuntimeWarning, match="linear system is singular"):
+        reverse = jax.grad(outer)(0.5)
+    np.testing.assert_allclose(reverse, 2.0, rtol=1e-8)
+    np.testing.assert_allclose(jax.jacfwd(outer)(0.5), 2.0, rtol=1e-8)
+
+
 def _bounded(x, p):
     return (x[0] - 3.0) ** 2 + (x[1] - 0.5) ** 2
 

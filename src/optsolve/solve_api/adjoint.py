@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
-from optsolve.solve_api.linear_solve import cg
+from optsolve.solve_api.linear_solve import CGStatus, cg, cgls, warn_singular
 from optsolve.solve_api.forward_passes import by_forward_passes
 from optsolve.solve_api.kkt import kkt_tangent
 from optsolve.solve_api.loops import CheckpointedScan, while_loop
@@ -157,15 +157,43 @@ def _cg(matvec: Callable[[PyTree], PyTree], b: PyTree, tol: Any,
         maxiter: int, preconditioner: Callable[[PyTree], PyTree] | None = None
         ) -> tuple[PyTree, jax.Array]:
     """Conjugate gradients from v = 0 until ``|b - H v| <= tol |b|``: :func:`cg` with a
-    relative tolerance and H taken as positive definite (Hestenes & Stiefel 1952; Nocedal &
-    Wright, *Numerical Optimization*, 2006, Algorithms 5.2 and, with ``preconditioner``,
-    5.3).
+    relative tolerance and H taken as positive semidefinite (Hestenes & Stiefel 1952;
+    Nocedal & Wright, *Numerical Optimization*, 2006, Algorithms 5.2 and, with
+    ``preconditioner``, 5.3). Where H is singular along a direction CG meets (b has a
+    component in its null space: a reverse-mode cotangent reading a leaf f ignores), the
+    minimum-norm least-squares solution ``H^+ b`` from :func:`cgls` replaces CG's, with a
+    warning (:func:`_least_squares_fallback`).
 
     Returns:
       (v, the number of products with H made).
     """
-    result = cg(matvec, b, rtol=tol, maxiter=maxiter, preconditioner=preconditioner)
-    return result.x, result.matvecs
+    result = cg(matvec, b, rtol=tol, maxiter=maxiter, negative_curvature="singular",
+                preconditioner=preconditioner)
+    return _least_squares_fallback(matvec, b, result.x, result.status == CGStatus.SINGULAR,
+                                   tol, maxiter, result.matvecs)
+
+
+def _least_squares_fallback(matvec: Callable[[jax.Array], jax.Array], b: jax.Array,
+                            v: jax.Array, singular: jax.Array, tol: Any, maxiter: int,
+                            matvecs: Any = 0) -> tuple[jax.Array, jax.Array]:
+    """``v`` where the solve succeeded, else ``H^+ b`` (:func:`cgls`), warning once.
+
+    Why minimum-norm: forward mode solves H dx = -B dp with B dp in the range of H (f does
+    not change along a null direction, whatever p), and CG from 0 stays in the range, so it
+    converges to the minimum-norm dx. Reverse mode solves H u = c for an output cotangent
+    c, which may have a null component (the loss reads a leaf f ignores); H^+ c ignores
+    it, and then u.B dp = c.H^+ B dp = c.dx: reverse mode equals forward mode.
+
+    The fallback's right-hand side is 0 where the solve succeeded, which costs :func:`cgls`
+    no product: the regular path makes the products it made before.
+
+    Returns:
+      (the solution, ``matvecs`` plus the fallback's products).
+    """
+    fallback = cgls(matvec, jnp.where(singular, b, jnp.zeros_like(b)), rtol=tol,
+                    maxiter=maxiter)
+    warn_singular(singular)
+    return jnp.where(singular, fallback.x, v), matvecs + fallback.matvecs
 
 
 def _tangents(adjoint, problem, algorithm, x, state, p_dot, p_dot_or_zero, bounds_dot,
@@ -207,6 +235,17 @@ class ImplicitAdjoint:
     problems without general constraints. The problem's ``grad`` and ``hvp`` are used on
     both paths where it gives them.
 
+    Where H is singular (a leaf of x that f ignores, a flat direction such as the intercept
+    of a softmax regression), the derivative is the minimum-norm one, with a
+    RuntimeWarning (once per solve, also under ``vmap``): forward mode's right-hand side
+    lies in the range of H and gets the minimum-norm solution; reverse mode's cotangent
+    may not, and gets the minimum-norm least-squares solution ``H^+ c``, which ignores its
+    component along the null space, so that both modes agree. CG detects the singular
+    direction where its curvature vanishes and then runs CG on the normal equations
+    (:func:`~optsolve.solve_api.linear_solve.cgls`); "gmres" and "bicgstab" check their
+    residual with one product and fall back alike; "dense" solves by least squares
+    (``jnp.linalg.lstsq``). A regular H costs CG no extra product.
+
     Where the run leaves an estimate of H^-1 in its state (optsolve's L-BFGS memory,
     :meth:`~optsolve.solve_api.algorithm.Algorithm.inverse_hessian_estimate`), CG is
     preconditioned with it (Morales & Nocedal, "Automatic preconditioning by limited memory
@@ -220,10 +259,10 @@ class ImplicitAdjoint:
         1e-5 in float32). Not used with general constraints.
       maxiter: iteration limit of the iterative solvers (default: 10 n). Not used with
         general constraints.
-      ridge: adds ``ridge * I`` to H. A documented fallback for singular or nearly singular
-        Hessians (flat directions of f): the solution is then the minimum-norm-like
-        regularised one. 0 by default. Not used with general constraints (a singular
-        reduced Hessian gets the minimum-norm step there).
+      ridge: adds ``ridge * I`` to H: regularises singular or nearly singular Hessians
+        (flat directions of f) instead of taking the minimum-norm solution, and silences
+        the warning. 0 by default. Not used with general constraints (a singular reduced
+        Hessian gets the minimum-norm step there, with the same warning).
     """
 
     linear_solver: str = static_field(default="cg")
@@ -241,16 +280,29 @@ class ImplicitAdjoint:
     def _solve(self, matvec: Callable[[jax.Array], jax.Array], b: jax.Array,
                preconditioner: Callable[[jax.Array], jax.Array] | None = None) -> jax.Array:
         """H v = b on flat vectors, with the configured linear solver (CG preconditioned
-        by ``preconditioner`` where given)."""
+        by ``preconditioner`` where given); the minimum-norm least-squares solution
+        ``H^+ b`` where H is singular and b has a component in its null space, with a
+        warning (see :func:`_least_squares_fallback`)."""
         tol = self.tol if self.tol is not None else (1e-10 if b.dtype == jnp.float64 else 1e-5)
         if self.linear_solver == "dense":
-            return jnp.linalg.solve(jax.jacfwd(matvec)(b), b)
+            # lstsq's SVD cut-off (eps n relative) is the numerical rank: below it, H's
+            # singular values are within the rounding of the products that built it
+            v, _, rank, _ = jnp.linalg.lstsq(jax.jacfwd(matvec)(b), b)
+            warn_singular(rank < b.size)
+            return v
         maxiter = self.maxiter if self.maxiter is not None else 10 * b.size
         if self.linear_solver == "cg":
             return _cg(matvec, b, tol, maxiter, preconditioner)[0]
         solver = {"gmres": jax.scipy.sparse.linalg.gmres,
                   "bicgstab": jax.scipy.sparse.linalg.bicgstab}[self.linear_solver]
-        return solver(matvec, b, tol=tol, atol=0.0, maxiter=maxiter)[0]
+        v = solver(matvec, b, tol=tol, atol=0.0, maxiter=maxiter)[0]
+        # jax.scipy's solvers return no status, and on a singular system give NaN or a
+        # finite v far from a solution: one product checks the true residual. Their own
+        # test is on a recurrence residual, which drifts from the true one: sqrt(tol)
+        # allows for that.
+        residual = jnp.linalg.norm(matvec(v) - b)
+        singular = ~(residual <= jnp.sqrt(tol) * jnp.linalg.norm(b))  # also NaN
+        return _least_squares_fallback(matvec, b, v, singular, tol, maxiter)[0]
 
     def solution_tangent(self, problem: OptimizationProblem, x: PyTree, p_dot: PyTree | None,
                          bounds_dot: tuple[PyTree, PyTree] | None = None,

@@ -49,6 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
+from optsolve.solve_api.linear_solve import warn_singular
 from optsolve.solve_api.problem import OptimizationProblem
 from optsolve.solve_api.sensitivity import hessian_product
 from optsolve.solve_api.stationarity import active_sides
@@ -178,7 +179,7 @@ def _null_space_solve(hessian: jax.Array, rows: jax.Array, targets: jax.Array,
     Returns:
       dx, (n,): the minimum-norm least-squares solution of the rows where they are
       dependent or inconsistent, plus the minimum-norm solution of the reduced system where
-      the reduced Hessian is singular.
+      the reduced Hessian is singular (which warns once).
     """
     norms = jnp.linalg.norm(rows, axis=1)
     scale = jnp.where(norms > 0, 1.0 / jnp.where(norms > 0, norms, 1.0), 0.0)
@@ -193,7 +194,8 @@ def _null_space_solve(hessian: jax.Array, rows: jax.Array, targets: jax.Array,
     # cut-off judges the reduced Hessian against itself
     fill = jnp.max(jnp.abs(reduced), initial=0.0)
     reduced = reduced + jnp.diag((1.0 - null) * jnp.where(fill > 0, fill, 1.0))
-    step = jnp.linalg.lstsq(reduced, null * (vt @ (rhs - hessian @ particular)))[0]
+    step, _, rank, _ = jnp.linalg.lstsq(reduced, null * (vt @ (rhs - hessian @ particular)))
+    warn_singular(rank < reduced.shape[0])
     return particular + vt.T @ (null * step)
 
 

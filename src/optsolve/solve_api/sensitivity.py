@@ -103,8 +103,11 @@ def solution_tangent(problem: OptimizationProblem, x: PyTree, p_dot: PyTree | No
         leaf is not differentiated), or None.
       bounds_dot: the tangents of ``problem.bounds`` (lower, upper), or None.
       solve: ``solve(matvec, b, preconditioner)`` for H v = b on flat vectors (symmetric
-        H; ``preconditioner`` v -> M v, M ~ H^-1, or None).
-      ridge: added to H's diagonal (a fallback for singular Hessians).
+        H; ``preconditioner`` v -> M v, M ~ H^-1, or None). It must give the minimum-norm
+        least-squares solution where H is singular: ``lax.custom_linear_solve`` transposes
+        with the same solve (``symmetric=True``), and only then does reverse mode, whose
+        cotangent may have a component in H's null space, equal forward mode.
+      ridge: added to H's diagonal (regularises a singular H instead).
       inverse_hessian: the run's own estimate of v -> H^-1 v on flat vectors (an L-BFGS
         memory), the solver's preconditioner (restricted to the free coordinates), or None.
 
