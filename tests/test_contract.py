@@ -43,6 +43,8 @@ class Case:
                                # once per new best minimum, not once per iteration)
     least_squares: bool = False  # it solves residual problems: its problems are
                                  # LeastSquaresProblems with the same objective
+    callback_per_evaluation: bool = False  # scipy calls it back per evaluation (COBYQA):
+                                           # its k counts evaluations, not iterations
 
 
 def _rosenbrock(x, p):
@@ -114,7 +116,8 @@ def _cases() -> dict[type, Case]:
                                                "basinhopping") else {}
             cases[cls] = Case(lambda base=base, method=method, options=options:
                               base(method, **options), box=box, iterations=3,
-                              stop_at=1 if method == "dual_annealing" else 3)
+                              stop_at=1 if method == "dual_annealing" else 3,
+                              callback_per_evaluation=cls.spec.callback_per_evaluation)
     return cases
 
 
@@ -221,6 +224,12 @@ def test_callback_stop_counts_completed_iterations(cls):
     sol = solve(_problem(cls), alg, maxiters=50, callback=callback, gtol=_gtol(alg),
                 maxtime=_MAXTIME)
     assert sol.retcode == ReturnCode.TERMINATED, sol.message
+    if CASES[cls].callback_per_evaluation:
+        # the k-th callback is the k-th evaluation; the iterations are the method's own
+        # count at that evaluation, as scipy reports it (docs/contract.md)
+        assert sol.stats.f_evals == callback.seen[-1] == stop_at
+        assert sol.stats.iterations == sol.original.nit
+        return
     assert sol.stats.iterations == callback.seen[-1] == stop_at
 
 
@@ -245,11 +254,32 @@ def test_nonfinite_values_fail_with_the_last_finite_iterate(cls):
     alg = CASES[cls].make()
     if issubclass(cls, optsolve.OptaxAlgorithm) and "learning_rate" in alg.hyperparams:
         alg = alg.replace(learning_rate=0.5)  # big enough to step into the NaN region
-    sol = solve(prob, alg, maxiters=200)
+    # (the default of the classes that can pass over a point is "reject": the next rule)
+    nonfinite = "fail" if _caps(cls).get("rejects_nonfinite") else None
+    sol = solve(prob, alg, maxiters=200, nonfinite=nonfinite)
     assert sol.retcode in (ReturnCode.FAILURE, ReturnCode.STALLED), sol.message
     assert np.all(np.isfinite(np.asarray(sol.x))) and np.isfinite(sol.objective)
     np.testing.assert_allclose(sol.objective, _objective(sol.x, -10.0), rtol=1e-12)
     assert "finite" in sol.message, sol.message
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=_id)
+def test_nonfinite_reject_passes_over_the_points_or_is_refused(cls):
+    """nonfinite='reject', the default where the capability table says the method can pass
+    over a point (rejects_nonfinite), runs on through the NaN region: never FAILURE for
+    it, never SUCCESS at a non-finite point, the points counted in the message. Elsewhere
+    it is refused, naming the classes that can."""
+    prob, alg = _problem(cls, p=-10.0), CASES[cls].make()
+    if not _caps(cls).get("rejects_nonfinite"):
+        with pytest.raises(ValueError, match=r"nonfinite='reject' passes over points .*"
+                                             r"Nelder-Mead"):
+            solve(prob, alg, maxiters=20, nonfinite="reject")
+        return
+    sol = solve(prob, alg, maxiters=20)  # the default
+    assert sol.retcode != ReturnCode.FAILURE, sol.message
+    assert np.all(np.isfinite(np.asarray(sol.x))) and np.isfinite(sol.objective)
+    np.testing.assert_allclose(sol.objective, _objective(sol.x, -10.0), rtol=1e-12)
+    assert "was not finite at" in sol.message and "rejected" in sol.message, sol.message
 
 
 @pytest.mark.parametrize("cls", CLASSES, ids=_id)

@@ -60,10 +60,11 @@ CONSTRAINED = OptimizationProblem(quadratic, jnp.zeros(2),
      r"ScipyMinimize\(method='trust-ncg'\) does not take the option `subproblem_maxiter`"),
     (lambda: ScipyMinimize("BFGS", callback=print), TypeError,
      r"`callback` is not an option here: pass it to solve: solve\(\.\.\., callback=fn\)"),
-    (lambda: ScipyGlobal("direct", maxiter=3), TypeError,
-     r"ScipyGlobal\(method='direct'\): `maxiter` is set through solve's common option: "
+    # (the global methods' own iteration budgets, maxiter / niter / iters, are accepted:
+    # tests/test_scipy_budgets.py; where maxiter counts iterations, minimize refuses it)
+    (lambda: ScipyMinimize("COBYQA", maxiter=3), TypeError,
+     r"ScipyMinimize\(method='COBYQA'\): `maxiter` is set through solve's common option: "
      r"solve\(\.\.\., maxiters=3\)"),
-    (lambda: ScipyGlobal("basinhopping", niter=3), TypeError, r"solve\(\.\.\., maxiters=3\)"),
     (lambda: ScipyGlobal("dual_annealing", minimizer_kwargs={}), TypeError,
      r"`minimizer_kwargs` is not an option here: local searches get JAX derivatives"),
     (lambda: ScipyGlobal("differential_evolution", vectorized=True), TypeError,

@@ -60,6 +60,13 @@ def check_capabilities(problem: OptimizationProblem, algorithm: Algorithm,
             f"solve: {name} does not support constraints. Either remove `constraints` from the "
             f"problem or use an algorithm that takes them: {names_with('takes_constraints')}."
         )
+    if options.nonfinite == "reject" and not caps.get("rejects_nonfinite", False):
+        can = ", ".join(c.__name__ for c in algorithm_classes()
+                        if c.traits().get("rejects_nonfinite"))
+        raise ValueError(
+            f"solve: nonfinite='reject' passes over points where f is not finite, which "
+            f"{name} cannot (it needs finite values and gradients). Use nonfinite='fail', or "
+            f"a method that can: {can}.")
     if options.resume is not None and not caps["resumable"]:
         raise ValueError(
             f"solve: {name} cannot resume from a Solution. Algorithms that can: "

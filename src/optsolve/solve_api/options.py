@@ -187,8 +187,10 @@ class SolveOptions:
       data: a :class:`DataSpec` for training on data, or None.
       in_memory: an :class:`InMemoryData` consumed inside the compiled loop (a run on
         in-memory data under jax.jit, jax.vmap or jax.grad): its arrays and key are leaves.
-      nonfinite: on data, what a step whose batch gives a non-finite loss or gradient does:
-        ``"fail"`` ends the run with FAILURE; ``"skip"`` skips its update.
+      nonfinite: what a non-finite f or gradient does: ``"fail"`` ends the run with
+        FAILURE; ``"reject"`` (scipy's derivative-free and global methods, their default)
+        passes over the point, handed to the method as f = +inf; on data, ``"skip"`` skips
+        the step's update. ``solve`` resolves its default None to the method's.
       max_consecutive_skips: with ``nonfinite="skip"``, the run ends with FAILURE at the
         step that would skip more than this many updates in a row.
       replay: on the data path, a bool array, True while the host replays a chunk of steps

@@ -405,7 +405,7 @@ def solve(problem: OptimizationProblem, algorithm: Any, *, maxiters: int | None 
           epochs: int | None = None, metrics: Callable[..., Any] | None = None,
           evaluate: Callable[..., Any] | None = None, eval_every: int = 1,
           keep: str = "last", checkpoint: str | os.PathLike | None = None,
-          checkpoint_every: int | None = None, nonfinite: str = "fail",
+          checkpoint_every: int | None = None, nonfinite: str | None = None,
           max_consecutive_skips: int = 10, **options: Any) -> Solution:
     """Minimise ``problem`` with ``algorithm`` and return a :class:`Solution`.
 
@@ -463,11 +463,16 @@ def solve(problem: OptimizationProblem, algorithm: Any, *, maxiters: int | None 
       batch_size: the batch size of in-memory ``data`` (a remainder is dropped each epoch).
       key: a ``jax.random`` key to shuffle in-memory data at every epoch (no shuffling if None).
       epochs: passes over ``data`` (re-iterable data or in-memory arrays).
-      nonfinite: on ``data``, what a step does whose batch gives a non-finite loss or
-        gradient: ``"fail"`` (default) ends the run with FAILURE at the latest finite
-        iterate; ``"skip"`` skips that step's update (the batch is used up), counts it in
-        ``sol.stats.skipped`` and the message, and ends the run with FAILURE only at the
-        ``max_consecutive_skips + 1``-th skip in a row. An ``optax.apply_if_finite``
+      nonfinite: what a non-finite f (or gradient) does; None (default) is each
+        method's own default: ``"reject"`` for the methods that can pass over a point
+        (trait ``rejects_nonfinite``: scipy's derivative-free and global methods), else
+        ``"fail"``. ``"fail"`` ends the run with FAILURE at the latest finite iterate (on
+        ``data``: at that step). ``"reject"`` hands the method +inf at such a point, which
+        it passes over (a region where f is ``inf`` on purpose); the message counts them
+        and the run is never SUCCESS at one. On ``data``, ``"skip"`` skips the update of a
+        step whose batch gives a non-finite loss or gradient (the batch is used up), counts
+        it in ``sol.stats.skipped`` and the message, and ends the run with FAILURE only at
+        the ``max_consecutive_skips + 1``-th skip in a row. An ``optax.apply_if_finite``
         transformation skips on its own: its skips are honoured the same way.
       max_consecutive_skips: see ``nonfinite`` (default 10).
       adjoint: how the solution is differentiated with respect to ``problem.p``
@@ -522,8 +527,12 @@ def solve(problem: OptimizationProblem, algorithm: Any, *, maxiters: int | None 
                         history=history, progress=progress, metrics=metrics,
                         evaluate=evaluate, eval_every=eval_every, keep=keep,
                         checkpoint=checkpoint, **options)
-    if nonfinite not in ("fail", "skip"):
-        raise ValueError(f"solve: `nonfinite` must be 'fail' or 'skip', got {nonfinite!r}.")
+    if nonfinite not in (None, "fail", "skip", "reject"):
+        raise ValueError("solve: `nonfinite` must be None (the method's default), 'reject' "
+                         "(scipy's derivative-free and global methods), 'fail' or 'skip' (on "
+                         f"data), got {nonfinite!r}.")
+    if nonfinite is None:  # the method's documented default (capabilities.py checks 'reject')
+        nonfinite = "reject" if algorithm.capabilities().get("rejects_nonfinite") else "fail"
     if isinstance(max_consecutive_skips, bool) or not isinstance(
             max_consecutive_skips, (int, np.integer)) or max_consecutive_skips < 0:
         raise ValueError("solve: `max_consecutive_skips` must be an integer >= 0, got "

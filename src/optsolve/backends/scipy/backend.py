@@ -28,7 +28,9 @@ stopping scipy through
 and direct, whose callbacks cannot stop them, by an exception optsolve catches.
 A non-finite f, gradient or Hessian at any evaluation gives FAILURE with the last finite
 iterate (never SUCCESS or MAXITERS, never an exception), and ``Solution.detail`` says how
-often; a run that ends outside the constraints or bounds (by more than
+often, under ``solve(nonfinite="fail")``; under ``"reject"``, the default of the methods
+that compare values (``MethodSpec.rejects_nonfinite``), the method sees +inf there and
+passes over the point, the count still in the message; a run that ends outside the constraints or bounds (by more than
 ``FEASIBILITY_TOL``, relative, in :mod:`optsolve.backends.scipy.compiled`) is INFEASIBLE. ``Solution.detail`` is scipy's
 message, then optsolve's notes where it stopped the run or changed the code. The run itself
 is in :mod:`optsolve.backends.scipy.run` (optsolve's per-iteration side in :mod:`optsolve.backends.scipy.monitor`), the
@@ -76,6 +78,7 @@ class _ScipyAlgorithm(Algorithm):
     records_history: ClassVar[bool] = True  # eager solves only
     jittable: ClassVar[bool] = True
     vmappable: ClassVar[bool] = True
+    rejects_nonfinite: ClassVar[bool] = False  # MethodSpec.rejects_nonfinite
     spec: ClassVar[MethodSpec]
     _kind: ClassVar[str]
     _classes: ClassVar[dict[str, type]]
@@ -106,6 +109,12 @@ class _ScipyAlgorithm(Algorithm):
             options["local"] = local
         object.__setattr__(self, "_options", tuple(sorted(
             (k, freeze(v)) for k, v in options.items())))
+
+    @classmethod
+    def traits(cls) -> dict[str, Any]:
+        """The class's traits, with ``rejects_nonfinite``: the method can pass over a point
+        where f is not finite (``solve(nonfinite="reject")``, its default)."""
+        return {**super().traits(), "rejects_nonfinite": cls.rejects_nonfinite}
 
     @classmethod
     def _specs(cls) -> dict[str, MethodSpec]:
@@ -147,19 +156,34 @@ class ScipyMinimize(_ScipyAlgorithm):
       method: one of Nelder-Mead, Powell, CG, BFGS, Newton-CG, L-BFGS-B, TNC, COBYLA,
         COBYQA, SLSQP, trust-constr, dogleg, trust-ncg, trust-exact, trust-krylov
         (case-insensitive).
-      **options: the method's own scipy options (``maxcor=20`` for L-BFGS-B, ...).
-        Those ``solve`` owns are errors here: ``maxiter`` (use ``solve(maxiters=...)``),
-        ``gtol`` where it maps to ``solve(gtol=...)`` and L-BFGS-B's ``ftol``; so are options scipy would
+      **options: the method's own scipy options (``maxcor=20`` for L-BFGS-B, ...),
+        evaluation budgets included (``maxfev``, ``maxfun``, and COBYLA's ``maxiter``,
+        which counts evaluations). Those ``solve`` owns are errors here: ``maxiter``
+        where it counts iterations (use ``solve(maxiters=...)``), ``gtol`` where it maps
+        to ``solve(gtol=...)`` and L-BFGS-B's ``ftol``; so are options scipy would
         ignore because JAX supplies exact derivatives (``eps``,
         ``finite_diff_rel_step``, ``workers``) and deprecated ones.
 
     Bounds go to Nelder-Mead, Powell, L-BFGS-B, TNC, COBYLA, COBYQA, SLSQP and
     trust-constr; :class:`optsolve.Constraint` s to COBYLA, COBYQA, SLSQP and
     trust-constr. A run that ends outside them by more than ``FEASIBILITY_TOL`` (1e-6,
-    relative to max(1, |bound|)) is INFEASIBLE. The callback runs after each iteration
-    (COBYQA: after each evaluation, as scipy calls it, so that an iteration of COBYQA is
-    an evaluation and ``maxiters`` its ``maxfev``). ``Solution.original`` is scipy's
-    ``OptimizeResult`` (None inside ``jax.jit`` / ``jax.vmap``).
+    relative to max(1, |bound|)) is INFEASIBLE. ``maxiters`` is scipy's ``maxiter`` as
+    scipy counts iterations, and ``stats.iterations`` scipy's ``nit``. The callback runs
+    after each iteration, except for COBYQA, which scipy calls back after each
+    evaluation while counting trust-region iterations the callback cannot see: its
+    callback's ``k`` counts evaluations (a stop at ``k`` is scipy's StopIteration at
+    the k-th evaluation, ``stats.f_evals == k``), ``stats.iterations`` is scipy's ``nit``
+    (callback stops included), ``maxiters`` its ``maxiter`` and ``maxfev`` its own
+    option; it records no history. The MAXITERS message names the budget that ended
+    the run. ``Solution.original`` is scipy's ``OptimizeResult`` (None inside
+    ``jax.jit`` / ``jax.vmap``).
+
+    Non-finite values: Nelder-Mead, Powell, COBYLA and COBYQA compare values, so by
+    default (``solve(nonfinite="reject")``) a point where f is NaN or infinite is handed
+    to them as +inf and passed over, the idiom of returning ``inf`` outside a feasible
+    region; the message counts such points, and the run is never SUCCESS at one.
+    ``nonfinite="fail"`` makes any such value a FAILURE, the gradient methods' only
+    policy.
 
     SUCCESS means a tolerance holds at the returned point: the user's, or scipy's default
     when the user gave none. When ``solve(gtol=...)`` is given without ``ftol``, L-BFGS-B's
@@ -190,8 +214,9 @@ class ScipyGlobal(_ScipyAlgorithm):
     Args:
       method: ``differential_evolution``, ``dual_annealing``, ``shgo``, ``direct`` (these
         four need finite bounds on every variable) or ``basinhopping``.
-      **options: the method's own scipy options (``popsize``, ``rng``, ...). Not
-        ``maxiter`` / ``niter`` / ``iters``: use ``solve(maxiters=...)``. For
+      **options: the method's own scipy options (``popsize``, ``rng``, ...), its own
+        iteration budget included (``maxiter``; basinhopping's ``niter``, shgo's
+        ``iters``), which ``solve(maxiters=...)``, where smaller, caps. For
         basinhopping, ``local`` is the local method: a :class:`ScipyMinimize` or a method
         name (default ``ScipyMinimize("L-BFGS-B")``), which receives the bounds and
         constraints and JAX derivatives.
@@ -205,10 +230,16 @@ class ScipyGlobal(_ScipyAlgorithm):
     (the best point so far, or the hop's local minimum) except for dual_annealing and shgo,
     whose callbacks run per new minimum and per local-search iteration. ``resume=sol`` is a
     warm start from ``sol.x`` (scipy's internal state, population or annealing schedule,
-    is not kept), and the counts add up. dual_annealing, basinhopping and shgo have no
-    convergence test of their own: the end of their default budget is SUCCESS (as scipy
-    reports it), and a ``maxiters`` given to ``solve`` that ends the run is MAXITERS, as on
-    every method. Reference: scipy.optimize's global optimization documentation.
+    is not kept), and the counts add up. An iteration budget the user set (``maxiters``
+    or the method's own) that ends the run is MAXITERS, its message naming the budget.
+    dual_annealing has no convergence test: every run of it ends with its iteration
+    budget (scipy's default ``maxiter=1000``), so it ends MAXITERS, saying so.
+    basinhopping and shgo at the end of their default budget are SUCCESS as scipy
+    reports it: the local searches' tolerance holds at the returned point. A point
+    where f is not finite is passed over by default (``solve(nonfinite="reject")``: the
+    method sees +inf; the message counts them; ``nonfinite="fail"`` makes it a FAILURE);
+    a NaN gradient in a local search (differential_evolution's polish) rejects that
+    trial point. Reference: scipy.optimize's global optimization documentation.
 
     Example:
       >>> prob = OptimizationProblem(f, jnp.zeros(5), bounds=(-5.12, 5.12))
@@ -238,6 +269,7 @@ def _make_class(base: type, spec: MethodSpec) -> type:
         "needs_hessian": spec.hessian is not None,
         "takes_bounds": spec.takes_bounds,
         "takes_constraints": spec.takes_constraints,
+        "rejects_nonfinite": spec.rejects_nonfinite,
         # dual_annealing calls its callback per new best minimum and shgo per iteration of
         # its local searches: neither shows an iterate per iteration it counts.
         "records_history": spec.callback_per_iteration,
@@ -279,7 +311,8 @@ def _plain_options(options: SolveOptions) -> dict:
             "callback": options.callback, "callback_every": options.callback_every,
             "progress": bool(options.progress), "history": bool(options.history),
             "metrics": options.metrics, "evaluate": options.evaluate,
-            "eval_every": options.eval_every, "keep": options.keep}
+            "eval_every": options.eval_every, "keep": options.keep,
+            "nonfinite": options.nonfinite}
 
 
 _F_DTYPES = BoundedCache(1024)

@@ -188,6 +188,10 @@ class HostProblem:
         actually computed (one compiled call of value-and-gradient counts one of each).
       bad: how many evaluations of "f", "the gradient" and "the Hessian" were not finite.
       nonfinite: True once any evaluation returned a NaN or infinite value.
+      reject: ``solve(nonfinite="reject")``: such an evaluation (f, or the gradient
+        computed with it) is handed to scipy as f = +inf, a point no better than any
+        finite one, which a method that compares values passes over (NaN would not
+        compare: differential_evolution's population then keeps a NaN best).
       last_finite: (x, f) of the last evaluation with a finite value (and gradient), or None.
       watch_first: how many first evaluations of :meth:`fun` ``best_of_first`` watches.
       best_of_first: (x, f) of the lowest finite value among them (the first on ties, as
@@ -225,6 +229,7 @@ class HostProblem:
         self.n_h = 0
         self.bad = {"f": 0, "the gradient": 0, "the Hessian": 0}
         self.nonfinite = False
+        self.reject = False
         self.last_finite: tuple[np.ndarray, float] | None = None
         self.watch_first = 0
         self.best_of_first: tuple[np.ndarray, float] | None = None
@@ -256,8 +261,11 @@ class HostProblem:
     def nonfinite_note(self) -> str:
         """E.g. "f was not finite at 3 of 57 evaluations" ("" when every value was finite)."""
         totals = {"f": self.n_f, "the gradient": self.n_g, "the Hessian": self.n_h}
-        return "; ".join(f"{what} was not finite at {n} of {totals[what]} evaluations"
+        note = "; ".join(f"{what} was not finite at {n} of {totals[what]} evaluations"
                          for what, n in self.bad.items() if n)
+        if note and self.reject:
+            note += " (rejected: passed to the method as f = +inf, nonfinite='reject')"
+        return note
 
     # ------------------------------------------------------------------ objective
     def fun(self, x: np.ndarray) -> float:
@@ -266,11 +274,12 @@ class HostProblem:
         self.prepare(("f",))
         f = float(self._exe["f"](self._x(x))[0])
         self.n_f += 1
-        self._seen(x, f, np.isfinite(f))
-        if self.n_f <= self.watch_first and np.isfinite(f) and (
+        finite = math.isfinite(f)
+        self._seen(x, f, finite)
+        if self.n_f <= self.watch_first and finite and (
                 self.best_of_first is None or f < self.best_of_first[1]):
             self.best_of_first = (np.array(x, dtype=np.float64), f)
-        return f
+        return f if finite or not self.reject else math.inf
 
     def fun_and_grad(self, x: np.ndarray) -> tuple[float, np.ndarray]:
         """(f(x), grad f(x)) from one compiled evaluation (scipy's ``jac=True`` protocol).
@@ -291,8 +300,10 @@ class HostProblem:
         # overflows for |g| > 1e154, which the entrywise test then tells apart.
         if not math.isfinite(f):
             self._bad("f")
+            f = math.inf if self.reject else f
         elif not math.isfinite(g.dot(g)) and not np.all(np.isfinite(g)):
             self._bad("the gradient")
+            f = math.inf if self.reject else f
         else:
             self.last_finite = (xc, f)
         self._memo_x = xc

@@ -58,8 +58,18 @@ class MethodSpec:
         the initial simplex (its iterate: the simplex's best vertex), so its callback sees
         iterations 2, 3, ... and ``nit``, ``maxiter`` and optsolve's count agree.
       callback_per_iteration: scipy's callback runs once per iteration it counts (not
-        dual_annealing: per new best minimum; not shgo: per local-search iteration). Where
-        False, no history is recorded and the progress bar moves once, at the end.
+        dual_annealing: per new best minimum; not shgo: per local-search iteration; not
+        COBYQA: per evaluation). Where False, no history is recorded and the progress bar
+        moves once, at the end.
+      callback_per_evaluation: scipy calls the callback after every evaluation (COBYQA),
+        and its iteration count is not visible to it: the callback's count is the
+        evaluations', ``stats.iterations`` is scipy's ``nit`` also after a callback stop.
+      own_budget: the option ``maxiter_name`` is also the method's own, accepted at
+        construction (the global methods: ``maxiter``, basinhopping's ``niter``, shgo's
+        ``iters``); ``solve``'s maxiters, where smaller, caps it.
+      rejects_nonfinite: the method compares values and can pass over a point where f is
+        not finite (derivative-free and global methods): ``nonfinite="reject"``, its
+        default, hands it such a value as +inf.
       callback: "intermediate" (callback(intermediate_result), StopIteration stops it) or
         "x" (callback(xk), which optsolve stops by an exception of its own).
       extra: option names valid beyond the function's signature.
@@ -83,6 +93,9 @@ class MethodSpec:
     monitor_counts: bool = False
     first_iteration: int = 0
     callback_per_iteration: bool = True
+    callback_per_evaluation: bool = False
+    own_budget: bool = False
+    rejects_nonfinite: bool = False
     callback: str = "intermediate"
     extra: tuple[str, ...] = ()
     owner: str = ""
@@ -90,8 +103,9 @@ class MethodSpec:
 
 MINIMIZE_SPECS: dict[str, MethodSpec] = {s.key: s for s in (
     MethodSpec("nelder-mead", "Nelder-Mead", _m._minimize_neldermead, False, takes_bounds=True,
-               first_iteration=1),
-    MethodSpec("powell", "Powell", _m._minimize_powell, False, takes_bounds=True),
+               first_iteration=1, rejects_nonfinite=True),
+    MethodSpec("powell", "Powell", _m._minimize_powell, False, takes_bounds=True,
+               rejects_nonfinite=True),
     MethodSpec("cg", "CG", _m._minimize_cg, True, native_gtol=True),
     MethodSpec("bfgs", "BFGS", _m._minimize_bfgs, True, native_gtol=True),
     MethodSpec("newton-cg", "Newton-CG", _m._minimize_newtoncg, True, hessian="hessp"),
@@ -100,13 +114,14 @@ MINIMIZE_SPECS: dict[str, MethodSpec] = {s.key: s for s in (
     # TNC's only budget is maxfun, and its callback(xk) cannot stop it.
     MethodSpec("tnc", "TNC", _m._minimize_tnc, True, takes_bounds=True, native_gtol=True,
                maxiter_name=None, callback="x"),
-    # COBYLA's maxiter counts function evaluations.
+    # COBYLA's maxiter counts function evaluations: it stays COBYLA's own option.
     MethodSpec("cobyla", "COBYLA", _m._minimize_cobyla, False, takes_bounds=True,
-               takes_constraints=True, maxiter_name=None),
-    # COBYQA calls its callback after each evaluation: an optsolve iteration is one, and
-    # maxiters is its evaluation budget.
+               takes_constraints=True, maxiter_name=None, rejects_nonfinite=True),
+    # COBYQA's maxiter counts its trust-region iterations (scipy's nit); maxfev, its
+    # evaluation budget, stays its own. Its callback runs after each evaluation.
     MethodSpec("cobyqa", "COBYQA", _m._minimize_cobyqa, False, takes_bounds=True,
-               takes_constraints=True, maxiter_name="maxfev", monitor_counts=True),
+               takes_constraints=True, callback_per_iteration=False,
+               callback_per_evaluation=True, rejects_nonfinite=True),
     MethodSpec("slsqp", "SLSQP", _m._minimize_slsqp, True, takes_bounds=True,
                takes_constraints=True, constrained_ftol=True),
     MethodSpec("trust-constr", "trust-constr", _m._minimize_trustregion_constr, True,
@@ -123,16 +138,20 @@ MINIMIZE_SPECS: dict[str, MethodSpec] = {s.key: s for s in (
 
 GLOBAL_SPECS: dict[str, MethodSpec] = {s.key: s for s in (
     MethodSpec("differential_evolution", "differential_evolution", so.differential_evolution,
-               True, takes_bounds=True, takes_constraints=True),
+               True, takes_bounds=True, takes_constraints=True, own_budget=True,
+               rejects_nonfinite=True),
     MethodSpec("dual_annealing", "dual_annealing", so.dual_annealing, True, takes_bounds=True,
-               callback_per_iteration=False),
+               callback_per_iteration=False, own_budget=True, rejects_nonfinite=True),
     MethodSpec("shgo", "shgo", so.shgo, True, takes_bounds=True, takes_constraints=True,
-               maxiter_name="iters", callback="x", callback_per_iteration=False),
+               maxiter_name="iters", callback="x", callback_per_iteration=False,
+               own_budget=True, rejects_nonfinite=True),
     # direct's callback starts at its third iteration (the first two divide the box).
     MethodSpec("direct", "direct", so.direct, False, takes_bounds=True, callback="x",
-               maxiter_offset=2, monitor_counts=True),
+               maxiter_offset=2, monitor_counts=True, own_budget=True,
+               rejects_nonfinite=True),
     MethodSpec("basinhopping", "basinhopping", so.basinhopping, True, takes_bounds=True,
-               takes_constraints=True, maxiter_name="niter", extra=("local",)),
+               takes_constraints=True, maxiter_name="niter", extra=("local",),
+               own_budget=True, rejects_nonfinite=True),
 )}
 
 # Arguments optsolve supplies itself, never options; the reason says where they come from.
@@ -183,9 +202,12 @@ def valid_options(spec: MethodSpec) -> tuple[str, ...]:
             continue
         if name in _FINITE_DIFFERENCES and spec.needs_gradient:
             continue
-        if name == "workers" or name == spec.maxiter_name:
+        if name == "workers":
             continue
-        if name in _SOLVE_OWNED_ITER and spec.maxiter_name is not None:
+        if name == spec.maxiter_name and not spec.own_budget:
+            continue
+        if name in _SOLVE_OWNED_ITER and name != spec.maxiter_name \
+                and spec.maxiter_name is not None:
             continue  # (COBYLA's maxiter counts evaluations: it stays an option)
         if (name == "gtol" and spec.native_gtol) or (name == "ftol" and spec.native_ftol) \
                 or (name == "xtol" and spec.native_xtol):

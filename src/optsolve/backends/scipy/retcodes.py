@@ -142,8 +142,11 @@ def global_retcode(method: str, result: Any) -> ReturnCode:
         message = " ".join(str(m) for m in message)
     message = str(message).lower()
     if method == "dual_annealing":
-        # maxiter is dual annealing's normal end (success=True); maxfun is a budget.
-        if "maximum number of function call" in message:
+        # dual annealing has no convergence test: scipy's success=True at the end of its
+        # iteration budget ("Maximum number of iteration reached") claims none either, so
+        # that end, like maxfun's, is MAXITERS.
+        if "maximum number of function call" in message or \
+                "maximum number of iteration" in message:
             return MI
         return S if result.success else F
     if method == "differential_evolution":
@@ -198,6 +201,7 @@ _BUDGET_STATUS = {
     "powell": (1, "maxfev"),
     "tnc": (3, "maxfun"),          # "Max. number of function evaluations reached"
     "cobyla": (3, "maxiter"),      # MAXFUN_REACHED (COBYLA's maxiter counts evaluations)
+    "cobyqa": (5, "maxfev"),       # MAX_EVAL_WARNING
     "direct": (1, "maxfun"),       # "Number of function evaluations done is larger than maxfun"
     **dict.fromkeys(("trf", "dogbox", "lm"), (0, "max_nfev")),  # least_squares' only budget
 }
@@ -205,7 +209,6 @@ _BUDGET_STATUS = {
 _BUDGET_MESSAGE = {
     "l-bfgs-b": ("evaluations exceeds limit", "maxfun"),  # "TOTAL NO. OF F,G EVALUATIONS ..."
     "dual_annealing": ("maximum number of function call", "maxfun"),
-    "differential_evolution": ("function evaluations", "maxfun"),
 }
 
 

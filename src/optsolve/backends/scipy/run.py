@@ -7,6 +7,7 @@ gtol). Used by :mod:`optsolve.backends.scipy.backend` directly, or from inside `
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import warnings
 from typing import Any
 
@@ -81,8 +82,9 @@ def _minimize(problem, algorithm, options, host, monitor, bounds) -> OptimizeRes
     spec = algorithm.spec
     kwargs = _derivative_kwargs(host, spec)
     scipy_options = _tolerances(spec, algorithm.options, options["gtol"], options["ftol"])
-    if options["maxiters"] is not None and spec.maxiter_name is not None:
-        scipy_options[spec.maxiter_name] = options["maxiters"] + spec.maxiter_offset
+    budget = iteration_budget(algorithm, options["maxiters"])
+    if budget.by_solve:
+        scipy_options[spec.maxiter_name] = budget.scipy_value
     if bounds is not None:
         kwargs["bounds"] = Bounds(*bounds)
     constraints = _nonlinear_constraint(host, spec)
@@ -140,9 +142,9 @@ def _local_minimizer(host: HostProblem, local_spec: MethodSpec, local_options: d
 def _global(problem, algorithm, options, host, monitor, bounds) -> OptimizeResult:
     spec = algorithm.spec
     opts = dict(algorithm.options)
-    maxiters = options["maxiters"]
-    if spec.maxiter_name is not None and maxiters is not None:
-        opts[spec.maxiter_name] = maxiters + spec.maxiter_offset
+    budget = iteration_budget(algorithm, options["maxiters"])
+    if budget.by_solve:
+        opts[spec.maxiter_name] = budget.scipy_value
     if spec.key != "basinhopping" and (bounds is None or not np.all(np.isfinite(bounds))):
         raise ValueError(
             f"solve: ScipyGlobal(method={spec.name!r}) searches a box, so it needs finite "
@@ -209,6 +211,51 @@ def _global(problem, algorithm, options, host, monitor, bounds) -> OptimizeResul
                            callback=monitor.x_f_flag(skip_first=True), **opts)
 
 
+@dataclasses.dataclass(frozen=True)
+class IterationBudget:
+    """The iteration budget scipy runs under, and who set it.
+
+    Attributes:
+      value: in optsolve's count (``stats.iterations``), or None where scipy has none.
+      scipy_value: the same in scipy's count (``MethodSpec.maxiter_offset`` added).
+      by_solve: solve's ``maxiters`` set it (it goes to scipy as ``maxiter_name``).
+      by_user: the user set it (solve's maxiters or the method's own option).
+      label: who set it, in words, for the MAXITERS message.
+    """
+
+    value: int | None
+    scipy_value: int | None
+    by_solve: bool
+    by_user: bool
+    label: str
+
+
+def iteration_budget(algorithm: Any, maxiters: int | None) -> IterationBudget:
+    """The budget of ``spec.maxiter_name``: solve's ``maxiters`` where given and smaller
+    than the method's own option (``MethodSpec.own_budget``), else the method's own,
+    else scipy's default."""
+    spec = algorithm.spec
+    name = spec.maxiter_name
+    owner = f"{type(algorithm).__name__.split('(')[0]}({spec.name!r})"
+    if name is None:  # optsolve counts (TNC, COBYLA)
+        return IterationBudget(maxiters, None, False, maxiters is not None,
+                               f"solve's maxiters={maxiters}")
+    own = algorithm.options.get(name) if spec.own_budget else None
+    if maxiters is not None and (own is None or maxiters + spec.maxiter_offset < own):
+        return IterationBudget(maxiters, maxiters + spec.maxiter_offset, True, True,
+                               f"solve's maxiters={maxiters}")
+    if own is not None:
+        return IterationBudget(own - spec.maxiter_offset, own, False, True,
+                               f"the iteration budget `{name}={own}` of {owner}")
+    default = inspect.signature(spec.function).parameters.get(name)
+    default = None if default is None or not isinstance(default.default, int) \
+        else default.default
+    return IterationBudget(
+        None if default is None else default - spec.maxiter_offset, default, False, False,
+        f"the iteration budget `{name}={default}` (scipy's default) of {owner}"
+        if default is not None else f"scipy's iteration budget of {owner}")
+
+
 @dataclasses.dataclass
 class HostRun:
     """What one scipy run gives back to the backend.
@@ -248,6 +295,7 @@ def run_host(problem: OptimizationProblem, algorithm: Any, options: dict,
     """Run scipy on concrete inputs (``options``: ``scipy_backend._plain_options``)."""
     spec = algorithm.spec
     host = HostProblem(problem, p_weak)
+    host.reject = options.get("nonfinite") == "reject"
     bounds = _bounds(problem)
     own_maxiters = options["maxiters"] if spec.maxiter_name is None else None
     # Newton-CG has no gradient test; the trust-region methods test the 2-norm (>= the
@@ -266,13 +314,23 @@ def run_host(problem: OptimizationProblem, algorithm: Any, options: dict,
     if result.get("nit"):
         monitor.count_first_iterations()  # a run that ended before its first callback
     nit = result.get("nit")
-    if nit is None or monitor.reason is not None or spec.monitor_counts:
-        nit = monitor.k  # what the callback saw: scipy's nit counts otherwise here
+    if nit is None or spec.monitor_counts or (
+            monitor.reason is not None and not spec.callback_per_evaluation):
+        # what the callback saw: scipy's nit counts otherwise here. (COBYQA's callback
+        # counts evaluations: its nit stays scipy's, a callback stop's included.)
+        nit = monitor.k
+    budget = iteration_budget(algorithm, options["maxiters"])
     if (code == ReturnCode.SUCCESS and spec.key in _ENDS_ONLY_BY_ITERATIONS
-            and options["maxiters"] is not None and int(nit) >= options["maxiters"]):
-        # scipy calls the end of these methods' iteration budget a success; a maxiters the
-        # user gave that ends the run is MAXITERS, as on every other method
+            and budget.by_user and int(nit) >= budget.value):
+        # scipy calls the end of these methods' iteration budget a success; a budget the
+        # user set (maxiters or the method's own) that ends the run is MAXITERS, as on
+        # every other method
         code = ReturnCode.MAXITERS
+    if code == ReturnCode.MAXITERS and monitor.reason in (None, ReturnCode.MAXITERS) \
+            and budget_option(spec.key, result) in (None, spec.maxiter_name):
+        notes.append(f"{budget.label} ended the run" + (
+            "; dual_annealing has no convergence test: every run ends with its budget"
+            if spec.key == "dual_annealing" else ""))
     nfev = int(result.get("nfev", host.n_f))
     njev = None
     if spec.needs_gradient:
@@ -362,6 +420,7 @@ def _outcome(algorithm, result: OptimizeResult, monitor: Monitor, host: HostProb
         x, fun = (last if last is not None else (host.x0, fun))
     if host.nonfinite:
         notes.append(host.nonfinite_note())
+    if host.nonfinite and not host.reject:
         if code in (ReturnCode.SUCCESS, ReturnCode.MAXITERS, ReturnCode.STALLED):
             code = ReturnCode.FAILURE
     elif (bounds is not None or host.constraints) and code != ReturnCode.TERMINATED \
