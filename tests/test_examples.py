@@ -103,3 +103,14 @@ def test_curve_fitting_matches_scipy_curve_fit(tmp_path):
     assert np.all(band["half_width"] > 0)
     np.testing.assert_allclose(band["curve"], result["params"][0] * band["t"] ** result["params"][1],
                                rtol=1e-12)
+
+
+def test_minibatch_training_under_vmap_and_grad(tmp_path):
+    result = load("minibatch_under_transformations").main(small=True, out=tmp_path)
+    assert Path(result["plot"]).stat().st_size > 10_000
+    # every seed learned (chance is 0.1) and the ensemble is at least as good as its median
+    assert min(result["member_accuracy"]) > 0.6
+    assert result["ensemble_accuracy"] >= float(np.median(result["member_accuracy"]))
+    # the learning rate learned through the minibatch training lowered the held-out loss
+    assert result["learned_validation"] < result["initial_validation"]
+    assert result["learned_rate"] > 0.05
