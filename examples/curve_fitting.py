@@ -52,8 +52,9 @@ def confidence_band(t, popt, pcov, z: float = 1.96):
 def main(small: bool = False, out: Path = Path(".")) -> dict:
     length, width, species, names = petals()
     p0 = [0.2, 1.0]
-    popt, pcov, sol = optsolve.curve_fit(power_law, jnp.asarray(length), jnp.asarray(width),
-                                         p0, full_output=True)
+    popt, pcov, info, _, _ = optsolve.curve_fit(power_law, jnp.asarray(length),
+                                                jnp.asarray(width), p0, full_output=True)
+    sol = info["solution"]
     perr = jnp.sqrt(jnp.diag(pcov))
     residual_sd = float(jnp.sqrt(2 * sol.objective / (length.size - popt.size)))
     print(f"{length.size} flowers, {sol.retcode}, {int(sol.stats.iterations)} iterations, "

@@ -163,7 +163,7 @@ def test_curve_fit_with_bounds_matches_scipy_trf():
 
 
 def test_curve_fit_that_fails_raises_like_scipy():
-    with pytest.raises(RuntimeError, match="optimal parameters not found"):
+    with pytest.raises(RuntimeError, match="Optimal parameters not found"):
         optsolve.curve_fit(lambda t, a, k: a * jnp.exp(-k * t), T, Y, [1.0, 0.5], maxiters=1)
     with pytest.raises(ValueError, match="`p0` must be a 1-D array"):
         optsolve.curve_fit(_line, T, Y, [[1.0, 0.5]])

@@ -299,7 +299,9 @@ def test_curve_fit_and_scipy_least_squares_from_start1(name):
     P = load(name)
     model = CURVE_FIT_MODELS[MODELS[name][1]]
     x, y = data(name)
-    popt, _, sol = optsolve.curve_fit(model, x, y, P.start1, full_output=True)
+    popt, _, info, _, ier = optsolve.curve_fit(model, x, y, P.start1, full_output=True)
+    sol = info["solution"]
+    assert ier in (1, 2, 3, 4)
     assert reached(name, ssr(sol)) and int(sol.retcode) == ReturnCode.SUCCESS, sol.message
     ftol, gtol = TIGHT
     popt, pcov = optsolve.curve_fit(model, x, y, P.start1, ftol=ftol, gtol=gtol)

@@ -8,16 +8,18 @@ maximum-likelihood estimate when ``f`` is the negative log-likelihood).
 from __future__ import annotations
 
 import dataclasses
-
+import warnings
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
+from scipy.optimize import OptimizeWarning
 
 from optsolve.solve_api.least_squares import LeastSquaresProblem, jacobian_of
 from optsolve.solve_api.problem import OptimizationProblem
+from optsolve.solve_api.pytree import is_traced
 from optsolve.solve_api.sense import to_minimisation
 from optsolve.solve_api.solution import Solution
 
@@ -33,9 +35,15 @@ def covariance(solution: Solution, problem: OptimizationProblem | None = None, *
     - Least squares (a :class:`~optsolve.LeastSquaresProblem`): ``s^2 (J^T J)^+`` with J
       the residuals' Jacobian at x and ``s^2 = |r|^2 / (m - n)`` the residual variance
       (m residuals, n parameters), as ``scipy.optimize.curve_fit`` defines it (its
-      ``absolute_sigma=False``); ``scale=False`` leaves out ``s^2``. The pseudo-inverse
-      comes from an SVD of J, dropping singular values below ``eps max(m, n) s_max``
-      (scipy's rule); with ``m <= n`` and ``scale=True`` every entry is inf.
+      ``absolute_sigma=False``); ``scale=False`` leaves out ``s^2``. The inverse comes from
+      an SVD of J with its columns scaled to unit norm; where a singular value of that J is
+      at or below ``eps max(m, n) s_max`` (scipy's cutoff, eps of the dtype J is computed
+      in), the covariance is indeterminate and every entry is inf, as scipy's curve_fit
+      (method "lm") gives it; so too with ``m <= n`` and ``scale=True``. For concrete
+      inputs J and r come from JAX in x's dtype and are factorised in float64 NumPy (a
+      float32 fit gets float64's resolution of J), and an indeterminate covariance warns
+      (scipy's ``OptimizeWarning``); under a JAX transformation all of it runs in x's
+      dtype and nothing warns.
     - A scalar objective: the inverse Hessian of f at x (for f a negative log-likelihood,
       the asymptotic covariance of the maximum-likelihood estimate; for a log-likelihood
       maximised with ``sense="max"``, of -f); ``scale`` is ignored.
@@ -72,6 +80,8 @@ def covariance(solution: Solution, problem: OptimizationProblem | None = None, *
             f"{MAX_DENSE_PARAMETERS} parameters (optsolve.solve_api.covariance."
             "MAX_DENSE_PARAMETERS). Compute the variances you need from Hessian-vector "
             "products instead.")
+    if isinstance(problem, LeastSquaresProblem) and not is_traced(solution.x, problem):
+        return _host_least_squares_covariance(problem, solution.x, scale)
     return _compiled_covariance(problem, solution.x, scale)
 
 
@@ -90,18 +100,80 @@ _compiled_covariance = jax.jit(_covariance, static_argnums=2)
 
 def _least_squares_covariance(problem: LeastSquaresProblem, flat: jax.Array, unravel: Any,
                               scale: bool) -> jax.Array:
+    cov, determinate, variance = _least_squares_pieces(problem, flat, unravel)
+    n = flat.size
+    if scale:
+        cov = cov * variance
+    return jnp.where(determinate, cov, jnp.full((n, n), jnp.inf, cov.dtype))
+
+
+def _residuals_and_jacobian(problem: LeastSquaresProblem, flat: jax.Array, unravel: Any
+                            ) -> tuple[jax.Array, jax.Array]:
     def residuals(z):
         return ravel_pytree(problem.residual(unravel(z), problem.p))[0]
 
     r = residuals(flat)
-    m, n = r.size, flat.size
-    jac = jacobian_of(residuals, m, n)(flat)
-    _, s, vt = jnp.linalg.svd(jac, full_matrices=False)
-    threshold = jnp.finfo(s.dtype).eps * max(m, n) * s[0]
-    inverse_s2 = jnp.where(s > threshold, 1.0 / jnp.where(s > 0, s, 1.0) ** 2, 0.0)
-    cov = (vt.T * inverse_s2) @ vt
-    if not scale:
-        return cov
+    return r, jacobian_of(residuals, r.size, flat.size)(flat)
+
+
+def _least_squares_pieces(problem, flat, unravel):
+    """((J^T J)^+, whether J has full column rank, s^2 = |r|^2 / (m - n)) in x's dtype."""
+    r, jac = _residuals_and_jacobian(problem, flat, unravel)
+    m, n = jac.shape
+    return (*_pseudo_inverse(jac, jnp), _variance(r, m, n, jnp))
+
+
+def _pseudo_inverse(jac, xp, eps=None):
+    """(J^T J)^-1 from an SVD of J with its columns scaled to unit norm (so that parameters
+    of very different sizes, Misra1a's b1 ~ 240 and b2 ~ 5e-4, leave no spurious small
+    singular value), and whether every singular value of that scaled J is above
+    ``eps max(m, n) s_max`` (scipy's cutoff; eps: that of the dtype J was computed in).
+    Below it, the direction is not resolved: its variance is indeterminate."""
+    m, n = jac.shape
+    eps = xp.finfo(jac.dtype).eps if eps is None else eps
+    norms = xp.sqrt(xp.sum(jac * jac, axis=0))
+    norms = xp.where(norms > 0, norms, 1.0)
+    _, s, vt = xp.linalg.svd(jac / norms, full_matrices=False)
+    determinate = (s.size == n) & xp.all(s > eps * max(m, n) * s[0]) & xp.all(xp.isfinite(s))
+    safe = xp.where(s > 0, s, 1.0)
+    cov = (vt.T / safe ** 2) @ vt
+    return cov / norms[:, None] / norms[None, :], determinate
+
+
+def _variance(r, m, n, xp):
     if m <= n:
-        return jnp.full((n, n), jnp.inf, cov.dtype)
-    return cov * (jnp.sum(jnp.square(r)) / (m - n))
+        return xp.asarray(xp.inf, r.dtype)
+    return xp.sum(r * r) / (m - n)
+
+
+def _pieces_at(problem: LeastSquaresProblem, x: Any) -> tuple[jax.Array, jax.Array]:
+    flat, unravel = ravel_pytree(x)
+    return _residuals_and_jacobian(problem, flat, unravel)
+
+
+_compiled_pieces = jax.jit(_pieces_at)
+
+
+def _host_least_squares_covariance(problem: LeastSquaresProblem, x: Any, scale: bool
+                                   ) -> jax.Array:
+    """The covariance from J and r computed by JAX (in x's dtype) and factorised in float64
+    NumPy: float32's own SVD cannot resolve the singular values of an ill-conditioned J."""
+    r, jac = _compiled_pieces(problem, x)
+    eps = float(np.finfo(np.dtype(jac.dtype)).eps)
+    r, jac = np.asarray(r, np.float64), np.asarray(jac, np.float64)
+    m, n = jac.shape
+    if np.all(np.isfinite(jac)):
+        cov, determinate = _pseudo_inverse(jac, np, eps)
+    else:
+        cov, determinate = np.zeros((n, n)), False
+    variance = _variance(r, m, n, np)
+    if not determinate or (scale and not np.isfinite(variance)):
+        why = ("J is rank-deficient at x, to the precision it was computed in"
+               if not determinate else
+               f"there are {m} residuals for {n} parameters, none left for the variance")
+        warnings.warn(f"Covariance of the parameters could not be estimated: {why}; its "
+                      "entries are inf.", OptimizeWarning, stacklevel=3)
+        return jnp.full((n, n), jnp.inf, jac.dtype)
+    if scale:
+        cov = cov * variance
+    return jnp.asarray(cov.astype(jac.dtype))
