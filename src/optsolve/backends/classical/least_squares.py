@@ -10,6 +10,7 @@ They solve a :class:`~optsolve.solve_api.least_squares.LeastSquaresProblem`; ``f
 
 from __future__ import annotations
 
+import math
 from typing import Any, ClassVar, NamedTuple
 
 import jax
@@ -84,10 +85,18 @@ def _check_problem(owner: str, problem: Any) -> None:
                         f"{type(problem).__name__}.")
 
 
-def _tolerances(options: Any) -> tuple[Any, Any]:
-    ftol = options.ftol if options.ftol is not None else DEFAULT_TOL
+def default_tol(dtype: Any, m: int) -> float:
+    """The default ftol and xtol: MINPACK's 1e-8, or, where the dtype cannot resolve it, a
+    few rounding errors of the sum of m squares (``4 eps sqrt(m)``: float32 with 14
+    residuals, 1.8e-6). Below that, the relative reductions and steps the tests compare
+    are rounding noise, and a converged low-precision fit would end STALLED."""
+    return max(DEFAULT_TOL, 4.0 * float(jnp.finfo(dtype).eps) * math.sqrt(m))
+
+
+def _tolerances(options: Any, default: float) -> tuple[Any, Any]:
+    ftol = options.ftol if options.ftol is not None else default
     xtol = options.get("xtol")
-    return ftol, DEFAULT_TOL if xtol is None else xtol
+    return ftol, default if xtol is None else xtol
 
 
 # --------------------------------------------------------------------------- Gauss-Newton
@@ -100,10 +109,10 @@ class _GaussNewtonSolver(DescentSolver):
         super().__init__(alg, problem)
         self.m = residual_size(problem)
         self.dense = _uses_dense(alg, self.m, self.n)
-        self.ftol = self.xtol = DEFAULT_TOL
+        self.ftol = self.xtol = default_tol(self.dtype, self.m)
 
     def bind_options(self, options):
-        self.ftol, self.xtol = _tolerances(options)
+        self.ftol, self.xtol = _tolerances(options, default_tol(self.dtype, self.m))
 
     def direction(self, model, x, g, state, flat):
         residuals = Residuals(self.problem, flat.objective.p)
@@ -140,7 +149,8 @@ class GaussNewton(ClassicalAlgorithm):
     Wright, *Numerical Optimization*, 2006, §10.3). It stops when the gradient ``J^T r``
     meets gtol, when ``|f_k - f_{k+1}| <= ftol f_k`` or when
     ``|x_k - x_{k+1}| <= xtol (xtol + |x_{k+1}|)`` (scipy's tests; ftol and xtol are
-    ``solve`` options, default 1e-8).
+    ``solve`` options, default 1e-8, or ``4 eps sqrt(m)`` for m residuals where the dtype's
+    eps makes that larger: float32).
 
     Args:
       linear_solver: "auto" (default: dense for at most 256 parameters and 2^24 Jacobian
@@ -271,10 +281,10 @@ class _LevenbergMarquardtSolver(SteppingSolver):
         self.dense = _uses_dense(alg, self.m, self.n)
         self.default_gtol = default_gtol(self.dtype)
         self.default_maxiters = type(alg).default_maxiters
-        self.ftol = self.xtol = DEFAULT_TOL
+        self.ftol = self.xtol = default_tol(self.dtype, self.m)
 
     def bind_options(self, options):
-        self.ftol, self.xtol = _tolerances(options)
+        self.ftol, self.xtol = _tolerances(options, default_tol(self.dtype, self.m))
 
     def init(self, objective: Objective, x, f, g) -> _LMState:
         residuals = Residuals(self.problem, objective.p)
@@ -417,7 +427,9 @@ class LevenbergMarquardt(ClassicalAlgorithm):
     the Gauss-Newton model within ``|p| <= delta`` (unscaled). It stops when the gradient
     ``J^T r`` meets gtol, when the actual and predicted relative reductions of ``|r|^2``
     are both <= ftol, or when ``delta <= xtol |D x|`` (Moré's tests; ftol and xtol are
-    ``solve`` options, default 1e-8 as in MINPACK and scipy).
+    ``solve`` options, default 1e-8 as in MINPACK and scipy, or ``4 eps sqrt(m)`` for m
+    residuals where the dtype's eps makes that larger: float32, whose rounding a 1e-8
+    test cannot see past).
 
     Counts: ``f_evals`` are residual evaluations (trials), ``grad_evals`` Jacobian
     evaluations, each with the driver's one at x0.
