@@ -255,3 +255,26 @@ def test_covariance_of_a_maximised_log_likelihood_with_its_problem_passed():
     np.testing.assert_allclose(optsolve.covariance(sol), expected, rtol=1e-6, atol=1e-12)
     np.testing.assert_allclose(optsolve.covariance(sol, prob), expected, rtol=1e-6, atol=1e-12)
     np.testing.assert_allclose(sol.aux, var, rtol=1e-8)
+
+
+def test_levenberg_marquardt_differentiates_unrolled_in_reverse_mode():
+    """Its inner loops (trials, the secular equation) are bounded under UnrolledAdjoint, so
+    reverse mode runs through them; the derivative of a straight-line fit is exact."""
+    design = np.stack([np.ones_like(T), T], axis=1)
+    exact = np.linalg.solve(design.T @ design, design.T)
+    prob = LeastSquaresProblem(lambda b, y: _line(jnp.asarray(T), *b) - y, jnp.zeros(2), Y)
+    fit = lambda y: solve(prob.replace(p=y), optsolve.LevenbergMarquardt(),
+                          adjoint=optsolve.UnrolledAdjoint(), maxiters=20).x
+    np.testing.assert_allclose(jax.jacrev(fit)(jnp.asarray(Y)), exact, rtol=1e-7, atol=1e-10)
+
+
+def test_gauss_newton_docs_say_when_to_prefer_levenberg_marquardt():
+    """scipy's fun_trivial, r = x^2 + 5 (a residual of 5 at the minimum x = 0): Gauss-Newton's
+    step -r / J is a Newton step towards a root that does not exist and it ends at maxiters;
+    LevenbergMarquardt solves it. GaussNewton's docstring says so."""
+    prob = LeastSquaresProblem(lambda x, p: x ** 2 + 5.0, jnp.array([2.0]))
+    assert solve(prob, optsolve.GaussNewton(), maxiters=200).retcode != ReturnCode.SUCCESS
+    sol = solve(prob, optsolve.LevenbergMarquardt())
+    assert sol.retcode == ReturnCode.SUCCESS and abs(float(sol.x[0])) < 1e-4
+    doc = " ".join(optsolve.GaussNewton.__doc__.split())
+    assert "prefer LevenbergMarquardt" in doc and "large residuals" in doc

@@ -152,6 +152,16 @@ class GaussNewton(ClassicalAlgorithm):
     ``solve`` options, default 1e-8, or ``4 eps sqrt(m)`` for m residuals where the dtype's
     eps makes that larger: float32).
 
+    When to prefer :class:`LevenbergMarquardt`: Gauss-Newton drops the residuals' second
+    derivatives, which is sound only where the residuals at the solution are small or
+    nearly linear. With large residuals at the minimum (scipy's ``fun_trivial``,
+    ``r = x^2 + 5``: the step ``-r / J`` aims at a root that does not exist) it converges
+    slowly or not at all and ends at maxiters, and from a poor start on a badly scaled
+    problem (scipy's scaled Meyer problem) the unit step can leave the region where the
+    linear model holds. LevenbergMarquardt's trust region and scaling are the safeguard:
+    prefer LevenbergMarquardt unless the residuals are known to be small at the solution
+    (curve_fit's default is LevenbergMarquardt).
+
     Args:
       linear_solver: "auto" (default: dense for at most 256 parameters and 2^24 Jacobian
         entries, else matrix-free), "dense" or "cg" (static).
@@ -189,6 +199,18 @@ class GaussNewton(ClassicalAlgorithm):
 
 # ------------------------------------------------------------------ Levenberg-Marquardt
 
+def _sqrt(v: Array) -> Array:
+    """sqrt with a zero derivative at 0 (not inf): reverse mode through an unrolled run
+    meets lambda = 0 and zero steps, where inf times 0 is NaN."""
+    positive = v > 0
+    return jnp.where(positive, jnp.sqrt(jnp.where(positive, v, 1.0)), 0.0)
+
+
+def _norm(v: Array, axis: int | None = None) -> Array:
+    """The 2-norm, with :func:`_sqrt`'s derivative at 0."""
+    return _sqrt(jnp.sum(jnp.square(v), axis=axis))
+
+
 class _LMState(NamedTuple):
     rfac: Array     # R of the Jacobian's QR factorisation J = Q R at x (dense path; (0,)
     qtr: Array      # matrix-free), and Q^T r: all the step needs, n x n and n, not m x n
@@ -221,7 +243,7 @@ def _secular_parameter(s: Array, a: Array, delta: Array, par: Array) -> Array:
         d = s2 + lam
         safe = d > 0
         q = jnp.where(safe, a / jnp.where(safe, d, 1.0), 0.0)
-        return jnp.linalg.norm(q), jnp.sum(jnp.where(safe, jnp.square(q) / jnp.where(safe, d, 1.0), 0.0))
+        return _norm(q), jnp.sum(jnp.where(safe, jnp.square(q) / jnp.where(safe, d, 1.0), 0.0))
 
     gn_norm, gn_q = norms(jnp.zeros((), s.dtype))
     full_rank = jnp.all(s > 0)
@@ -230,7 +252,7 @@ def _secular_parameter(s: Array, a: Array, delta: Array, par: Array) -> Array:
     lower = jnp.where(full_rank, fp0 / delta * jnp.square(gn_norm) / jnp.maximum(gn_q, tiny),
                       0.0)
     lower = jnp.maximum(lower, 0.0)
-    upper = jnp.linalg.norm(a) / delta
+    upper = _norm(a) / delta
     upper = jnp.where(upper == 0, tiny / jnp.minimum(delta, 0.1), upper)
     lam = jnp.clip(par, lower, upper)
     lam = jnp.where(lam == 0, upper * 1e-3, lam)
@@ -248,10 +270,11 @@ def _secular_parameter(s: Array, a: Array, delta: Array, par: Array) -> Array:
         return jnp.where(done, lam, jnp.maximum(lower, newton)), lower, upper, done, i + 1
 
     # a loop that ends once lambda is found, or at once where the Gauss-Newton step fits
-    # (lambda = 0): a fixed count of 10 would run every kernel of the body 10 times a trial
+    # (lambda = 0): a fixed count of 10 would run every kernel of the body 10 times a trial;
+    # bounded (10, static), so that UnrolledAdjoint's reverse mode runs through it
     fits = gn_norm <= 1.1 * delta
-    lam = lax.while_loop(lambda c: ~c[3] & (c[4] < 10), body,
-                         (lam, lower, upper, fits, jnp.zeros((), jnp.int32)))[0]
+    lam = inner_while_loop(lambda c: ~c[3] & (c[4] < 10), body,
+                           (lam, lower, upper, fits, jnp.zeros((), jnp.int32)), 10)[0]
     return jnp.where(fits, jnp.zeros_like(lam), lam)
 
 
@@ -308,7 +331,7 @@ class _LevenbergMarquardtSolver(SteppingSolver):
         if self.dense:
             # J's column norms are R's; J D^-1 = Q (R D^-1), so the SVD of the small
             # R D^-1 is the scaled Jacobian's, and U^T Q^T r its residual's coordinates
-            colnorm = jnp.linalg.norm(state.rfac, axis=0).astype(self.dtype)
+            colnorm = _norm(state.rfac, axis=0).astype(self.dtype)
             diag = jnp.where(state.first, jnp.where(colnorm == 0, 1.0, colnorm),
                              jnp.maximum(state.diag, colnorm))
             u, s, vt = jnp.linalg.svd(state.rfac / diag, full_matrices=False)
@@ -322,7 +345,7 @@ class _LevenbergMarquardtSolver(SteppingSolver):
         else:  # matrix-free: the unscaled norm (column norms would cost n products)
             diag = state.diag
             _, jvp, vjp = residuals.linearized(xf)
-        xnorm = jnp.linalg.norm(diag * xf)
+        xnorm = _norm(diag * xf)
         delta0 = jnp.where(state.first, jnp.where(xnorm == 0, alg.factor, alg.factor * xnorm),
                            state.delta)
 
@@ -334,19 +357,19 @@ class _LevenbergMarquardtSolver(SteppingSolver):
                 safe = d > 0
                 coef = jnp.where(safe, a / jnp.where(safe, d, 1.0), 0.0)
                 scaled = -(vt.T @ coef)
-                jp = jnp.linalg.norm(s * (vt @ scaled))  # |J p| = |S V^T D p|
-                pnorm = jnp.linalg.norm(scaled)
-                temp1, temp2 = jp / fnorm, jnp.sqrt(par) * pnorm / fnorm
+                jp = _norm(s * (vt @ scaled))  # |J p| = |S V^T D p|
+                pnorm = _norm(scaled)
+                temp1, temp2 = jp / fnorm, _sqrt(par) * pnorm / fnorm
                 return (scaled / diag, pnorm, par, jnp.square(temp1) + 2 * jnp.square(temp2),
                         -(jnp.square(temp1) + jnp.square(temp2)), par == 0, gn_prered)
             # Steihaug-CG on the Gauss-Newton model within |p| <= delta
             maxiter = alg.cg_maxiter if alg.cg_maxiter is not None else 2 * self.n
             p, model, boundary = steihaug_cg(lambda v: vjp(jvp(v)), gf, delta,
-                                             alg.cg_rtol * jnp.linalg.norm(gf), maxiter)
+                                             alg.cg_rtol * _norm(gf), maxiter)
             prered = -2 * model / jnp.square(fnorm)
             # inside the region, the step is the Gauss-Newton one (to CG's tolerance)
             gn = jnp.where(boundary, jnp.inf, prered)
-            return p, jnp.linalg.norm(p), jnp.zeros_like(par), prered, -prered, ~boundary, gn
+            return p, _norm(p), jnp.zeros_like(par), prered, -prered, ~boundary, gn
 
         def cond(t: _Trial):
             return ~t.done
@@ -356,7 +379,7 @@ class _LevenbergMarquardtSolver(SteppingSolver):
             delta = jnp.where(state.first, jnp.minimum(t.delta, pnorm), t.delta)
             x_trial = xf + p
             r_trial = residuals(x_trial)
-            fnorm1 = jnp.linalg.norm(r_trial)
+            fnorm1 = _norm(r_trial)
             finite = jnp.isfinite(fnorm1)
             actred = jnp.where(finite & (0.1 * fnorm1 < fnorm),
                                1 - jnp.square(fnorm1 / fnorm), -1.0)
@@ -372,7 +395,7 @@ class _LevenbergMarquardtSolver(SteppingSolver):
                               jnp.where(grow, pnorm / 0.5, delta))
             par = jnp.where(low, par / shrink, jnp.where(grow, 0.5 * par, par))
             accepted = finite & (ratio >= 1e-4)
-            xnorm_new = jnp.where(accepted, jnp.linalg.norm(diag * x_trial), xnorm)
+            xnorm_new = jnp.where(accepted, _norm(diag * x_trial), xnorm)
             # Moré's tests; but a region that stops the Gauss-Newton step (non-finite values
             # ahead, say) is small for another reason than convergence, so the reduction
             # the Gauss-Newton step predicts must be small too, and the step must be it
