@@ -15,8 +15,8 @@ import numpy as np
 from jax import lax
 
 from optsolve.solve_api.adjoint import ImplicitAdjoint
-from optsolve.solve_api import host, recompilation, scipy_forms, sense, trainable
-from optsolve.solve_api.checkpoint import Checkpoint, SavedLeaves
+from optsolve.solve_api import host, recompilation, trainable
+from optsolve.solve_api.checkpoint import Checkpoint
 from optsolve.solve_api.capabilities import (check_capabilities, check_objective, names_with,
                                              resume_point)
 from optsolve.solve_api.kkt import multipliers, per_constraint
@@ -27,6 +27,10 @@ from optsolve.solve_api.pytree import FlatInputs, is_traced, replace
 from optsolve.solve_api.registry import algorithm_classes, as_algorithm, backend_for
 from optsolve.solve_api.returncode import ReturnCode
 from optsolve.solve_api.solution import History, Solution, Stats
+from optsolve.solve_api.stages import (Call, Maximisation, ModelSplit, SavedResume,
+                                       ScipyForms)
+from optsolve.solve_api.stages import enter as enter_stages
+from optsolve.solve_api.stages import leave as leave_stages
 from optsolve.solve_api.stationarity import stationarity
 
 
@@ -254,20 +258,10 @@ def _with_problem(solution: Solution, problem: OptimizationProblem) -> Solution:
     return solution
 
 
-def _finish(user_problem: OptimizationProblem, problem: OptimizationProblem,
-            solution: Solution, split: trainable.Split | None = None,
-            on_data: bool = False) -> Solution:
-    """The solution in the terms of the user's problem (the whole model where the problem
-    trains some of its leaves), holding the problem it solves."""
-    solution = trainable.outer(split, problem, solution)
-    solution = scipy_forms.outer(user_problem, sense.in_user_terms(user_problem, solution,
-                                                                   on_data))
-    return _with_problem(solution, problem)
-
-
-def _checkpoint(user_problem, problem, algorithm, split, path, every, keep,
-                on_data: bool) -> Checkpoint:
-    """The checkpoint hook of ``solve``'s ``checkpoint`` and ``checkpoint_every``."""
+def _checkpoint(finish: Callable[[Solution], Solution], algorithm, path, every,
+                keep) -> Checkpoint:
+    """The checkpoint hook of ``solve``'s ``checkpoint`` and ``checkpoint_every``;
+    ``finish`` gives a Solution in the user's terms."""
     if path is None or every is None:
         raise ValueError("solve: `checkpoint` (a file) and `checkpoint_every` (iterations) "
                          "go together; give both.")
@@ -289,8 +283,7 @@ def _checkpoint(user_problem, problem, algorithm, split, path, every, keep,
     def to_user(solution: Solution) -> Solution:
         solution = replace(solution, retcode=ReturnCode.INTERRUPTED, reason=None,
                            history=None)
-        solution = _eager(solution, time.perf_counter() - started)
-        return _finish(user_problem, problem, solution, split, on_data)
+        return finish(_eager(solution, time.perf_counter() - started))
 
     return Checkpoint(path, int(every), to_user)
 
@@ -496,37 +489,49 @@ def solve(problem: OptimizationProblem, algorithm: Any, *, maxiters: int | None 
         raise TypeError(
             f"solve: `problem` must be an optsolve.OptimizationProblem, got {type(problem).__name__}."
         )
-    user_problem, problem = problem, sense.to_minimisation(problem)
-    problem, resume = scipy_forms.inner(problem, resume)  # sol.x is given back in x0's form
     check_key(key)
-    callback = sense.user_callback(user_problem, as_callback(callback))  # scipy's forms too
-    if resume is not None and user_problem.sense == "max" and isinstance(resume, Solution):
-        resume = replace(resume, objective=-resume.objective)
     if resume is not None and not isinstance(resume, Solution):
         resume_point(problem, resume)  # its error
-    if isinstance(resume.x if resume is not None else None, SavedLeaves):
-        # a checkpoint's x: in the structure of the problem's x0 (checked leaf by leaf)
-        resume = replace(resume, x=resume.x.like(user_problem.x0))
-    problem, split, resume = trainable.inner(problem, resume)
-    metrics = sense.recorded_metrics(user_problem, metrics, history)
-    if split is not None:
-        if callback is not None:
-            callback = trainable.ModelCallback(callback, split, problem.p.carried)
-        metrics, evaluate = (None if fn is None or not callable(fn) else
-                             trainable.ModelObjective(fn, split) for fn in (metrics, evaluate))
+    # the problem as the backends solve it, and each stage's inverse on the way back
+    model = ModelSplit()
+    stages = [ScipyForms(), Maximisation(history, on_data=data is not None), SavedResume(),
+              model]
+    call = enter_stages(stages, Call(problem, resume, as_callback(callback), metrics,
+                                     evaluate))
+    problem, resume = call.problem, call.resume
+    callback, metrics, evaluate = call.callback, call.metrics, call.evaluate
+
+    def finish(solution: Solution) -> Solution:
+        """The solution in the terms of the user's problem, holding the problem it
+        solves (which :func:`~optsolve.covariance` reads)."""
+        return _with_problem(leave_stages(stages, solution), problem)
+
     if data is not None and keep == "best" and evaluate is None:
         raise ValueError(
             "solve: keep='best' on `data` needs `evaluate` (a score on held-out data): each "
             "step's loss is on another batch, so losses do not rank iterates.")
     algorithm = as_algorithm(algorithm)
     if checkpoint is not None or checkpoint_every is not None:
-        checkpoint = _checkpoint(user_problem, problem, algorithm, split, checkpoint,
-                                 checkpoint_every, keep, data is not None)
+        checkpoint = _checkpoint(finish, algorithm, checkpoint, checkpoint_every, keep)
     opts = make_options(algorithm, maxiters=maxiters, maxtime=maxtime, gtol=gtol, ftol=ftol,
                         callback=callback, resume=resume_point(problem, resume),
                         history=history, progress=progress, metrics=metrics,
                         evaluate=evaluate, eval_every=eval_every, keep=keep,
                         checkpoint=checkpoint, **options)
+    opts = replace(opts, **_nonfinite_policy(algorithm, nonfinite, max_consecutive_skips,
+                                             on_data=data is not None))
+    if data is not None:
+        return finish(_solve_on_data(problem, algorithm, opts, data, batch_size, key,
+                                     epochs, adjoint))
+    for name, value in (("batch_size", batch_size), ("key", key), ("epochs", epochs)):
+        if value is not None:
+            raise ValueError(f"solve: `{name}` is only meaningful together with `data`.")
+    return finish(_solve_full_batch(problem, algorithm, opts, adjoint,
+                                    trains_model=model.split is not None))
+
+
+def _nonfinite_policy(algorithm, nonfinite, max_consecutive_skips, on_data: bool) -> dict:
+    """``solve``'s ``nonfinite`` and ``max_consecutive_skips``, checked, as options."""
     if nonfinite not in (None, "fail", "skip", "reject"):
         raise ValueError("solve: `nonfinite` must be None (the method's default), 'reject' "
                          "(scipy's derivative-free and global methods), 'fail' or 'skip' (on "
@@ -537,18 +542,17 @@ def solve(problem: OptimizationProblem, algorithm: Any, *, maxiters: int | None 
             max_consecutive_skips, (int, np.integer)) or max_consecutive_skips < 0:
         raise ValueError("solve: `max_consecutive_skips` must be an integer >= 0, got "
                          f"{max_consecutive_skips!r}.")
-    if nonfinite == "skip" and data is None:
+    if nonfinite == "skip" and not on_data:
         raise ValueError(
             "solve: nonfinite='skip' skips the update of a batch with a non-finite loss; it "
             "needs `data` (full batch, the same point would fail again).")
-    opts = replace(opts, nonfinite=nonfinite, max_consecutive_skips=int(max_consecutive_skips))
-    if data is not None:
-        solution = _solve_on_data(problem, algorithm, opts, data, batch_size, key, epochs,
-                                  adjoint)
-        return _finish(user_problem, problem, solution, split, on_data=True)
-    for name, value in (("batch_size", batch_size), ("key", key), ("epochs", epochs)):
-        if value is not None:
-            raise ValueError(f"solve: `{name}` is only meaningful together with `data`.")
+    return dict(nonfinite=nonfinite, max_consecutive_skips=int(max_consecutive_skips))
+
+
+def _solve_full_batch(problem, algorithm, opts, adjoint, trains_model: bool) -> Solution:
+    """One deterministic objective: checked, then run by the algorithm's backend through
+    the adjoint, in the caller's trace or eagerly (progress, Ctrl-C, timing)."""
+    maxiters, progress, checkpoint = opts.maxiters, opts.progress, opts.checkpoint
     # a class trait (no configuration changes it): read once, not via capabilities()
     compiled_driver = type(algorithm).compiled_driver
     if opts.history == -1 and compiled_driver:
@@ -562,7 +566,7 @@ def solve(problem: OptimizationProblem, algorithm: Any, *, maxiters: int | None 
         raise ValueError("solve: `checkpoint` writes files between compiled chunks of an "
                          "eager run; call solve outside jax.jit / jax.vmap / jax.grad.")
     check_objective(problem)
-    if split is not None and not algorithm.capabilities()["threads_model_state"] and \
+    if trains_model and not algorithm.capabilities()["threads_model_state"] and \
             trainable.mutates(problem):
         raise trainable.state_mutation_error(type(algorithm).__name__)
     problem = _project_start(problem)
@@ -573,11 +577,9 @@ def solve(problem: OptimizationProblem, algorithm: Any, *, maxiters: int | None 
             and not compiled_driver):
         start = _no_iterations(algorithm.minimised_problem(problem), opts)
         solution = _with_multipliers(problem, start)
-        return _finish(user_problem, problem, solution if traced else _eager(solution, 0.0),
-                       split)
+        return solution if traced else _eager(solution, 0.0)
     if traced:
-        solution = _with_multipliers(problem, adjoint.apply(backend, problem, algorithm, opts))
-        return _finish(user_problem, problem, solution, split)
+        return _with_multipliers(problem, adjoint.apply(backend, problem, algorithm, opts))
     # the problem and the algorithm: the options' functions are the hooks
     recompilation.note(*inputs.first(2), (opts.callback, opts.metrics, opts.evaluate))
     start = time.perf_counter()
@@ -590,6 +592,5 @@ def solve(problem: OptimizationProblem, algorithm: Any, *, maxiters: int | None 
             host.advance_progress(int(solution.stats.iterations), solution.objective)
     elapsed = time.perf_counter() - start
     if np.ndim(solution.retcode) != 0:  # a batch (a vmapped problem solved eagerly)
-        solution = replace(solution, stats=replace(solution.stats, time=elapsed))
-        return _finish(user_problem, problem, solution, split)
-    return _finish(user_problem, problem, _eager(solution, elapsed, calls.interrupted), split)
+        return replace(solution, stats=replace(solution.stats, time=elapsed))
+    return _eager(solution, elapsed, calls.interrupted)

@@ -1,0 +1,129 @@
+"""The stages between the user's call and the backend: each turns the call into what the
+backends solve on the way in, and the Solution back into the user's terms on the way out.
+
+``solve`` applies them in one list (:func:`enter`) and their inverses in reverse order
+(:func:`leave`), so that a new transformation of problems is one more entry. Each stage is
+made per call and keeps what its inverse needs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from optsolve.solve_api import scipy_forms, sense, trainable
+from optsolve.solve_api.checkpoint import SavedLeaves
+from optsolve.solve_api.problem import OptimizationProblem
+from optsolve.solve_api.pytree import replace
+from optsolve.solve_api.solution import Solution
+
+
+@dataclasses.dataclass
+class Call:
+    """What travels through the stages: the problem, the resume point and the user's
+    hooks, in the terms of the stage they have reached."""
+
+    problem: OptimizationProblem
+    resume: Any = None
+    callback: Any = None
+    metrics: Any = None
+    evaluate: Any = None
+
+
+class Stage:
+    """A transformation of the call (:meth:`enter`) with its inverse on the Solution
+    (:meth:`leave`); the identity by default."""
+
+    def enter(self, call: Call) -> Call:
+        return call
+
+    def leave(self, solution: Solution) -> Solution:
+        return solution
+
+
+class ScipyForms(Stage):
+    """x0 given as scipy takes it (a list of numbers) runs as one array; ``sol.x`` comes
+    back in x0's form (:mod:`~optsolve.solve_api.scipy_forms`)."""
+
+    def enter(self, call: Call) -> Call:
+        self.problem = call.problem
+        problem, resume = scipy_forms.inner(call.problem, call.resume)
+        return dataclasses.replace(call, problem=problem, resume=resume)
+
+    def leave(self, solution: Solution) -> Solution:
+        return scipy_forms.outer(self.problem, solution)
+
+
+class Maximisation(Stage):
+    """Every backend minimises a value-only f: ``sense="max"`` becomes -f and ``has_aux``
+    drops aux; the objective, history, callback values and multipliers come back as f's
+    own, and ``aux`` at x (:mod:`~optsolve.solve_api.sense`).
+
+    Args:
+      history: whether the run records a history (aux is recorded there by default).
+      on_data: a run on data (aux then belongs to a batch: no aux at x).
+    """
+
+    def __init__(self, history: bool, on_data: bool):
+        self.history, self.on_data = history, on_data
+
+    def enter(self, call: Call) -> Call:
+        self.problem = problem = call.problem
+        resume = call.resume
+        if resume is not None and problem.sense == "max" and isinstance(resume, Solution):
+            resume = replace(resume, objective=-resume.objective)
+        return dataclasses.replace(
+            call, problem=sense.to_minimisation(problem), resume=resume,
+            callback=sense.user_callback(problem, call.callback),
+            metrics=sense.recorded_metrics(problem, call.metrics, self.history))
+
+    def leave(self, solution: Solution) -> Solution:
+        return sense.in_user_terms(self.problem, solution, self.on_data)
+
+
+class SavedResume(Stage):
+    """A checkpoint's x (``optsolve.load(path)``) in the structure of the problem's x0,
+    checked leaf by leaf."""
+
+    def enter(self, call: Call) -> Call:
+        resume = call.resume
+        if isinstance(resume.x if resume is not None else None, SavedLeaves):
+            resume = replace(resume, x=resume.x.like(call.problem.x0))
+        return dataclasses.replace(call, resume=resume)
+
+
+class ModelSplit(Stage):
+    """A model whose ``trainable`` leaves are trained: the problem over those leaves, the
+    rest carried through the run (BatchNorm statistics, RNG counters), and ``sol.x`` the
+    whole model again (:mod:`~optsolve.solve_api.trainable`)."""
+
+    split: trainable.Split | None = None
+
+    def enter(self, call: Call) -> Call:
+        problem, split, resume = trainable.inner(call.problem, call.resume)
+        self.problem, self.split = problem, split
+        if split is None:
+            return call
+        callback, metrics, evaluate = call.callback, call.metrics, call.evaluate
+        if callback is not None:
+            callback = trainable.ModelCallback(callback, split, problem.p.carried)
+        metrics, evaluate = (None if fn is None or not callable(fn) else
+                             trainable.ModelObjective(fn, split) for fn in (metrics, evaluate))
+        return Call(problem, resume, callback, metrics, evaluate)
+
+    def leave(self, solution: Solution) -> Solution:
+        return trainable.outer(self.split, self.problem, solution)
+
+
+def enter(stages: list[Stage], call: Call) -> Call:
+    """``call`` through every stage, in order."""
+    for stage in stages:
+        call = stage.enter(call)
+    return call
+
+
+def leave(stages: list[Stage], solution: Solution) -> Solution:
+    """``solution`` back through every stage's inverse, in reverse order."""
+    for stage in reversed(stages):
+        solution = stage.leave(solution)
+    return solution
