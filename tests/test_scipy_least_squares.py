@@ -413,3 +413,30 @@ def test_status_table():
                 1: ReturnCode.SUCCESS, 2: ReturnCode.SUCCESS, 3: ReturnCode.SUCCESS,
                 4: ReturnCode.SUCCESS, 7: ReturnCode.FAILURE}
     assert {s: least_squares_retcode(s) for s in expected} == expected
+
+
+def nan_outside_ball(x, p):
+    """The decay residuals, NaN where |x|^2 > p: MINPACK's first trials from (1, 0.1, 0)
+    land there, and the optimum (|x|^2 ~ 8.2) lies inside."""
+    return jnp.where(jnp.sum(x ** 2) > p, jnp.nan, decay(x, Y))
+
+
+def test_lm_steps_past_nonfinite_trials_as_minpack_does():
+    """MINPACK rejects a trial whose residuals are not finite (its ratio test fails) and
+    shrinks the step; scipy's run converges, and so must ours, with the count in the
+    message."""
+    x0 = jnp.array([1.0, 0.1, 0.0])
+    sol = solve(LeastSquaresProblem(nan_outside_ball, x0, 12.0), ScipyLeastSquares("lm"))
+    ref = by_hand(nan_outside_ball, x0, 12.0, "lm")
+    assert ref.status in (1, 2, 3, 4)
+    assert sol.retcode == ReturnCode.SUCCESS, sol.message
+    np.testing.assert_allclose(sol.x, ref.x, rtol=1e-12)
+    assert "not finite at 3 of" in sol.message and "rejected" in sol.message
+
+
+def test_lm_refuses_every_tolerance_below_machine_epsilon():
+    """scipy: "All tolerances must be higher than machine epsilon" for lm (one below it is
+    raised to it here, as documented; all of them below it leave no test to stop on)."""
+    with pytest.raises(ValueError, match=r"needs one of ftol, xtol, gtol >= machine epsilon"):
+        solve(LeastSquaresProblem(decay, X0, Y), ScipyLeastSquares("lm"),
+              gtol=0.0, ftol=0.0, xtol=0.0)

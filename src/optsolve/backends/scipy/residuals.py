@@ -98,6 +98,8 @@ class ResidualHost(HostProblem):
       n_f, n_g: residual and Jacobian evaluations computed.
       bad: how many residual and Jacobian evaluations were not finite.
       last_finite: (x, cost) of the last evaluation with finite residuals, or None.
+      rejects_nonfinite_trials: non-finite residuals after the first evaluation are trial
+        points the method rejects (MINPACK's lm), counted in ``rejected``, not failures.
     """
 
     def __init__(self, problem: LeastSquaresProblem, cost_problem: OptimizationProblem,
@@ -111,6 +113,8 @@ class ResidualHost(HostProblem):
         self._j: HostCall = exe.jacobian.bind(self.p)
         self._memo_rx: np.ndarray | None = None
         self._memo_cost: float | None = None
+        self.rejects_nonfinite_trials = False
+        self.rejected = 0
 
     def cost(self, r: np.ndarray) -> float:
         """scipy's cost of the residual vector ``r``."""
@@ -125,7 +129,12 @@ class ResidualHost(HostProblem):
         # r.r is one BLAS call, the cheapest finiteness test; it also overflows for huge
         # finite residuals, which the entrywise test then tells apart
         if not math.isfinite(r.dot(r)) and not np.all(np.isfinite(r)):
-            self._bad("the residuals")
+            if self.rejects_nonfinite_trials and self.n_f > 1:
+                # MINPACK's ratio test fails on such a trial, which it rejects and retries
+                # with a smaller step: not a failure of the run
+                self.rejected += 1
+            else:
+                self._bad("the residuals")
         else:
             self._memo_rx, self._memo_cost = xc, self.cost(r)
             self.last_finite = (xc, self._memo_cost)
