@@ -293,6 +293,10 @@ def _ier(solution: Solution) -> int:
     status = getattr(solution.original, "status", None)
     if isinstance(status, (int, np.integer)):
         return int(status)
+    if is_traced(solution.retcode):  # under jax.jit: an array (1 converged, 5, or 0)
+        code = solution.retcode
+        return jnp.where(code == ReturnCode.SUCCESS, 1,
+                         jnp.where(code == ReturnCode.MAXITERS, 5, 0))
     code = int(np.asarray(solution.retcode))
     if code == ReturnCode.MAXITERS:
         return 5
