@@ -62,6 +62,13 @@ class ClassicalAlgorithm(Algorithm):
     # line searches and CG run as bounded scans under UnrolledAdjoint (loops.inner_while_loop)
     unrollable: ClassVar[bool] = True
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # The least-squares methods factorise the Jacobian (QR, SVD: LAPACK has no 16-bit
+        # kernels) and in float16 their matrix-free form overflows: 32 or 64 bits only.
+        if cls.needs_residuals and "float_dtypes" not in cls.__dict__:
+            cls.float_dtypes = ("float32", "float64")
+
 
 class Flat:
     """A problem seen through its flattened iterate: value-and-gradient and Hessian products
@@ -101,6 +108,15 @@ class DescentState(NamedTuple):
     g: Array           # gradient at the previous iterate (for CG's beta)
     k: Array           # iterations since the last restart
     retry: Array       # the last search failed along a model direction: use steepest descent
+    f_best: Array      # the lowest objective so far
+    g_best: Array      # the smallest (projected) gradient inf-norm so far
+    idle: Array        # iterations since f_best or g_best last improved
+
+
+# Iterations without a new lowest objective (beyond rounding) nor a new smallest gradient
+# after which a run is STALLED: the steps then move x within the rounding noise of f and g
+# (bfloat16 near a minimiser), which no number of further iterations changes.
+_IDLE_ITERATIONS = 10
 
 
 class DescentSolver(SteppingSolver):
@@ -148,8 +164,10 @@ class DescentSolver(SteppingSolver):
     def init(self, objective: Objective, x: PyTree, f: Array, g: PyTree) -> DescentState:
         xf, gf = Flat.ravel(x), Flat.ravel(g)
         zero = jnp.zeros((), self.dtype)
+        flat = Flat(objective, self.problem)
         return DescentState(self.init_model(xf, gf), zero, jnp.zeros_like(xf), gf,
-                            jnp.zeros((), jnp.int32), jnp.zeros((), bool))
+                            jnp.zeros((), jnp.int32), jnp.zeros((), bool), f,
+                            _grad_norm(xf, gf, flat.bounds), jnp.zeros((), jnp.int32))
 
     def step(self, objective: Objective, x: PyTree, f: Array, g: PyTree,
              state: DescentState) -> Step:
@@ -168,15 +186,30 @@ class DescentSolver(SteppingSolver):
         # iteration retries with steepest descent.
         model = self.update_model(state.model, s, y, res.g, res.decreased)
         k = jnp.where(res.decreased, state.k + 1, 0)
+        g_norm = _grad_norm(res.x, res.g, flat.bounds)
+        lower = res.f < state.f_best - float(jnp.finfo(state.f_best.dtype).eps) * jnp.abs(
+            state.f_best)
+        progress = lower | (g_norm < state.g_best)
+        idle = jnp.where(progress, 0, state.idle + 1).astype(jnp.int32)
         new_state = DescentState(model, res.alpha, d, gf, k.astype(jnp.int32),
-                                 ~res.decreased & ~steepest)
+                                 ~res.decreased & ~steepest,
+                                 jnp.minimum(res.f, state.f_best),
+                                 jnp.minimum(g_norm, state.g_best), idle)
         failed = ~res.decreased & steepest & ~res.stalled
-        stalled = (~res.decreased & steepest & res.stalled) | (res.decreased & tiny_step(s, xf))
+        stalled = ((~res.decreased & steepest & res.stalled) | (res.decreased & tiny_step(s, xf))
+                   | (idle >= _IDLE_ITERATIONS))
         return Step(flat.unravel(res.x), res.f, flat.unravel(res.g), new_state, res.evals,
                     res.evals, failed, stalled, res.nonfinite)
 
     def steepest_direction(self, x: Array, g: Array, flat: Flat) -> Array:
         return -g
+
+
+def _grad_norm(x: Array, g: Array, bounds: tuple[Array, Array] | None) -> Array:
+    """The gradient's inf-norm, projected onto the bounds (the driver's gtol measure)."""
+    if bounds is not None:
+        g = x - jnp.clip(x - g, bounds[0], bounds[1])
+    return jnp.max(jnp.abs(g))
 
 
 def tiny_step(s: Array, x: Array) -> Array:

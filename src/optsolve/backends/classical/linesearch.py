@@ -50,6 +50,15 @@ class LineSearchResult(NamedTuple):
     nonfinite: Array
 
 
+def _scalar_dtype(x: Array, f0: Array) -> Any:
+    """The dtype of a search's scalars (steps, values, slopes): the wider of x's and f's.
+    A mixed-precision objective (bfloat16 x, float32 f) keeps its values' precision, and
+    every cast is explicit, as JAX's strict dtype promotion requires (which refuses even to
+    name the wider type: it is looked up under standard promotion)."""
+    with jax.numpy_dtype_promotion("standard"):
+        return jnp.promote_types(x.dtype, f0.dtype)
+
+
 def _project(x: Array, bounds: tuple[Array, Array] | None) -> Array:
     return x if bounds is None else jnp.clip(x, bounds[0], bounds[1])
 
@@ -90,19 +99,24 @@ def backtracking_search(fun: Fun, x: Array, f0: Array, g0: Array, d: Array, alph
     Returns:
       A :class:`LineSearchResult`.
     """
-    dtype = x.dtype
+    st = _scalar_dtype(x, f0)
+    f_start = f0
+    f0 = f0.astype(st)
+    c1, shrink = jnp.asarray(c1, st), jnp.asarray(shrink, st)
 
     def trial(a):
-        xa = _project(x + a * d, bounds)
+        xa = _project(x + a.astype(x.dtype) * d, bounds)
         fa, ga = fun(xa)
+        fa = fa.astype(st)
         step = xa - x
-        slope0 = jnp.vdot(g0, step)
-        armijo = (fa <= f0 + c1 * slope0) | _approx_armijo(fa, f0, jnp.vdot(ga, step), slope0, c1)
+        slope0 = jnp.vdot(g0, step).astype(st)
+        slope_a = jnp.vdot(ga, step).astype(st)
+        armijo = (fa <= f0 + c1 * slope0) | _approx_armijo(fa, f0, slope_a, slope0, c1)
         finite = jnp.isfinite(fa) & jnp.all(jnp.isfinite(ga))
         ok = finite & armijo & (slope0 < 0)
         return xa, fa, ga, ok, ~finite
 
-    a0 = jnp.asarray(alpha0, dtype)
+    a0 = jnp.asarray(alpha0).astype(st)
     xa, fa, ga, ok, nonfinite = trial(a0)
 
     def cond(c):
@@ -116,10 +130,11 @@ def backtracking_search(fun: Fun, x: Array, f0: Array, g0: Array, d: Array, alph
 
     i, a, xa, fa, ga, ok, nonfinite = inner_while_loop(
         cond, body, (jnp.ones((), jnp.int32), a0, xa, fa, ga, ok, nonfinite), max_steps - 1)
-    stalled = ~ok & _is_flat(f0, jnp.vdot(g0, xa - x) / a, a, fa)
+    stalled = ~ok & _is_flat(f0, jnp.vdot(g0, xa - x).astype(st) / a, a, fa)
     return LineSearchResult(
-        jnp.where(ok, xa, x), jnp.where(ok, fa, f0), jnp.where(ok, ga, g0),
-        jnp.where(ok, a, 0.0).astype(dtype), i, ok, stalled, nonfinite,
+        jnp.where(ok, xa, x), jnp.where(ok, fa.astype(f_start.dtype), f_start),
+        jnp.where(ok, ga, g0), jnp.where(ok, a, 0.0).astype(x.dtype), i, ok, stalled,
+        nonfinite,
     )
 
 
@@ -237,19 +252,21 @@ class Zoom:
         if bounds is not None:
             return backtracking_search(fun, x, f0, g0, d, alpha0, self.c1, 0.5,
                                        self.max_steps, bounds)
-        dtype = x.dtype
-        c1, c2 = self.c1, self.c2
-        dphi0 = jnp.vdot(g0, d)
+        dtype = _scalar_dtype(x, f0)
+        f_start = f0
+        f0 = f0.astype(dtype)
+        c1, c2 = jnp.asarray(self.c1, dtype), jnp.asarray(self.c2, dtype)
+        dphi0 = jnp.vdot(g0, d).astype(dtype)
         inf = jnp.asarray(jnp.inf, dtype)
         zero = jnp.zeros((), dtype)
-        a0 = jnp.asarray(alpha0, dtype)
+        a0 = jnp.asarray(alpha0).astype(dtype)
         carry0 = _ZoomCarry(jnp.zeros((), jnp.int32), jnp.zeros((), bool), a0, zero, f0,
                             dphi0, x, g0, inf, inf, zero, a0, inf, jnp.zeros((), bool))
 
         def probe(a):
-            xa = x + a * d
+            xa = x + a.astype(x.dtype) * d
             fa, ga = fun(xa)
-            return xa, fa, ga, jnp.vdot(ga, d)
+            return xa, fa.astype(dtype), ga, jnp.vdot(ga, d).astype(dtype)
 
         def tests(f_lo, a, fa, da):
             """(finite, approximately sufficient, too long, strong Wolfe) for the trial a.
@@ -289,7 +306,8 @@ class Zoom:
             # After a non-finite trial shrink hard toward the good end.
             fallback = jnp.where(jnp.isfinite(f_hi), a_lo + 0.5 * width, a_lo + 0.2 * width)
             a_next = jnp.where(bracketing, 2.0 * a, jnp.where(inside, cubic, fallback))
-            tiny = ~bracketing & (jnp.abs(width) <= 10 * jnp.finfo(dtype).eps * jnp.abs(a_lo))
+            # steps closer than x's rounding reach the same points
+            tiny = ~bracketing & (jnp.abs(width) <= 10 * float(jnp.finfo(x.dtype).eps) * jnp.abs(a_lo))
             return _ZoomCarry(c.i + 1, wolfe | tiny, a_next, a_lo, f_lo, d_lo, x_lo, g_lo,
                               a_hi, f_hi, d_hi, a, jnp.where(finite, fa, inf),
                               c.nonfinite | ~finite)
@@ -308,7 +326,8 @@ class Zoom:
         x_lo, f_lo, g_lo, a_lo, i, a_last, f_last, nonfinite = found
         decreased = a_lo > 0
         stalled = ~decreased & _is_flat(f0, dphi0, a_last, f_last)
-        return LineSearchResult(x_lo, f_lo, g_lo, a_lo, i, decreased, stalled, nonfinite)
+        return LineSearchResult(x_lo, f_lo.astype(f_start.dtype), g_lo, a_lo.astype(x.dtype), i,
+                                decreased, stalled, nonfinite)
 
     def _first_apart(self, probe, tests, advance, more, ended, carry0):
         """The search with its first trial made and tested outside the loop: it ends most

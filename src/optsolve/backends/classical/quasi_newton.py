@@ -79,8 +79,9 @@ class _LBFGSSolver(DescentSolver):
         """
         gamma = model.gamma
         ab = self._memory_dot(model.W, q)
-        u = jnp.sum(model.Rinv * ab[0], axis=1)
-        w = model.D * u + gamma * jnp.sum(model.YY * u, axis=1) - gamma * ab[1]
+        # broadcasts written out: they hold under jax_numpy_rank_promotion='raise'
+        u = jnp.sum(model.Rinv * ab[0][None, :], axis=1)
+        w = model.D * u + gamma * jnp.sum(model.YY * u[None, :], axis=1) - gamma * ab[1]
         p = jnp.sum(model.Rinv * w[:, None], axis=0)
         coef = jnp.stack([p, -gamma * u])
         return gamma * q + self._memory_combine(model.W, coef)
@@ -88,7 +89,7 @@ class _LBFGSSolver(DescentSolver):
     def _memory_dot(self, W: Array, v: Array) -> Array:
         """(2, m) products of every stored vector with ``v``."""
         if self.n < _DOT_FROM:
-            return jnp.sum(W * v, axis=-1)
+            return jnp.sum(W * v[None, None, :], axis=-1)
         return (W.reshape(-1, self.n) @ v).reshape(W.shape[:2])
 
     def _memory_combine(self, W: Array, coef: Array) -> Array:
@@ -124,7 +125,8 @@ class _LBFGSSolver(DescentSolver):
         # (c, d) of the new pair appends (-R^-1 c / d, 1/d) (block inverse of a triangle).
         trail = model.Rinv[1:, 1:]
         Rinv = (jnp.zeros_like(model.Rinv).at[:-1, :-1].set(trail)
-                .at[:-1, -1].set(-jnp.sum(trail * col[0, :-1], axis=1) / ys).at[-1, -1].set(1.0 / ys))
+                .at[:-1, -1].set(-jnp.sum(trail * col[0, :-1][None, :], axis=1) / ys)
+                .at[-1, -1].set(1.0 / ys))
         D = jnp.concatenate([model.D[1:], ys[None]])
         YY = (jnp.zeros_like(model.YY).at[:-1, :-1].set(model.YY[1:, 1:])
               .at[:, -1].set(col[1]).at[-1, :].set(col[1]))

@@ -26,10 +26,23 @@ from optsolve.solve_api.pytree import pytree_dataclass, static_field
 Array = jax.Array
 
 
-def _forcing(g: Array, eta_max: Any) -> Array:
-    """CG residual tolerance ``min(eta_max, sqrt|g|) |g|`` (superlinear; N&W eq. 7.3)."""
-    gn = jnp.linalg.norm(g)
-    return jnp.minimum(eta_max, jnp.sqrt(gn)) * gn
+def _forcing(g: Array, eta_max: Any, scale: Any = 1.0) -> Array:
+    """CG residual tolerance ``min(eta_max, sqrt|g|) |g|`` (superlinear; N&W eq. 7.3), for
+    the system scaled by ``scale`` (see :func:`_pow2_scale`): divided by it."""
+    gn_scaled = jnp.linalg.norm(g / scale)
+    gn = gn_scaled * scale
+    return jnp.minimum(eta_max, jnp.sqrt(gn)).astype(g.dtype) * gn_scaled
+
+
+def _pow2_scale(g: Array) -> Array:
+    """A power of two near ``|g|_inf`` (1 where g is 0 or not finite). CG runs on
+    ``H p = -g / s`` and its solution is multiplied by s: in float16 ``g.g`` and ``g.Hg``
+    overflow 65504 at gradients of a few hundred (NaN steps, a trust region stuck at x0),
+    and a power of two divides exactly, so other dtypes take the same steps as unscaled."""
+    m = jnp.max(jnp.abs(g))
+    ok = jnp.isfinite(m) & (m > 0)
+    _, exponent = jnp.frexp(jnp.where(ok, m, jnp.ones((), g.dtype)))
+    return jnp.where(ok, jnp.ldexp(jnp.ones((), g.dtype), exponent), jnp.ones((), g.dtype))
 
 
 def _cg_maxiter(alg: Any, n: int) -> int:
@@ -42,11 +55,12 @@ class _NewtonSolver(DescentSolver):
     def direction(self, model, x, g, state, flat):
         # Truncated CG on H p = -g, at least one iteration so p is never 0; negative
         # curvature at the first one gives -g (N&W Algorithm 7.1).
-        res = cg(flat.hvp_at(x), -g, atol=_forcing(g, self.alg.cg_rtol),
+        scale = _pow2_scale(g)
+        res = cg(flat.hvp_at(x), -g / scale, atol=_forcing(g, self.alg.cg_rtol, scale),
                  maxiter=_cg_maxiter(self.alg, self.n), negative_curvature="steepest",
                  test_start=False)
         steepest = (res.status == CGStatus.NEGATIVE_CURVATURE) & (res.iterations == 0)
-        return res.x, steepest
+        return res.x * scale, steepest
 
     def initial_step(self, state, f, g, d, steepest):
         return jnp.where(steepest, 1.0 / jnp.maximum(jnp.linalg.norm(d), 1e-30), 1.0)
@@ -130,20 +144,28 @@ class _TrustRegionSolver(SteppingSolver):
         flat = Flat(objective, self.problem)
         xf, gf = Flat.ravel(x), Flat.ravel(g)
         radius = state.radius
-        p, predicted, boundary = steihaug_cg(flat.hvp_at(xf), gf, radius,
-                                             _forcing(gf, self.alg.cg_rtol),
+        scale = _pow2_scale(gf)
+        p, predicted, boundary = steihaug_cg(flat.hvp_at(xf), gf / scale, radius / scale,
+                                             _forcing(gf, self.alg.cg_rtol, scale),
                                              _cg_maxiter(self.alg, self.n))
+        p = p * scale
         x_new = xf + p
         f_new, g_new = flat.value_and_grad(x_new)
         finite = jnp.isfinite(f_new) & jnp.all(jnp.isfinite(g_new))
-        rho = jnp.where(finite & (predicted < 0), (f_new - f) / predicted, -jnp.inf)
+        # the model's change of the scaled system is 1/scale^2 of the true one; the ratio in
+        # the wider of x's and f's dtypes (a float32 f of a bfloat16 x keeps its precision)
+        with jax.numpy_dtype_promotion("standard"):
+            st = jnp.promote_types(self.dtype, jnp.result_type(f))
+        actual = (f_new.astype(st) - f.astype(st)) / scale.astype(st)
+        predicted = predicted.astype(st) * scale.astype(st)
+        rho = jnp.where(finite & (predicted < 0), actual / predicted, -jnp.inf)
         pn = jnp.linalg.norm(p)
         # Radius update of Nocedal & Wright Algorithm 4.1.
         radius = jnp.where(rho < 0.25, 0.25 * pn,
                            jnp.where((rho > 0.75) & boundary,
                                      jnp.minimum(2.0 * radius, self.alg.max_radius), radius))
         accept = rho > self.alg.eta
-        eps = jnp.finfo(self.dtype).eps
+        eps = float(jnp.finfo(self.dtype).eps)
         # The region has shrunk below rounding of x: no step can change f any more.
         stalled = ((~accept & (radius <= 10 * eps * jnp.maximum(jnp.linalg.norm(xf), 1.0)))
                    | (accept & tiny_step(p, xf)))
