@@ -132,6 +132,9 @@ class Algorithm(metaclass=_Checked):
         residuals n x max(n, m), m residuals) the run holds at once: BFGS's inverse Hessian
         and its update; 0 for matrix-free methods. ``solve`` refuses, before it runs, a
         problem whose matrices would not fit in memory.
+      float_dtypes: the floating-point dtypes x0 may hold, by name; ``solve`` refuses
+        another before the run (LAPACK's factorisations have no 16-bit kernels; float16's
+        range, 6e-5 to 65504, defeats methods whose estimates underflow or overflow it).
       conditional_traits: traits that hold only for some configurations of an instance
         (see :meth:`capabilities`), each with the condition, which errors list with the name.
     """
@@ -153,6 +156,7 @@ class Algorithm(metaclass=_Checked):
     compiled_driver: ClassVar[bool] = False
     threads_model_state: ClassVar[bool] = False
     dense_matrices: ClassVar[int] = 0
+    float_dtypes: ClassVar[tuple[str, ...]] = ("bfloat16", "float16", "float32", "float64")
     conditional_traits: ClassVar[dict[str, str]] = {}
 
     @classmethod
@@ -162,7 +166,7 @@ class Algorithm(metaclass=_Checked):
             "family", "needs_gradient", "needs_hessian", "needs_residuals", "takes_bounds", "takes_constraints",
             "jittable", "vmappable", "stops_by_itself", "extra_options", "unrollable",
             "resumable", "records_history", "takes_data", "compiled_driver",
-            "threads_model_state", "dense_matrices",
+            "threads_model_state", "dense_matrices", "float_dtypes",
         )
         return {n: getattr(cls, n) for n in names}
 

@@ -98,6 +98,27 @@ def check_capabilities(problem: OptimizationProblem, algorithm: Algorithm,
             "(or a stopping tolerance: gtol, ftol, maxtime); e.g. solve(prob, alg, maxiters=1000)."
         )
     check_dense_memory(problem, algorithm, caps, adjoint)
+    check_float_dtypes(problem, algorithm, caps)
+
+
+def check_float_dtypes(problem: OptimizationProblem, algorithm: Algorithm,
+                       caps: dict[str, Any]) -> None:
+    """Raise a TypeError, before the run, when x0 holds a floating-point dtype that the
+    algorithm cannot compute in (its ``float_dtypes`` trait), naming classes that can."""
+    taken = caps["float_dtypes"]
+    # arrays only: a model's x0 may hold functions (equinox activations) and Python numbers
+    dtypes = {leaf.dtype for leaf in jax.tree_util.tree_leaves(problem.x0)
+              if hasattr(leaf, "dtype") and jnp.issubdtype(leaf.dtype, jnp.floating)}
+    refused = sorted({jnp.dtype(d).name for d in dtypes} - set(taken))
+    if not refused:
+        return
+    able = [c.__name__ for c in algorithm_classes()
+            if refused[0] in c.float_dtypes and c.family == "classical"
+            and not c.needs_hessian][:4]
+    raise TypeError(
+        f"solve: {type(algorithm).__name__} cannot compute in {refused[0]} (x0's dtype); it "
+        f"takes {', '.join(taken)}. Cast x0 (e.g. x0.astype(jnp.float32)), or use an "
+        f"algorithm that takes {refused[0]}, e.g. {', '.join(able)} or an optax optimizer.")
 
 
 def available_memory(on_device: bool) -> int | None:

@@ -150,6 +150,12 @@ def _schedulable_names(factory: Callable[..., Any]) -> tuple[frozenset[str], fro
     return frozenset(schedulable), frozenset(native)
 
 
+# Factories whose step-size estimates leave float16's range (6e-5 to 65504): their first
+# estimate d ~ 1e-6 squared underflows, 0/0 makes the first step NaN. bfloat16 has float32's
+# range and works.
+_NOT_IN_FLOAT16 = frozenset({"dadapt_adamw", "prodigy"})
+
+
 def make_optax_algorithm(factory: Callable[..., optax.GradientTransformation], name: str,
                          source: str, base: type | None = None) -> type[OptaxAlgorithm]:
     """Generate the algorithm class for one optax factory (``source`` names it in docs),
@@ -177,6 +183,9 @@ def make_optax_algorithm(factory: Callable[..., optax.GradientTransformation], n
         "schedulable": schedulable,
         "native_schedules": native,
         "float_valued": float_valued_names(factory),
+        "float_dtypes": (("bfloat16", "float32", "float64")
+                         if source.rsplit(".", 1)[-1] in _NOT_IN_FLOAT16
+                         else OptaxAlgorithm.float_dtypes),
         "__init__": __init__,
         "__doc__": header + inspect.cleandoc(factory.__doc__ or ""),
         "__module__": "optsolve",
@@ -280,6 +289,15 @@ def _met_nonfinite(ls) -> jax.Array:
     return ~jnp.isfinite(ls.info.decrease_error)
 
 
+def _optax_promotion():
+    """optax's own arithmetic under JAX's standard dtype promotion, whatever the user's
+    setting: optax is not written for strict promotion (``b1 ** count`` with an int32 count,
+    float32 constants beside float64 hyperparameters), which refuses it once optsolve makes
+    its hyperparameters traced leaves. The user's f runs under the user's setting, except
+    where optax's own line searches call it."""
+    return jax.numpy_dtype_promotion("standard")
+
+
 class _OptaxSolver:
     """What both shapes share: the transformation and the extra arguments it takes."""
 
@@ -298,7 +316,9 @@ class _OptaxSolver:
         for names in _EXTRA_ARG_SETS:
             kwargs = self._extra_args(objective, f, g, names)
             try:
-                jax.eval_shape(lambda gg, ss, xx: self.tx.update(gg, ss, xx, **kwargs), g, state, x)
+                with _optax_promotion():
+                    jax.eval_shape(lambda gg, ss, xx: self.tx.update(gg, ss, xx, **kwargs), g,
+                                   state, x)
             except (TypeError, ValueError) as err:
                 first_error = first_error or err
                 continue
@@ -309,15 +329,17 @@ class _OptaxSolver:
         if self.extra_names is None:
             self.extra_names = self._choose_extra_names(objective, x, f, g, state)
         kwargs = self._extra_args(objective, f, g, self.extra_names)
-        updates, new_state = self.tx.update(g, state, x, **kwargs)
-        return optax.apply_updates(x, updates), new_state
+        with _optax_promotion():
+            updates, new_state = self.tx.update(g, state, x, **kwargs)
+            return optax.apply_updates(x, updates), new_state
 
 
 class _OptaxUpdater(_OptaxSolver, GradientStepSolver):
     """Plain transformations: each update needs the gradient at the current iterate only."""
 
     def init(self, objective: Objective, x):
-        return self.tx.init(x)
+        with _optax_promotion():
+            return self.tx.init(x)
 
     def update(self, objective: Objective, x, f, g, state):
         x_new, new_state = self._update(objective, x, f, g, state)
@@ -335,7 +357,8 @@ class _OptaxStepper(_OptaxSolver, SteppingSolver):
     iterate (zoom; backtracking with store_grad): they are reused, never recomputed."""
 
     def init(self, objective: Objective, x, f, g):
-        return self.tx.init(x)
+        with _optax_promotion():
+            return self.tx.init(x)
 
     def step(self, objective: Objective, x, f, g, state) -> Step:
         x_new, new_state = self._update(objective, x, f, g, state)
