@@ -10,18 +10,23 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).parent.parent
-PAGES = sorted((ROOT / "docs").rglob("*.md"))
+PAGES = sorted((ROOT / "docs").rglob("*.md")) + [ROOT / "README.md"]
 _BLOCK = re.compile(r"```python\n(.*?)```", re.S)
 
 
 def test_pages_found():
-    names = {p.relative_to(ROOT / "docs").as_posix() for p in PAGES}
+    names = {_page_id(p) for p in PAGES}
     assert {"index.md", "getting-started.md", "concepts.md", "catalog.md",
-            "guides/training.md", "guides/hypergradients.md"} <= names
+            "guides/training.md", "guides/hypergradients.md", "README.md"} <= names
+
+
+def _page_id(page: Path) -> str:
+    """A page's path under docs/, or README.md (the repository's front page)."""
+    return page.relative_to(ROOT / "docs").as_posix() if page.parent != ROOT else page.name
 
 
 @pytest.mark.parametrize("page", [p for p in PAGES if _BLOCK.search(p.read_text())],
-                         ids=lambda p: p.relative_to(ROOT / "docs").as_posix())
+                         ids=_page_id)
 def test_code_blocks_run(page, capsys):
     namespace: dict = {"__name__": "__docs__"}
     for block in _BLOCK.findall(page.read_text()):
