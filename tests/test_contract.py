@@ -559,17 +559,10 @@ WIDE_X0 = jnp.tile(X0, 4)
 
 
 @pytest.mark.parametrize("cls", CLASSES, ids=_id)
-def test_strict_dtype_promotion_and_rank_promotion_raise(cls, request):
+def test_strict_dtype_promotion_and_rank_promotion_raise(cls):
     """Under ``jax.numpy_dtype_promotion("strict")`` and ``jax.numpy_rank_promotion("raise")``
     (optimistix's whole suite runs so) every class runs, under vmap where it claims it: no
     implicit promotion or broadcast in optsolve's own code."""
-    if cls is optsolve.LevenbergMarquardt:
-        # strict: once backends/classical/least_squares.py writes this broadcast out, the
-        # xfail fails and is to be removed
-        request.applymarker(pytest.mark.xfail(
-            strict=True, raises=ValueError,
-            reason="least_squares.py divides the (n, n) factor by the (n,) scaling "
-                   "(state.rfac / diag) by an implicit broadcast"))
     alg, k = CASES[cls].make(), CASES[cls].iterations
     prob = _problem(cls, x0=WIDE_X0)
     with jax.numpy_dtype_promotion("strict"), jax.numpy_rank_promotion("raise"):

@@ -63,7 +63,8 @@ REASONS = {
     5: "the gradient is not finite at the next iterate",
     6: "the next iterate is not finite",
     7: "the line search found no acceptable step",
-    8: "the step no longer changes x beyond rounding",
+    8: "no progress beyond rounding: the step no longer changes x, or 10 iterations "
+       "lowered neither f nor the gradient norm",
     9: "the line search met a non-finite objective or gradient at its trial points",
     10: "no step short of the non-finite objective or gradient values met at the trial "
         "points changes x beyond rounding",

@@ -334,7 +334,7 @@ class _LevenbergMarquardtSolver(SteppingSolver):
             colnorm = _norm(state.rfac, axis=0).astype(self.dtype)
             diag = jnp.where(state.first, jnp.where(colnorm == 0, 1.0, colnorm),
                              jnp.maximum(state.diag, colnorm))
-            u, s, vt = jnp.linalg.svd(state.rfac / diag, full_matrices=False)
+            u, s, vt = jnp.linalg.svd(state.rfac / diag[None, :], full_matrices=False)
             # a rank-deficient J: singular values at rounding level are zero (the step
             # stays out of the null space; scipy's rule for its pseudo-inverse)
             s = jnp.where(s > eps * max(self.m, self.n) * s[0], s, 0.0)
