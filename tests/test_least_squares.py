@@ -278,3 +278,19 @@ def test_gauss_newton_docs_say_when_to_prefer_levenberg_marquardt():
     assert sol.retcode == ReturnCode.SUCCESS and abs(float(sol.x[0])) < 1e-4
     doc = " ".join(optsolve.GaussNewton.__doc__.split())
     assert "prefer LevenbergMarquardt" in doc and "large residuals" in doc
+
+
+def test_levenberg_marquardt_rejects_a_trial_with_nan_residuals():
+    """A trial where the residuals are NaN (log of a negative number) is rejected and
+    the radius shrinks, as MINPACK does; it was accepted once the residual norm's sqrt
+    read NaN as 0. From scipy's gh-4555 start the fit must stay where log is defined."""
+    import optsolve
+    x = jnp.arange(100.0)
+    y = jnp.asarray(np.linspace(2, 7, 100)
+                    + np.random.default_rng(408113519974467917).random(100))
+    residual = lambda w, p: (w[0] * jnp.log(x + 1 + w[1]) + w[2] * jnp.log(x + 1 + w[3])
+                             + w[4] - y)
+    sol = optsolve.solve(optsolve.LeastSquaresProblem(residual, jnp.ones(5)),
+                         optsolve.LevenbergMarquardt(), maxiters=2000)
+    assert sol.retcode != optsolve.ReturnCode.FAILURE, sol.message
+    assert bool(jnp.all(jnp.isfinite(residual(sol.x, None))))

@@ -201,9 +201,11 @@ class GaussNewton(ClassicalAlgorithm):
 
 def _sqrt(v: Array) -> Array:
     """sqrt with a zero derivative at 0 (not inf): reverse mode through an unrolled run
-    meets lambda = 0 and zero steps, where inf times 0 is NaN."""
+    meets lambda = 0 and zero steps, where inf times 0 is NaN. NaN stays NaN: a trial's
+    non-finite residual norm must read as non-finite (the trial is then rejected)."""
     positive = v > 0
-    return jnp.where(positive, jnp.sqrt(jnp.where(positive, v, 1.0)), 0.0)
+    return jnp.where(positive, jnp.sqrt(jnp.where(positive, v, 1.0)),
+                     jnp.where(v == 0, 0.0, jnp.nan).astype(jnp.result_type(v)))
 
 
 def _norm(v: Array, axis: int | None = None) -> Array:
