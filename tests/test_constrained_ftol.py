@@ -129,11 +129,12 @@ def test_slsqp_with_ftol_ends_at_the_published_feasible_optimum(name):
     assert case.violation(sol.x) <= 1e-8
     assert abs(float(sol.objective) - case.f_star) <= 1e-8
     # scipy run by hand with the same ftol ends at the same optimum (optsolve's test may end
-    # the run an iteration earlier, once feasible to ftol)
+    # the run earlier, once feasible to ftol: on POLAK4, whose f is flat at the optimum,
+    # scipy's own nit was 11 in one process and 15 in another, against optsolve's 10)
     by_hand = _scipy_slsqp(case, ftol=1e-10)
     assert by_hand.success
     assert abs(float(sol.objective) - by_hand.fun) <= 1e-10
-    assert sol.stats.iterations in (by_hand.nit - 1, by_hand.nit)
+    assert sol.stats.iterations <= by_hand.nit
 
 
 def _scipy_slsqp(case: Published, ftol: float):

@@ -101,11 +101,16 @@ def check_capabilities(problem: OptimizationProblem, algorithm: Algorithm,
     check_float_dtypes(problem, algorithm, caps)
 
 
+_FLOAT_DTYPES = {"bfloat16", "float16", "float32", "float64"}
+
+
 def check_float_dtypes(problem: OptimizationProblem, algorithm: Algorithm,
                        caps: dict[str, Any]) -> None:
     """Raise a TypeError, before the run, when x0 holds a floating-point dtype that the
     algorithm cannot compute in (its ``float_dtypes`` trait), naming classes that can."""
     taken = caps["float_dtypes"]
+    if set(taken) >= _FLOAT_DTYPES:  # takes every one: x0 (a model, say) is not flattened
+        return
     # arrays only: a model's x0 may hold functions (equinox activations) and Python numbers
     dtypes = {leaf.dtype for leaf in jax.tree_util.tree_leaves(problem.x0)
               if hasattr(leaf, "dtype") and jnp.issubdtype(leaf.dtype, jnp.floating)}
