@@ -179,7 +179,6 @@ def main(repeats: int = 15) -> str:
         row("hypergradient through them (UnrolledAdjoint), jitted",
             "forward: 3 epochs of SGD, jitted", "<= 3x"),
     ]
-    compile_rows = [[name, f"{t:.2f}"] for name, t in first.items()]
     return "\n".join([
         f"### Training inside the compiled program: MLP 64-64-10 on digits, {STEPS} steps of "
         f"batch {BATCH}, float32",
