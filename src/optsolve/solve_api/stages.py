@@ -9,25 +9,38 @@ made per call and keeps what its inverse needs.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
 
 from optsolve.solve_api import scipy_forms, sense, trainable
 from optsolve.solve_api.checkpoint import SavedLeaves
+from optsolve.solve_api.kkt import multipliers, per_constraint
 from optsolve.solve_api.problem import OptimizationProblem
-from optsolve.solve_api.pytree import replace
+from optsolve.solve_api.pytree import is_traced, replace
 from optsolve.solve_api.solution import Solution
 
 
 @dataclasses.dataclass
 class Call:
     """What travels through the stages: the problem, the resume point and the user's
-    hooks, in the terms of the stage they have reached."""
+    hooks, in the terms of the stage they have reached; then the algorithm, the options
+    made from them, the adjoint and the run's length where known (``steps``)."""
 
     problem: OptimizationProblem
     resume: Any = None
     callback: Any = None
     metrics: Any = None
     evaluate: Any = None
+    algorithm: Any = None
+    options: Any = None
+    adjoint: Any = None
+    steps: int | None = None
+    trains_model: bool = False
 
 
 class Stage:
@@ -109,10 +122,70 @@ class ModelSplit(Stage):
             callback = trainable.ModelCallback(callback, split, problem.p.carried)
         metrics, evaluate = (None if fn is None or not callable(fn) else
                              trainable.ModelObjective(fn, split) for fn in (metrics, evaluate))
-        return Call(problem, resume, callback, metrics, evaluate)
+        return dataclasses.replace(call, problem=problem, resume=resume, callback=callback,
+                                   metrics=metrics, evaluate=evaluate, trains_model=True)
 
     def leave(self, solution: Solution) -> Solution:
         return trainable.outer(self.split, self.problem, solution)
+
+
+class StartProjection(Stage):
+    """x0 outside the box projected onto it (L-BFGS-B's convention), with a warning when it
+    moved; where the box is traced, x0 is clipped without a check."""
+
+    def enter(self, call: Call) -> Call:
+        problem = call.problem
+        if not problem.has_bounds:
+            return call
+        lower, upper = problem.bounds
+        if not is_traced(problem.x0, lower, upper):
+            outside = any(bool(np.any((np.asarray(x) < np.asarray(lo)) |
+                                      (np.asarray(x) > np.asarray(up))))
+                          for x, lo, up in zip(*(jax.tree_util.tree_leaves(t)
+                                                 for t in (problem.x0, lower, upper))))
+            if not outside:
+                return call
+            warnings.warn("solve: x0 lies outside the bounds; it was projected onto them (as "
+                          "scipy's L-BFGS-B does) and the run starts there.", UserWarning,
+                          stacklevel=4)
+        x0 = jax.tree_util.tree_map(lambda x, lo, up: jnp.clip(x, lo, up), problem.x0, lower,
+                                    upper)
+        return dataclasses.replace(call, problem=problem.replace(x0=x0))
+
+
+_multipliers = jax.jit(multipliers)  # one compiled program per problem, not op-by-op eagerly
+
+
+class Multipliers(Stage):
+    """On the way out, the constraints' multipliers at the solution's x, one array per
+    constraint, where the problem has general constraints: the backend's own (flat, in
+    ``solution.multipliers``, NaN where it gave none) where it computed them, else the
+    least-squares KKT multipliers; under differentiation the least-squares ones' derivative
+    (the backend's carry none)."""
+
+    def enter(self, call: Call) -> Call:
+        self.problem = call.problem
+        return call
+
+    def leave(self, solution: Solution) -> Solution:
+        problem = self.problem
+        if not problem.constraints:
+            return solution
+        own = solution.multipliers
+        if own is not None and not is_traced(problem, solution.x) and \
+                bool(jnp.all(jnp.isfinite(own))):
+            return replace(solution, multipliers=per_constraint(problem, problem.x0, own))
+        if np.ndim(solution.retcode) != 0:  # a batch solved eagerly under vmap
+            lam = jax.vmap(_multipliers, in_axes=(None, 0))(problem, solution.x)
+        else:
+            lam = _multipliers(problem, solution.x)
+        if own is None:
+            return replace(solution, multipliers=lam)
+        batch = jnp.shape(own)[:-1]
+        least_squares = jnp.concatenate([jnp.reshape(l, batch + (-1,)) for l in lam], axis=-1)
+        flat = jnp.where(jnp.isnan(own), least_squares,
+                         own + least_squares - lax.stop_gradient(least_squares))
+        return replace(solution, multipliers=per_constraint(problem, problem.x0, flat))
 
 
 def enter(stages: list[Stage], call: Call) -> Call:
