@@ -15,14 +15,13 @@ import jax
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 import numpy as np
-import scipy.linalg as sla
-from scipy.optimize import Bounds, OptimizeWarning
 
 from optsolve.solve_api.cache import BoundedCache
 from optsolve.solve_api.covariance import covariance
 from optsolve.solve_api.least_squares import LeastSquaresProblem
 from optsolve.solve_api.pytree import is_traced
 from optsolve.solve_api.returncode import ReturnCode
+from optsolve.solve_api.scipy_forms import scipy_types
 from optsolve.solve_api.solution import Solution
 from optsolve.solve_api.solve import solve
 
@@ -115,7 +114,7 @@ def _bounds_arrays(bounds: Any, n: int) -> tuple[np.ndarray, np.ndarray] | None:
     """(lower, upper) as float arrays of n, or None when every entry is infinite."""
     if bounds is None:
         return None
-    if isinstance(bounds, Bounds):
+    if isinstance(bounds, scipy_types("Bounds")):
         lower, upper = bounds.lb, bounds.ub
     else:
         try:
@@ -316,6 +315,8 @@ def _infodict(problem: LeastSquaresProblem, solution: Solution, minpack: bool) -
     if minpack and not is_traced(x, p):
         jac = np.asarray(jax.jacfwd(problem.residual)(x, p), np.float64)
         m, n = jac.shape
+        import scipy.linalg as sla  # here: `import optsolve` does not import scipy
+
         q, r, perm = sla.qr(jac, mode="economic", pivoting=True)
         fjac = np.zeros((n, m))
         fjac[:, :r.shape[0]] = r.T
@@ -431,6 +432,8 @@ def curve_fit(f: Callable[..., Any], xdata: Any, ydata: Any, p0: Any = None,
     if not is_traced(solution.x) and not bool(np.asarray(solution.success)):
         low_precision = jnp.finfo(inputs.p0.dtype).eps > 1e-10
         if low_precision and int(np.asarray(solution.retcode)) == ReturnCode.STALLED:
+            from scipy.optimize import OptimizeWarning  # scipy's, for scipy users' filters
+
             warnings.warn(f"curve_fit: the {inputs.p0.dtype} fit stopped where "
                           f"{inputs.p0.dtype} resolves no further progress (retcode "
                           "STALLED); popt is returned. Enable x64 for a tighter fit.",

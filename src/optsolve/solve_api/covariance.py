@@ -15,7 +15,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
-from scipy.optimize import OptimizeWarning
 
 from optsolve.solve_api.least_squares import LeastSquaresProblem, jacobian_of
 from optsolve.solve_api.problem import OptimizationProblem
@@ -171,6 +170,8 @@ def _host_least_squares_covariance(problem: LeastSquaresProblem, x: Any, scale: 
         why = ("J is rank-deficient at x, to the precision it was computed in"
                if not determinate else
                f"there are {m} residuals for {n} parameters, none left for the variance")
+        from scipy.optimize import OptimizeWarning  # scipy's, for scipy users' filters
+
         warnings.warn(f"Covariance of the parameters could not be estimated: {why}; its "
                       "entries are inf.", OptimizeWarning, stacklevel=3)
         return jnp.full((n, n), jnp.inf, jac.dtype)

@@ -10,7 +10,6 @@ from typing import Any
 
 import jax
 import numpy as np
-import scipy.optimize as so
 
 from optsolve.solve_api.algorithm import Algorithm
 from optsolve.solve_api.pytree import pytree_dataclass, static_field
@@ -95,7 +94,10 @@ class ScipyCallback:
     def __call__(self, iteration: Any, x: Any, objective: Any) -> Any:
         try:
             if self.result:
-                return self.fn(so.OptimizeResult(x=x, fun=objective, nit=iteration))
+                # imported here: `import optsolve` does not import scipy
+                from scipy.optimize import OptimizeResult
+
+                return self.fn(OptimizeResult(x=x, fun=objective, nit=iteration))
             return self.fn(x)
         except StopIteration:
             return True

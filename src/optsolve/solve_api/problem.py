@@ -10,7 +10,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import scipy.optimize as so
 
 from optsolve.solve_api import scipy_forms, trainable as trainable_leaves
 from optsolve.solve_api.pytree import freeze, pytree_dataclass, replace, static_field
@@ -255,8 +254,8 @@ class OptimizationProblem:
                     )
             bounds = (lower, upper)
         if constraints is not None:
-            if isinstance(constraints, (Constraint, dict, so.LinearConstraint,
-                                        so.NonlinearConstraint)):
+            if isinstance(constraints, (Constraint, dict, *scipy_forms.scipy_types(
+                    "LinearConstraint", "NonlinearConstraint"))):
                 constraints = (constraints,)
             constraints = tuple(scipy_forms.constraint(c, i, Constraint)
                                 for i, c in enumerate(constraints))

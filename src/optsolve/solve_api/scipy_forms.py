@@ -12,14 +12,22 @@ from __future__ import annotations
 import dataclasses
 import functools
 import numbers
+import sys
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import scipy.optimize as so
 
 PyTree = Any
+
+
+def scipy_types(*names: str) -> tuple[type, ...]:
+    """scipy.optimize's classes of these names, or none while scipy.optimize is not
+    imported: a value of one of them exists only once its user has imported scipy.optimize,
+    and so checking for them never imports scipy (which ``import optsolve`` does not)."""
+    module = sys.modules.get("scipy.optimize")
+    return tuple(getattr(module, name) for name in names) if module is not None else ()
 
 
 def _is_number(value: Any) -> bool:
@@ -123,7 +131,7 @@ def box(bounds: Any, x0: PyTree) -> Any:
     """``bounds`` in optsolve's form, ``(lower, upper)``: scipy's ``Bounds(lb, ub)``, or a
     list of one ``(min, max)`` pair per entry of an array ``x0`` (None for no bound), is
     converted; any other value is returned as it is."""
-    if isinstance(bounds, so.Bounds):
+    if isinstance(bounds, scipy_types("Bounds")):
         return np.asarray(bounds.lb, float), np.asarray(bounds.ub, float)
     if not (isinstance(bounds, list) and bounds and all(_is_pair(b) for b in bounds)):
         return bounds
@@ -156,10 +164,10 @@ def constraint(item: Any, index: int, constraint_type: type) -> Any:
     it; its ``jac`` and ``hess`` are not used), ``{"type": "eq" | "ineq", "fun": fun,
     "args": ()}`` is ``fun(x) == 0`` or ``fun(x) >= 0``. Any other value is returned as it
     is."""
-    if isinstance(item, so.LinearConstraint):
+    if isinstance(item, scipy_types("LinearConstraint")):
         return constraint_type(_linear(item.A), lower=jnp.asarray(item.lb, float),
                                upper=jnp.asarray(item.ub, float))
-    if isinstance(item, so.NonlinearConstraint):
+    if isinstance(item, scipy_types("NonlinearConstraint")):
         return constraint_type(_nonlinear(item.fun), lower=jnp.asarray(item.lb, float),
                                upper=jnp.asarray(item.ub, float))
     if isinstance(item, dict):

@@ -12,10 +12,14 @@ g - lower >= 0 of the finite lower bounds, then upper - g >= 0 of the finite upp
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-from scipy.optimize import OptimizeResult
 
 from optsolve.backends.scipy.compiled import HostProblem
+
+if TYPE_CHECKING:
+    from scipy.optimize import OptimizeResult
 
 
 def solver_multipliers(method: str, result: OptimizeResult,
