@@ -475,6 +475,8 @@ class LevenbergMarquardt(ClassicalAlgorithm):
 
     needs_residuals: ClassVar[bool] = True
     default_maxiters: ClassVar[int] = 1000
+    # a RootProblem is solved as the least-squares problem of F (solve_api/roots.py)
+    solves_roots: ClassVar[str] = "residuals"
 
     factor: Any = 100.0
     max_trials: int = static_field(default=30)

@@ -1,0 +1,185 @@
+"""The contract every root-solving class keeps: every registered class whose traits say it
+solves RootProblems (``solves_roots``; the capability table's
+:func:`~optsolve.solve_api.capabilities.root_form`) x every shared rule below, on one
+standard system. The matrix of tests/test_contract.py (Rosenbrock minimisation) does not
+apply to the classes that solve RootProblems only; a registered root-solving class without a
+case here fails ``test_every_root_solving_class_has_a_case``.
+
+The system: ``F(x, p) = (x0^2 - |p|, x1 - x0)``, root ``(sqrt|p|, sqrt|p|)`` from
+``x0 = (1, 0)``; for p < 0 with a NaN region just ahead of the start (x[0] beyond
+1 + 1e-5), which any step towards the root enters.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import optsolve
+from optsolve import ReturnCode, RootProblem, solve
+from optsolve.solve_api.capabilities import root_form
+from optsolve.solve_api.registry import algorithm_classes
+from compile_count import count_compilations
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """How the rules build one root-solving class."""
+
+    make: Callable[[], Any]
+
+
+CASES = {cls: Case(cls) for cls in (optsolve.NewtonRaphson, optsolve.Broyden,
+                                    optsolve.LevenbergMarquardt)}
+CLASSES = list(CASES)
+X0 = jnp.array([1.0, 0.0])
+
+
+def _F(x, p):
+    nan_ahead = (p < 0) & (x[0] > 1.0 + 1e-5)
+    F = jnp.stack([x[0] ** 2 - jnp.abs(p), x[1] - x[0]])
+    return jnp.where(nan_ahead, jnp.nan, F)
+
+
+def _merit(x, p):
+    return 0.5 * float(np.sum(np.square(np.asarray(_F(jnp.asarray(x), p)))))
+
+
+def _problem(p=4.0, x0=X0) -> RootProblem:
+    return RootProblem(_F, x0, p)
+
+
+def _id(cls) -> str:
+    return cls.__name__
+
+
+def test_every_root_solving_class_has_a_case():
+    root_solvers = [c for c in algorithm_classes() if root_form(c) is not None]
+    missing = [c.__name__ for c in root_solvers if c not in CASES]
+    assert not missing, f"root-solving classes without a case: {missing}"
+    assert {optsolve.NewtonRaphson, optsolve.Broyden} <= set(root_solvers)
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=_id)
+def test_converges_on_the_standard_system(cls):
+    sol = solve(_problem(), CASES[cls].make())
+    assert sol.retcode == ReturnCode.SUCCESS, sol.message
+    assert sol.message.startswith(sol.retcode.message) and "max|F(x)|" in sol.message
+    np.testing.assert_allclose(sol.x, [2.0, 2.0], rtol=1e-8)
+    assert np.max(np.abs(np.asarray(_F(sol.x, 4.0)))) <= 1e-8
+    np.testing.assert_allclose(sol.objective, _merit(sol.x, 4.0), rtol=1e-12, atol=1e-30)
+    stats = sol.stats
+    assert all(isinstance(v, int) for v in (stats.iterations, stats.f_evals,
+                                             stats.grad_evals))
+    assert isinstance(stats.time, float)
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=_id)
+def test_maxiters_zero_returns_x0_and_a_short_budget_is_maxiters(cls):
+    alg = CASES[cls].make()
+    start = solve(_problem(), alg, maxiters=0)
+    assert start.retcode == ReturnCode.MAXITERS and start.stats.iterations == 0
+    np.testing.assert_array_equal(start.x, X0)
+    short = solve(_problem(), alg, maxiters=1)
+    assert short.retcode == ReturnCode.MAXITERS and short.stats.iterations == 1, short.message
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=_id)
+def test_jit_equals_eager_and_vmap_equals_a_loop(cls):
+    alg = CASES[cls].make()
+    ps = jnp.array([4.0, 9.0, 2.0])
+
+    def run(p):
+        sol = solve(_problem(p), alg)
+        return sol.x, sol.retcode, sol.stats.iterations
+
+    looped = [solve(_problem(float(p)), alg) for p in ps]
+    xs, codes, iterations = jax.jit(jax.vmap(run))(ps)
+    for i, eager in enumerate(looped):
+        np.testing.assert_allclose(xs[i], eager.x, rtol=1e-10, atol=1e-12)
+        assert int(codes[i]) == eager.retcode and int(iterations[i]) == eager.stats.iterations
+    np.testing.assert_allclose(xs[:, 0], np.sqrt(ps), rtol=1e-8)
+    x, code, _ = jax.jit(run)(4.0)
+    np.testing.assert_allclose(x, looped[0].x, rtol=1e-10, atol=1e-12)
+    assert int(code) == ReturnCode.SUCCESS
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=_id)
+def test_nonfinite_values_fail_with_the_last_finite_iterate(cls):
+    sol = solve(_problem(p=-4.0), CASES[cls].make(), maxiters=50)
+    assert sol.retcode in (ReturnCode.FAILURE, ReturnCode.STALLED), sol.message
+    x = np.asarray(sol.x)
+    assert np.all(np.isfinite(x)) and np.isfinite(sol.objective)
+    assert x[0] <= 1.0 + 1e-5  # never beyond the NaN region's edge
+    np.testing.assert_allclose(sol.objective, _merit(x, -4.0), rtol=1e-12)
+    assert "finite" in sol.message, sol.message
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=_id)
+def test_bad_input_is_refused_naming_the_argument(cls):
+    alg = CASES[cls].make()
+    with pytest.raises(TypeError, match=r"RootProblem: `F\(x, p\)` must return an array "
+                                        r"shaped like x"):
+        solve(RootProblem(lambda x, p: x[:1], X0), alg)
+    with pytest.raises(TypeError, match=r"RootProblem: `x0` must hold real floating-point"):
+        RootProblem(_F, jnp.array([1, 0]))
+    with pytest.raises(ValueError, match="`gtol` is not an option of a RootProblem's solve"):
+        solve(_problem(), alg, gtol=1e-6)
+    with pytest.raises(TypeError, match="`adjoint` must be optsolve.ImplicitAdjoint"):
+        solve(_problem(), alg, adjoint="implicit")
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=_id)
+def test_derivative_equals_finite_differences(cls):
+    """x*(p) for F = (x0^2 - p0, x1 - p1 x0): (sqrt p0, p1 sqrt p0); jacfwd and jacrev
+    against central differences and the closed form."""
+    alg = CASES[cls].make()
+
+    def F(x, p):
+        return jnp.stack([x[0] ** 2 - p[0], x[1] - p[1] * x[0]])
+
+    def root(p):
+        return solve(RootProblem(F, X0, p), alg).x
+
+    p = jnp.array([4.0, 3.0])
+    h = 1e-6
+    fd = np.stack([(np.asarray(root(p + h * e)) - np.asarray(root(p - h * e))) / (2 * h)
+                   for e in np.eye(2)], axis=1)
+    closed = np.array([[0.25, 0.0], [0.75, 2.0]])  # d sqrt(p0) = 1/(2 sqrt p0) dp0
+    for jac in (jax.jacfwd(root)(p), jax.jacrev(root)(p)):
+        np.testing.assert_allclose(jac, fd, rtol=1e-6, atol=1e-8)
+        np.testing.assert_allclose(jac, closed, rtol=1e-8, atol=1e-12)
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=_id)
+def test_callback_stops_and_history_records_every_iterate(cls):
+    alg = CASES[cls].make()
+    seen = []
+    sol = solve(_problem(), alg, maxiters=50, callback=lambda i, x, f: seen.append(i) or i >= 1)
+    assert sol.retcode == ReturnCode.TERMINATED and sol.stats.iterations == seen[-1] == 1
+    sol = solve(_problem(), alg, maxiters=50, history=True)
+    k = sol.stats.iterations
+    objective = np.asarray(sol.history.objective)
+    np.testing.assert_allclose(objective[0], _merit(X0, 4.0), rtol=1e-15)
+    np.testing.assert_allclose(objective[k], sol.objective, rtol=1e-12, atol=1e-30)
+    assert np.all(np.isfinite(objective[: k + 1])) and np.all(np.isnan(objective[k + 1:]))
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=_id)
+def test_float32_in_float32_out_and_no_recompilation_for_new_numbers(cls):
+    alg = CASES[cls].make()
+    sol = solve(_problem(x0=X0.astype(jnp.float32), p=jnp.float32(4.0)), alg)
+    assert np.asarray(sol.x).dtype == np.float32 and sol.retcode == ReturnCode.SUCCESS
+    np.testing.assert_allclose(sol.x, [2.0, 2.0], rtol=1e-5)
+    solve(_problem(p=4.0), alg)
+    moved = X0 + 0.5
+    with count_compilations() as counter:
+        again = solve(_problem(p=9.0, x0=moved), alg)
+    assert counter.count == 0
+    np.testing.assert_allclose(again.x, [3.0, 3.0], rtol=1e-8)
