@@ -1,6 +1,6 @@
 """The contract every root-solving class keeps: every registered class whose traits say it
 solves RootProblems (``solves_roots``; the capability table's
-:func:`~optsolve.solve_api.capabilities.root_form`) x every shared rule below, on one
+:func:`~optsolve.solve_api.root_problem.root_form`) x every shared rule below, on one
 standard system. The matrix of tests/test_contract.py (Rosenbrock minimisation) does not
 apply to the classes that solve RootProblems only; a registered root-solving class without a
 case here fails ``test_every_root_solving_class_has_a_case``.
@@ -23,7 +23,7 @@ import pytest
 
 import optsolve
 from optsolve import ReturnCode, RootProblem, solve
-from optsolve.solve_api.capabilities import root_form
+from optsolve.solve_api.root_problem import root_form
 from optsolve.solve_api.registry import algorithm_classes
 from compile_count import count_compilations
 

@@ -19,6 +19,7 @@ from optsolve.solve_api.cache import BoundedCache
 from optsolve.solve_api.least_squares import LeastSquaresProblem
 from optsolve.solve_api.problem import _check_takes_x_and_p, _check_x0
 from optsolve.solve_api.pytree import pytree_dataclass, static_field, tree_spec
+from optsolve.solve_api.registry import algorithm_classes
 
 PyTree = Any
 
@@ -186,3 +187,30 @@ def derived(problem: RootProblem, **changes: Any) -> RootProblem:
         object.__setattr__(out, field.name, changes.get(field.name,
                                                         getattr(problem, field.name)))
     return out
+
+
+# The root traits of the capability table (capabilities.py checks them)
+
+def root_form(algorithm: Any) -> str | None:
+    """How an algorithm (or class) solves a :class:`~optsolve.RootProblem`, its
+    ``solves_roots`` trait: "field" (a JAX-native root finder, handed the problem's
+    :class:`~optsolve.solve_api.root_problem.RootSystem`), "residuals" (a least-squares
+    method, handed the least-squares problem of F), "scipy" (scipy's ``root``, handed the
+    RootSystem); None where it solves none."""
+    # Algorithm declares no default for these root traits yet: a class without them
+    # solves no root problem
+    cls = algorithm if isinstance(algorithm, type) else type(algorithm)
+    return getattr(cls, "solves_roots", None)
+
+
+def roots_only(algorithm: Any) -> bool:
+    """Whether an algorithm (or class) solves root problems only (its ``roots_only``
+    trait): NewtonRaphson, Broyden, ScipyRoot."""
+    cls = algorithm if isinstance(algorithm, type) else type(algorithm)
+    return bool(getattr(cls, "roots_only", False))
+
+
+def root_solver_names() -> str:
+    """The registered classes that solve root problems, by name."""
+    names = [c.__name__ for c in algorithm_classes() if root_form(c) is not None]
+    return ", ".join(names) if names else "(none installed)"

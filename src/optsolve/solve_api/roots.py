@@ -44,15 +44,14 @@ from optsolve.solve_api.adjoint import (
     ImplicitAdjoint, UnrolledAdjoint, _closes_over_tracers, _instantiated, _is_array_leaf,
     _perturbed, _zero_tangent,
 )
-from optsolve.solve_api.capabilities import (
-    check_capabilities, resume_point, root_form, root_solver_names,
-)
+from optsolve.solve_api.capabilities import check_capabilities, resume_point
 from optsolve.solve_api.options import as_callback, make_options
 from optsolve.solve_api.pytree import is_traced, replace
 from optsolve.solve_api.registry import as_algorithm, backend_for
 from optsolve.solve_api.returncode import ReturnCode
 from optsolve.solve_api.root_problem import (
-    RootField, RootProblem, check_root_function, derived, residual_problem, root_system,
+    RootField, RootProblem, check_root_function, derived, residual_problem, root_form,
+    root_solver_names, root_system,
 )
 from optsolve.solve_api.solution import Solution
 

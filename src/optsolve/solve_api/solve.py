@@ -22,6 +22,8 @@ from optsolve.solve_api.problem import OptimizationProblem
 from optsolve.solve_api.pytree import FlatInputs, is_traced, replace
 from optsolve.solve_api.registry import algorithm_classes, as_algorithm, backend_for
 from optsolve.solve_api.returncode import ReturnCode
+from optsolve.solve_api.root_problem import RootProblem
+from optsolve.solve_api.roots import solve_root
 from optsolve.solve_api.solution import History, Solution, Stats
 from optsolve.solve_api.stages import (Call, Maximisation, ModelSplit, Multipliers,
                                        SavedResume, ScipyForms, Stage, StartProjection)
@@ -230,6 +232,8 @@ def solve(problem: OptimizationProblem, algorithm: Any, *, maxiters: int | None 
       >>> prob = optsolve.OptimizationProblem(lambda x, p: jnp.sum((x - p) ** 2), jnp.zeros(2), 1.0)
       >>> sol = optsolve.solve(prob, optsolve.Adam(0.1), maxiters=500)
     """
+    if isinstance(problem, RootProblem):  # root finding's own path (solve_api/roots.py)
+        return solve_root(**locals())
     if not isinstance(problem, OptimizationProblem):
         raise TypeError(
             f"solve: `problem` must be an optsolve.OptimizationProblem, got {type(problem).__name__}."
