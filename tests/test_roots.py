@@ -312,3 +312,49 @@ def test_pytree_x_and_replace():
                                                                                   [2.0])
     sol = solve(prob.replace(p=9.0), optsolve.Broyden())
     np.testing.assert_allclose(sol.x["b"], [3.0], rtol=1e-8)
+
+
+# ------------------------------------------------------------------ ScipyRoot's methods
+
+SCIPY_KNOWN_BAD = {  # test_nonlin.py's KNOWN_BAD: scipy's own methods that fail there
+    "F2": ("linearmixing", "excitingmixing"),
+    "F4_powell": ("linearmixing", "excitingmixing", "diagbroyden"),
+    "F5": ("excitingmixing", "linearmixing", "diagbroyden"),
+    "F6": ("excitingmixing", "linearmixing", "diagbroyden"),
+}
+NONLIN_METHODS = ["anderson", "diagbroyden", "linearmixing", "excitingmixing", "broyden1",
+                  "broyden2", "krylov"]
+
+
+@pytest.mark.parametrize("method", ["hybr", "lm"])
+def test_scipy_root_pressure_network(method):
+    """TestRootHybr / TestRootLM.test_pressure_network_no_gradient (here with JAX's
+    Jacobian): assert_array_almost_equal(final_flows, ones(4))."""
+    prob = RootProblem(pressure_network, jnp.array([2.0, 0.0, 2.0, 0.0]),
+                       (4.0, jnp.full(4, 0.5)))
+    sol = solve(prob, optsolve.ScipyRoot(method))
+    assert sol.retcode == ReturnCode.SUCCESS, sol.message
+    np.testing.assert_array_almost_equal(sol.x, np.ones(4))
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # diagbroyden divides by zero inside
+@pytest.mark.parametrize("method", NONLIN_METHODS)
+def test_scipy_root_problem_root(method):
+    """TestNonlin.test_problem_root: each of test_nonlin's problems with each nonlin method
+    (but its KNOWN_BAD), ftol 1e-2, maxiter 200: max|F(x)| < 1e-2."""
+    for problem, (F, xin) in NONLIN.items():
+        if method in SCIPY_KNOWN_BAD.get(problem, ()):
+            continue
+        sol = solve(RootProblem(F, jnp.asarray(xin, jnp.float64)), optsolve.ScipyRoot(method),
+                    ftol=1e-2, maxiters=200)
+        assert sol.retcode == ReturnCode.SUCCESS, (problem, sol.message)
+        assert _max_abs(F, sol.x) < 1e-2, problem
+
+
+def test_scipy_root_options_solve_owns_are_refused():
+    with pytest.raises(TypeError, match="`xtol` is not an option here"):
+        optsolve.ScipyRoot("hybr", xtol=1e-3)
+    with pytest.raises(ValueError, match="`method` must be one of 'hybr'"):
+        optsolve.ScipyRoot("newton")
+    assert repr(optsolve.ScipyRoot("anderson", jac_options={"M": 3})) == \
+        "ScipyRoot(method='anderson', jac_options={'M': 3})"

@@ -135,9 +135,10 @@ def solve_root(problem: RootProblem, algorithm: Any, options: dict[str, Any] | N
         metrics=keywords.get("metrics"), evaluate=keywords.get("evaluate"),
         eval_every=keywords.get("eval_every", 1), keep=keywords.get("keep", "last"),
         **options)
-    if form == "field":
-        # the driver's gradient test on F is the root test; its ftol / xtol tests are off
-        opts = replace(opts, gtol=ftol, ftol=None, xtol=None)
+    if form in ("field", "scipy"):
+        # the driver's gradient test on F is the root test (ScipyRoot: scipy's fatol); the
+        # driver's ftol / xtol tests are off
+        opts = replace(opts, gtol=tol if form == "scipy" else ftol, ftol=None, xtol=None)
     elif form == "residuals":
         opts = replace(opts, ftol=None)  # ftol is the root's, not the relative reduction's
     if opts.history == -1:
