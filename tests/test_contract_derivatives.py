@@ -19,6 +19,19 @@ import pytest
 from optsolve import Constraint, OptimizationProblem, solve
 from test_contract import BOX, CASES, CLASSES, _caps, _id, problem_for
 
+# what solve says to a scalar class (trait scalar_only) given an x0 of more than one number
+_SCALAR_ONLY = "minimises over one scalar, so `x0` must be a 0-d float array"
+
+
+def _tracking(x, lam):
+    """A scalar class's form of :func:`_partial`: x = {"a": one scalar} tracks lam."""
+    return (x["a"] - lam) ** 2
+
+
+def _bounded_scalar(x, p):
+    """A scalar class's form of :func:`_bounded`: its first coordinate."""
+    return (x - 3.0) ** 2
+
 pytestmark = pytest.mark.filterwarnings(
     "ignore:`optimistic_adam` is deprecated:DeprecationWarning",
     "ignore:optsolve. differentiating a solution whose retcode:RuntimeWarning")
@@ -48,6 +61,16 @@ def test_a_leaf_of_x_that_does_not_depend_on_p(cls):
         prob = problem_for(cls, _partial, _partial_residuals, X0_PARTIAL, lam, bounds)
         return solve(prob, alg, maxiters=CASES[cls].iterations).x
 
+    if CASES[cls].scalar:
+        # refused; its one scalar tracks lam (x = {"a": x_a}): dx_a/dlam = 1 both ways
+        with pytest.raises(ValueError, match=_SCALAR_ONLY):
+            run(0.5)
+        def scalar(lam):
+            prob = OptimizationProblem(_tracking, {"a": jnp.array(0.0)}, lam, bounds=bounds)
+            return solve(prob, alg).x["a"]
+        for mode in (jax.jacrev, jax.jacfwd):
+            np.testing.assert_allclose(mode(scalar)(0.5), 1.0, atol=1e-8)
+        return
     expected = {"a": np.ones(2), "b": np.zeros(1)}
     for mode in (jax.jacrev, jax.jacfwd):
         got = mode(run)(0.5)
@@ -83,6 +106,10 @@ def test_a_leaf_of_x_that_f_ignores(cls):
         x = solve(prob, alg, maxiters=CASES[cls].iterations).x
         return jnp.sum(x["a"]) + jnp.sum(x["u"])
 
+    if CASES[cls].scalar:  # x of one scalar has no second leaf for f to ignore: refused
+        with pytest.raises(ValueError, match=_SCALAR_ONLY):
+            outer(0.5)
+        return
     with pytest.warns(RuntimeWarning, match="linear system is singular"):
         reverse = jax.grad(outer)(0.5)
     np.testing.assert_allclose(reverse, 2.0, rtol=1e-8)
@@ -112,6 +139,17 @@ def test_derivatives_with_respect_to_a_bound(cls):
                            bounds=(lower, jnp.stack([u, 2.0])))
         sol = solve(prob, alg, maxiters=300)
         return sol.x, sol.objective
+
+    if CASES[cls].scalar:
+        # refused; its scalar form, min (x - 3)^2 on [lower, u]: x* = u, dx*/du = 1,
+        # df*/du = 2 (u - 3) = -4, nothing from the lower bound (not active)
+        with pytest.raises(ValueError, match=_SCALAR_ONLY):
+            run(-2.0, 1.0)
+
+        def run(lower, u):  # noqa: F811
+            prob = OptimizationProblem(_bounded_scalar, jnp.array(0.0), bounds=(lower, u))
+            sol = solve(prob, alg, maxiters=300)
+            return jnp.stack([sol.x, jnp.zeros(())]), sol.objective
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)

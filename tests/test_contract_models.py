@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 
 from optsolve import OptimizationProblem, solve
-from test_contract import BOX, CASES, CLASSES, X0, _id, _objective, _problem, pytestmark  # noqa: F401
+from test_contract import (  # noqa: F401
+    BOX, CASES, CLASSES, X0, _id, _objective, _problem, _start, pytestmark,
+)
 
 
 class Counting:
@@ -34,10 +36,18 @@ def _trained(leaf) -> bool:
     return isinstance(leaf, jax.Array) and leaf.ndim == 1
 
 
+def _trained_scalar(leaf) -> bool:
+    """A scalar class's model trains its one 0-d float64 leaf (its scale is float32)."""
+    return isinstance(leaf, jax.Array) and leaf.ndim == 0 and leaf.dtype == jnp.float64
+
+
 def _model_problem(cls, f):
-    model = Counting(X0, jnp.asarray(1.0), jnp.zeros((), jnp.int32))
+    scalar = CASES[cls].scalar
+    scale = jnp.asarray(1.0, jnp.float32 if scalar else None)
+    model = Counting(_start(cls), scale, jnp.zeros((), jnp.int32))
     bounds = BOX if CASES[cls].box else None
-    return OptimizationProblem(f, model, 10.0, trainable=_trained, bounds=bounds)
+    trainable = _trained_scalar if scalar else _trained
+    return OptimizationProblem(f, model, 10.0, trainable=trainable, bounds=bounds)
 
 
 @pytest.mark.parametrize("cls", CLASSES, ids=_id)
