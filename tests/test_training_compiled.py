@@ -168,6 +168,31 @@ def test_stops_under_jit_equal_the_eager_run():
                                      2, steps=5))
 
 
+def test_stops_under_vmap_equal_each_members_own_run():
+    # members stop at different steps (a NaN sample in one copy of the data, a callback
+    # stop in another) or not at all: each equals its own run, which the loop gives
+    first, second = (np.asarray(o).tolist() for o in orders(KEY, 2))
+    sample = next(i for i in first[80:] if second.index(i) < 80)
+    nan_at = jnp.array([jnp.inf, float(sample), jnp.inf])  # the sample made NaN, per member
+    b0 = jnp.array([0.0, 0.0, 100.0])  # the callback stops at step 3 where |b| > 50
+
+    def run(nan_sample, b_start):
+        bad = jnp.where(jnp.arange(96)[:, None] == nan_sample, jnp.nan, FEATURES)
+        return solve(PROBLEM.replace(x0={"w": jnp.zeros(4), "b": b_start}),
+                     optsolve.Adam(0.05), data=(bad, LABELS), batch_size=BATCH, key=KEY,
+                     epochs=2, callback=lambda k, x, f: (k >= 3) & (jnp.abs(x["b"]) > 50))
+
+    together = jax.jit(jax.vmap(run))(nan_at, b0)
+    codes = [ReturnCode.MAXITERS, ReturnCode.FAILURE, ReturnCode.TERMINATED]
+    for i in range(3):
+        alone = jax.jit(run)(nan_at[i], b0[i])
+        assert int(together.retcode[i]) == int(alone.retcode) == codes[i]
+        assert int(together.stats.iterations[i]) == int(alone.stats.iterations)
+        assert_close(jax.tree_util.tree_map(lambda a: a[i], together.x), alone.x)
+        assert_close(jax.tree_util.tree_map(lambda a: a[i], together.state), alone.state)
+    assert int(together.stats.iterations[2]) == 3
+
+
 def test_resume_on_shuffled_data_continues_exactly_under_jit():
     run = dict(data=DATA, batch_size=BATCH, key=KEY)
     whole = solve(PROBLEM, optsolve.Adam(0.05), epochs=3, **run)

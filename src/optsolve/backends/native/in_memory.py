@@ -24,9 +24,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from optsolve.backends.native.driver import running, stream_loop
+from optsolve.backends.native.driver import running, stopped_at, stream_loop
 from optsolve.backends.native.objective import Objective
-from optsolve.backends.native.rules import INT
+from optsolve.backends.native.rules import INT, select
 from optsolve.solve_api.loops import Loop as LoopRunner
 from optsolve.solve_api.loops import while_loop
 from optsolve.solve_api.options import InMemoryData, SolveOptions
@@ -83,20 +83,34 @@ def run_in_memory(make_solver, problem: OptimizationProblem, algorithm: Any,
     adjoint's; a while loop by default). A run whose data ran out (``in_memory.steps``
     taken) ends with MAXITERS, as an eager one does."""
     data: InMemoryData = options.in_memory
-    parts = stream_loop(make_solver(algorithm, problem), problem, options, guarded=True)
+    solver = make_solver(algorithm, problem)
+    # Under the adjoint's loop (differentiated) a step that stops the run applies no update;
+    # the plain loop lets every step update (a conditional per step costs more than the
+    # step's bookkeeping) and, where the run stopped, runs its steps again up to the stop.
+    replays = loop is None
+    parts = stream_loop(solver, problem, options, guarded=not replays)
     head = jax.tree_util.tree_map(lambda a: a[:data.batch_size], data.arrays)
     carry = parts.init(_on_batch(problem, head))
     first_epoch = (carry.base.iterations // data.batches_per_epoch).astype(INT)
     orders = epoch_orders(data, first_epoch)
 
-    def more(c):
-        return running(c) & (c.iteration < data.steps)
+    def stepping(parts):
+        def step(c):
+            batch = batch_at(data, orders, c.base.iterations + c.iteration, first_epoch)
+            return parts.step(c, _on_batch(problem, batch))
+        return step
 
-    def step(c):
-        batch = batch_at(data, orders, c.base.iterations + c.iteration, first_epoch)
-        return parts.step(c, _on_batch(problem, batch))
-
-    final = (while_loop if loop is None else loop)(more, step, carry)
+    final = (while_loop if loop is None else loop)(
+        lambda c: running(c) & (c.iteration < data.steps), stepping(parts), carry)
+    if replays:
+        # silent (no callback), and only where a step stopped the run before its update
+        # counted (a callback's stop keeps the update): no steps otherwise
+        quiet = stream_loop(solver, problem, replace(options, replay=jnp.ones((), bool)))
+        stopped = ~running(final) & (final.status != int(ReturnCode.TERMINATED))
+        replayed = while_loop(lambda c: stopped & (c.iteration < final.iteration),
+                              stepping(quiet), carry)
+        final = select(stopped, stopped_at(replayed, final)._replace(record=final.record),
+                       final)
     solution = parts.finish(final)
     ran_out = solution.retcode == RUNNING
     return replace(solution, retcode=jnp.where(ran_out, int(ReturnCode.MAXITERS),
