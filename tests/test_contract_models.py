@@ -12,7 +12,7 @@ import pytest
 
 from optsolve import OptimizationProblem, solve
 from test_contract import (  # noqa: F401
-    BOX, CASES, CLASSES, X0, _id, _objective, _problem, _start, pytestmark,
+    BOX, CASES, CLASSES, _id, _objective, _problem, _start, pytestmark,
 )
 
 
