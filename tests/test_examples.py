@@ -114,3 +114,10 @@ def test_minibatch_training_under_vmap_and_grad(tmp_path):
     # the learning rate learned through the minibatch training lowered the held-out loss
     assert result["learned_validation"] < result["initial_validation"]
     assert result["learned_rate"] > 0.05
+
+
+def test_multistart_basins_finds_rastrigins_global_minimum(tmp_path):
+    result = load("multistart_basins").main(small=True, out=tmp_path)
+    assert Path(result["plot"]).stat().st_size > 10_000
+    assert result["objective"] < 1e-10 < 1.0 < result["single_objective"]
+    assert result["global_runs"] >= 1 and result["basins"] > 10
