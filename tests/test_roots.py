@@ -358,3 +358,17 @@ def test_scipy_root_options_solve_owns_are_refused():
         optsolve.ScipyRoot("newton")
     assert repr(optsolve.ScipyRoot("anderson", jac_options={"M": 3})) == \
         "ScipyRoot(method='anderson', jac_options={'M': 3})"
+
+
+@pytest.mark.parametrize("name", ["NewtonRaphson", "Broyden"])
+def test_vmap_over_singular_and_regular_starts_equals_a_loop(name):
+    """Under vmap the steps take the SVD only where some element's Jacobian needs it (a
+    singular start here, a regular one beside it): each element as its own solve."""
+    p = (4.0, jnp.array([0.5, 1.0, 2.0, 4.0]))
+    starts = jnp.array([[2.0, 0.0, 2.0, 0.0], [1.5, 1.0, 0.8, 0.7], [1.0, 1.0, 1.0, 1.0]])
+    alg = ALGORITHMS[name]()
+    batched = jax.vmap(lambda x0: solve(RootProblem(pressure_network, x0, p), alg).x)(starts)
+    for x0, x in zip(starts, batched):
+        alone = solve(RootProblem(pressure_network, x0, p), alg)
+        assert alone.retcode == ReturnCode.SUCCESS, alone.message
+        np.testing.assert_allclose(x, alone.x, rtol=1e-10, atol=1e-12)

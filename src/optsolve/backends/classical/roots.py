@@ -23,6 +23,7 @@ from typing import Any, ClassVar, NamedTuple
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.custom_batching import custom_vmap
 from jax.flatten_util import ravel_pytree
 
 from optsolve.backends.classical.descent import (
@@ -104,7 +105,7 @@ def _backtrack(field: _Field, x: Array, F: Array, d: Array, slope: Array, c1: An
     return inner_while_loop(cond, body, start, max_trials)
 
 
-def _model_step(jac: Array, F: Array, mu: Array) -> tuple[Array, Array, Array]:
+def _model_step(jac: Array, F: Array, mu: Array) -> tuple[Array, Array]:
     """The step of the linear model ``F + J d = 0``, damped by ``mu``.
 
     The variables are scaled by J's column norms D (MINPACK's scaling, Moré 1978): with
@@ -113,22 +114,63 @@ def _model_step(jac: Array, F: Array, mu: Array) -> tuple[Array, Array, Array]:
     regular and mu = 0, whatever the scaling; the least-squares step of least scaled norm
     where J is singular; and, scaled, the columns of a badly scaled J (Powell's problem:
     1e4 against 1e-2) do not hide a regular direction below the rounding cut-off. mu is in
-    units of ``s_1^2``, the scaled J's largest squared singular value.
+    units of ``s_1^2``, the scaled J's largest squared singular value. Where mu = 0 and the
+    scaled J is well conditioned (its LU factors' pivots within sqrt(eps) of each other),
+    the same Newton step comes from an LU factorisation, an order of magnitude cheaper
+    than the SVD (:func:`_scaled_step`).
 
     Returns:
-      (d, the model's slope of the merit along d, ``F^T J d``, and ``s_1^2``).
+      (d, the model's slope of the merit along d, ``F^T J d``).
     """
     colnorm = jnp.sqrt(jnp.sum(jnp.square(jac), axis=0))
     scale_x = jnp.where(colnorm > 0, colnorm, 1.0)
-    u, s, vt = jnp.linalg.svd(jac / scale_x[None, :])
-    eps = jnp.finfo(jac.dtype).eps
-    kept = s > eps * jac.shape[0] * s[0]
+    e, slope = _scaled_step(jac / scale_x[None, :], F, mu)
+    return e / scale_x, slope
+
+
+def _svd_step(scaled: Array, F: Array, mu: Array) -> tuple[Array, Array]:
+    u, s, vt = jnp.linalg.svd(scaled)
+    eps = jnp.finfo(scaled.dtype).eps
+    kept = s > eps * scaled.shape[0] * s[0]
     c = u.T @ F
     denominator = jnp.square(s) + mu * jnp.square(s[0])
     coef = jnp.where(kept, s * c / jnp.where(kept, denominator, 1.0), 0.0)
-    d = -(vt.T @ coef) / scale_x
     slope = -jnp.sum(jnp.where(kept, s * c * coef, 0.0))  # F^T J d = -sum s c coef
-    return d, slope, jnp.square(s[0])
+    return -(vt.T @ coef), slope
+
+
+def _lu_step(scaled: Array, F: Array, mu: Array) -> tuple[Array, Array, Array]:
+    """The undamped Newton step by LU, its slope, and whether it stands for the SVD's: mu
+    is 0, the step is finite and the pivots are within sqrt(eps) of each other."""
+    lu, piv = jax.scipy.linalg.lu_factor(scaled)
+    e = jax.scipy.linalg.lu_solve((lu, piv), -F)
+    pivots = jnp.abs(jnp.diagonal(lu))
+    eps = jnp.finfo(scaled.dtype).eps
+    fits = (mu == 0) & jnp.all(jnp.isfinite(e)) & (
+        jnp.min(pivots) > jnp.sqrt(eps) * jnp.max(pivots))
+    return e, jnp.dot(F, scaled @ e), fits
+
+
+@custom_vmap
+def _scaled_step(scaled: Array, F: Array, mu: Array) -> tuple[Array, Array]:
+    """The step in the scaled variables: LU where it fits, else the SVD's."""
+    e, slope, fits = _lu_step(scaled, F, mu)
+    return lax.cond(fits, lambda: (e, slope), lambda: _svd_step(scaled, F, mu))
+
+
+@_scaled_step.def_vmap
+def _scaled_step_batched(axis_size, in_batched, scaled, F, mu):
+    # Batched (vmap over problems), a cond per element would run both branches for all:
+    # the SVDs run only where some element needs one
+    scaled, F, mu = (a if batched else jnp.broadcast_to(a, (axis_size,) + jnp.shape(a))
+                     for a, batched in zip((scaled, F, mu), in_batched))
+    e, slope, fits = jax.vmap(_lu_step)(scaled, F, mu)
+
+    def with_svd():
+        e_svd, slope_svd = jax.vmap(_svd_step)(scaled, F, mu)
+        return (jnp.where(fits[:, None], e, e_svd), jnp.where(fits, slope, slope_svd))
+
+    return lax.cond(jnp.all(fits), lambda: (e, slope), with_svd), (True, True)
 
 
 class _RootState(NamedTuple):
@@ -188,7 +230,7 @@ class _RootSolver(SteppingSolver):
         xf, unravel = ravel_pytree(x)
         Ff = ravel_pytree(g)[0].astype(self.dtype)  # the gradient field is F
         jac, fresh, jac_evals = self.model(field, state, xf)
-        d, slope, _ = _model_step(jac, Ff, state.mu)
+        d, slope = _model_step(jac, Ff, state.mu)
         found = _backtrack(field, xf, Ff, d, slope, self.alg.c1, self.alg.max_trials)
         accepted = found.accepted
         x_new = jnp.where(accepted, found.x, xf)
