@@ -121,3 +121,9 @@ def test_a_run_ends_successfully_on_rastrigin_10d():
     sol = solve(problem, ScipyGlobal("differential_evolution", rng=1, vectorized=True))
     assert sol.retcode == ReturnCode.SUCCESS
     assert sol.original.nfev < sol.stats.f_evals / 50
+
+
+def test_vectorized_must_be_a_flag():
+    with pytest.raises(TypeError, match=r"`vectorized` must be True or False, got "
+                                        r"vectorized='yes'"):
+        ScipyGlobal("differential_evolution", vectorized="yes")
