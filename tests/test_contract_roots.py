@@ -193,3 +193,17 @@ def test_float32_in_float32_out_and_no_recompilation_for_new_numbers(cls):
         again = solve(_problem(p=9.0, x0=moved), alg)
     assert counter.count == 0
     np.testing.assert_allclose(again.x, [3.0, 3.0], rtol=1e-8)
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=_id)
+def test_resume_continues_the_run_or_is_refused(cls):
+    alg = CASES[cls].make()
+    first = solve(_problem(), alg, maxiters=1)
+    if CASES[cls].host:
+        with pytest.raises(ValueError, match="cannot resume"):
+            solve(_problem(), alg, maxiters=1, resume=first)
+        return
+    second = solve(_problem(), alg, maxiters=1, resume=first)
+    whole = solve(_problem(), alg, maxiters=2)
+    np.testing.assert_allclose(second.x, whole.x, rtol=1e-12, atol=1e-14)
+    assert second.stats.iterations == whole.stats.iterations == 2

@@ -10,10 +10,11 @@ keeps the last finite iterate, and callbacks, history (``grad_norm`` = ``max|F|`
 and maxtime work as for every other JAX-native method. Solvers work on flat vectors
 (``jax.flatten_util.ravel_pytree``), so any pytree x works.
 
-Steps solve the linear model by the singular value decomposition of the (approximate)
-Jacobian: a singular or rank-deficient Jacobian, at the start (scipy's pressure-network
-test) or on the way, gets the minimum-norm least-squares step, never NaN; where a line
-search finds no decrease, the next step is damped, Levenberg-style.
+Steps solve the linear model of the (approximate) Jacobian, scaled by its column norms: by
+LU where it is well conditioned, else by its singular value decomposition, so that a
+singular or rank-deficient Jacobian, at the start (scipy's pressure-network test) or on the
+way, gets the least-squares step of least scaled norm, never NaN; where a line search finds
+no decrease, the next step is damped, Levenberg-style.
 """
 
 from __future__ import annotations
@@ -296,9 +297,10 @@ class NewtonRaphson(_RootAlgorithm):
     the merit ``0.5 |F|^2`` for global convergence.
 
     Each iteration takes the Jacobian ``J = dF/dx`` at x (``jax.jacfwd``: n forward passes)
-    and the step ``d = -J^-1 F`` from J's singular value decomposition; a singular or
-    rank-deficient J gets the minimum-norm least-squares step ``-J^+ F`` (scipy's
-    pressure-network test starts at one). The step length backtracks from 1 until
+    and the step ``d = -J^-1 F``, with the variables scaled by J's column norms (MINPACK's
+    scaling): by LU where the scaled J is well conditioned, else from its singular value
+    decomposition, so that a singular or rank-deficient J gets the least-squares step of
+    least scaled norm, never NaN (scipy's pressure-network test starts at one). The step length backtracks from 1 until
     ``phi(a) <= phi(0) + c1 a phi'(0)``, with ``phi(a) = 0.5 |F(x + a d)|^2`` (Dennis &
     Schnabel, *Numerical Methods for Unconstrained Optimization and Nonlinear Equations*,
     1983, §6.5 and Algorithm A6.3.1). Where no step length decreases the merit, x stays and
@@ -362,7 +364,8 @@ class Broyden(_RootAlgorithm):
     equations", *Mathematics of Computation* 19, 1965, pp. 577-593).
 
     B starts as the true Jacobian at x0 (``jax.jacfwd``). Each iteration steps along
-    ``d = -B^-1 F`` (the minimum-norm least-squares step where B is singular, by its SVD),
+    ``d = -B^-1 F`` (as in :class:`NewtonRaphson`: the least-squares step of least scaled
+    norm where B is singular),
     backtracks from the unit step until ``phi(a) <= phi(0) + c1 a phi'(0)`` with the
     model's slope ``phi'(0) = F^T B d``, and updates
     ``B+ = B + (y - B s) s^T / (s^T s)`` with ``s = x+ - x``, ``y = F(x+) - F(x)``. Where the
