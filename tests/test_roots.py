@@ -218,6 +218,18 @@ def test_derivative_matches_the_closed_form(name):
     np.testing.assert_allclose(closed_over, 2 * 8.0 ** (-2 / 3) / 3, rtol=1e-8)
 
 
+@pytest.mark.parametrize("name", ["NewtonRaphson", "Broyden"])
+def test_second_derivative_matches_the_closed_form(name):
+    """d^2/dp^2 p^(1/3) = -2/9 p^(-5/3): the rule differentiates itself again."""
+    def root(p):
+        return solve(RootProblem(lambda x, q: x ** 3 - q, jnp.ones(1), p),
+                     ALGORITHMS[name]()).x[0]
+
+    np.testing.assert_allclose(jax.hessian(root)(8.0), -2 / 9 * 8.0 ** (-5 / 3), rtol=1e-7)
+    np.testing.assert_allclose(jax.jacfwd(jax.grad(root))(8.0), -2 / 9 * 8.0 ** (-5 / 3),
+                               rtol=1e-7)
+
+
 def test_derivative_of_the_pressure_network_matches_finite_differences():
     """Nonsymmetric Jacobian: reverse mode transposes it (not the symmetric rule of a
     minimiser's Hessian)."""

@@ -335,7 +335,9 @@ def _differentiated(adjoint: Any, run: Any, problem: RootProblem, algorithm: Any
                 "solve: a root is being differentiated with respect to the algorithm's own "
                 f"hyperparameters ({type(algorithm).__name__}); at a root x* does not depend "
                 "on them. Differentiate with respect to the problem's p.")
-        leaves = primal(problem, algorithm, options)
+        # the primal through the rule itself: a second derivative differentiates this rule
+        # again (not the iterations)
+        leaves = differentiable(problem, algorithm, options)
         solution = rebuilt(leaves)
         code = solution.retcode
         if isinstance(code, jax.core.Tracer):
