@@ -192,7 +192,7 @@ def solve(problem: OptimizationProblem, algorithm: Any, *, maxiters: int | None 
       data: train on data: the objective is then ``f(x, p, batch)``. Either an iterable of
         batches (any pytrees of numpy or JAX arrays: a list, a generator, a data loader;
         up to 32 batches of one shape, at most 64 MiB, run per compiled call), or, with
-        ``batch_size``, a pytree of in-memory arrays sharing a leading dimension (up to 8
+        ``batch_size``, a pytree of in-memory arrays sharing a leading dimension (up to 16
         epochs per compiled call, each a permutation of the data cut into batches). The run
         stops at ``maxiters`` steps, after ``epochs`` passes (default 1), or when the
         iterable is exhausted (MAXITERS: the budget is used up). ``sol.objective`` is then
@@ -255,7 +255,7 @@ def solve(problem: OptimizationProblem, algorithm: Any, *, maxiters: int | None 
                            keep=keep, **options),
                       checkpoint, checkpoint_every, nonfinite, max_consecutive_skips,
                       on_data=data is not None, finish=finish),
-              StartProjection(), Multipliers(), Batches(data, batch_size, key, epochs)]
+              Batches(data, batch_size, key, epochs), StartProjection(), Multipliers()]
     call = enter_stages(stages, Call(problem, resume, as_callback(callback), metrics, evaluate,
                                      as_algorithm(algorithm), adjoint=adjoint))
     return finish(_run(call))

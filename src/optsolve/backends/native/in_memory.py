@@ -54,19 +54,24 @@ def epoch_orders(data: InMemoryData, first_epoch: jax.Array) -> jax.Array | None
         lambda e: jax.random.permutation(jax.random.fold_in(data.key, e), size)[:used])(epochs)
 
 
+def rows_of(arrays: PyTree, order: jax.Array | None, index: jax.Array,
+            batch_size: int) -> PyTree:
+    """Batch ``index`` of an epoch of ``arrays``: the rows ``order[index * batch_size :
+    (index + 1) * batch_size]``, or those rows in place where ``order`` is None."""
+    start = index * batch_size
+    if order is None:
+        return jax.tree_util.tree_map(
+            lambda a: lax.dynamic_slice_in_dim(a, start, batch_size), arrays)
+    rows = lax.dynamic_slice_in_dim(order, start, batch_size)
+    return jax.tree_util.tree_map(lambda a: jnp.take(a, rows, axis=0), arrays)
+
+
 def batch_at(data: InMemoryData, orders: jax.Array | None, step: jax.Array,
              first_epoch: jax.Array) -> PyTree:
     """The batch of stream step ``step`` (``orders`` from :func:`epoch_orders`)."""
-    per_epoch, size = data.batches_per_epoch, data.batch_size
-    epoch, index = jnp.divmod(step, per_epoch)
-    start = index * size
-    if orders is None:
-        batch = jax.tree_util.tree_map(
-            lambda a: lax.dynamic_slice_in_dim(a, start, size), data.arrays)
-    else:
-        rows = lax.dynamic_slice_in_dim(
-            lax.dynamic_index_in_dim(orders, epoch - first_epoch, keepdims=False), start, size)
-        batch = jax.tree_util.tree_map(lambda a: jnp.take(a, rows, axis=0), data.arrays)
+    epoch, index = jnp.divmod(step, data.batches_per_epoch)
+    batch = rows_of(data.arrays, None if orders is None else lax.dynamic_index_in_dim(
+        orders, epoch - first_epoch, keepdims=False), index, data.batch_size)
     if data.sharding is not None:  # each device takes its share of the batch
         batch = jax.tree_util.tree_map(
             lambda b: lax.with_sharding_constraint(b, data.sharding), batch)

@@ -42,6 +42,7 @@ from optsolve.backends.native.training_steps import (
     Chunk, FlatCarry, Prepared, chunk_of_batches, epochs_chunk, init_carry, run_solution,
     stand_in_carry,
 )
+from optsolve.solve_api.cache import BoundedCache
 from optsolve.solve_api.host import advance_progress, interrupt_requested
 from optsolve.solve_api.options import DataSpec, SolveOptions
 from optsolve.solve_api.problem import OptimizationProblem
@@ -52,11 +53,22 @@ from optsolve.solve_api.solution import History, Solution, Stats
 PyTree = Any
 CHUNK = 32  # the most batches of an iterable run per compiled call
 CHUNK_BYTES = 64 * 2 ** 20  # ... and the most bytes of stacked batches per call
-EPOCH_SLOTS = 8  # epochs of in-memory data run per compiled call
+EPOCH_SLOTS = 16  # the most epochs of in-memory data run per compiled call, ...
+ORDER_SAMPLES = 2 ** 16  # ... and the most samples in their orders (each call draws all)
 # Chunks are also sized by time, so that a Ctrl-C (seen between chunks, with two in flight)
-# and the progress bar respond within about 0.3 s: the first takes a few steps, each later
-# one about this long, from the steps per second of the chunk read before it.
+# and the progress bar respond within about 0.3 s: each takes about this long, from the
+# seconds per step last read for its compiled call (in this run or an earlier one); the
+# first of a call never run before takes a few steps.
 _FIRST_STEPS, _CHUNK_SECONDS = 16, 0.15
+_SECONDS_PER_STEP = BoundedCache(64)  # keyed on the compiled call (its cache holds 64 too)
+
+
+def _steps_in(seconds: float, per_step: float | None) -> int:
+    """The steps that take about ``seconds`` at ``per_step`` seconds each (a few where not
+    known yet)."""
+    if per_step is None:
+        return _FIRST_STEPS
+    return int(min(max(seconds / max(per_step, 1e-9), 1), 2 ** 24))
 
 
 @functools.cache
@@ -127,7 +139,7 @@ class _IterableChunks:
 
 
 class _Epochs:
-    """Chunks of up to ``EPOCH_SLOTS`` epochs of in-memory data (one epoch with ``maxtime``,
+    """Chunks of up to ``slots`` epochs of in-memory data (one epoch with ``maxtime``,
     which the host checks between chunks). ``position``: the steps an earlier run took
     (``resume``), so that the stream continues at its epoch and batch; ``epochs`` passes
     from there."""
@@ -190,7 +202,9 @@ def run_training(make_solver, problem: OptimizationProblem, algorithm: Any,
             lambda a: jax.ShapeDtypeStruct((spec.batch_size,) + a.shape[1:], a.dtype),
             spec.source)
         carry = start(first)
-        slots = 1 if options.maxtime is not None else EPOCH_SLOTS
+        size = jax.tree_util.tree_leaves(spec.source)[0].shape[0]
+        slots = 1 if options.maxtime is not None else max(
+            1, min(EPOCH_SLOTS, ORDER_SAMPLES // size))
         resumed = options.resume.stats.iterations if options.resume is not None else None
         source = _Epochs(spec, compiled(epochs_chunk, spec.batch_size, slots), slots,
                          int(resumed or 0))
@@ -205,7 +219,9 @@ def run_training(make_solver, problem: OptimizationProblem, algorithm: Any,
                                  chunk_length(first))
 
     recent: list[_Dispatched] = []   # the last two chunks dispatched
-    budget, read_at = _FIRST_STEPS, started  # steps of the next chunk; the last status read
+    timing = getattr(source.run, "func", source.run)  # the compiled call, which its speed
+    # steps of the next chunk; the last status read
+    budget, read_at = _steps_in(_CHUNK_SECONDS, _SECONDS_PER_STEP.get(timing)), started
     records: list[tuple] = []        # with history: each chunk's records and step count
     dispatched = 0
     interrupted = out_of_time = False
@@ -240,7 +256,8 @@ def run_training(make_solver, problem: OptimizationProblem, algorithm: Any,
                 now = time.perf_counter()
                 steps = int(recent[1].start) - int(recent[0].start)
                 per_step = (now - read_at) / max(steps, 1)
-                budget = int(min(max(_CHUNK_SECONDS / max(per_step, 1e-9), 1), 2 ** 24))
+                _SECONDS_PER_STEP.put(timing, per_step)
+                budget = _steps_in(_CHUNK_SECONDS, per_step)
                 read_at = now
                 if status != RUNNING:
                     break

@@ -17,6 +17,7 @@ from jax import lax
 
 from optsolve.backends.native.prepared import FlatCarry, Prepared, zeros_of
 from optsolve.backends.native.driver import StreamLoop, running, stream_loop
+from optsolve.backends.native.in_memory import rows_of
 from optsolve.backends.native.objective import Objective
 from optsolve.backends.native.rules import INT
 from optsolve.solve_api.cache import BoundedCache
@@ -116,28 +117,24 @@ def epochs_chunk(solver, problem, options, batch_size, slots, carry, data, key, 
     size = jax.tree_util.tree_leaves(data)[0].shape[0]
     n_batches = size // batch_size
     first = carry.iteration
+    used = n_batches * batch_size
+    # every slot's order, drawn together (the host keeps slots x samples small)
+    orders = None if key is None else jax.vmap(
+        lambda e: jax.random.permutation(jax.random.fold_in(key, first_epoch + e), size)[
+            :used])(jnp.arange(slots, dtype=INT))
 
-    def epoch_batches(epoch):
-        order = jnp.arange(size) if key is None else jax.random.permutation(
-            jax.random.fold_in(key, epoch), size)
-        order = order[: n_batches * batch_size]
-        return jax.tree_util.tree_map(
-            lambda a: a[order].reshape((n_batches, batch_size) + a.shape[1:]), data)
+    # one loop over the chunk's steps, each gathering its batch (as the run under jax.jit
+    # does): a loop per epoch inside a loop over epochs runs slower
+    def body(steps: _Steps) -> _Steps:
+        epoch, index = jnp.divmod(lead + steps.carry.iteration - first, n_batches)
+        batch = rows_of(data, None if orders is None else lax.dynamic_index_in_dim(
+            orders, epoch, keepdims=False), index, batch_size)
+        return _Steps(steps.executed + 1, parts.step(steps.carry, _on_batch(problem, batch)))
 
-    def cond(outer):
-        e, steps = outer
-        return (e < n_epochs) & running(steps.carry) & (steps.carry.iteration < first + n)
-
-    def body(outer):
-        e, steps = outer
-        offset = first - lead + e * n_batches  # the step that takes the epoch's batch 0
-        steps = _run_steps(parts, problem, steps, epoch_batches(first_epoch + e), offset,
-                           jnp.minimum(first + n, offset + n_batches))
-        return e + 1, steps
-
-    start = (jnp.zeros((), INT),
-             _start(parts, carry, _on_batch(problem, one_batch), slots * n_batches))
-    return _finish(lax.while_loop(cond, body, start)[1])
+    end = first + jnp.minimum(n, n_epochs * n_batches - lead)
+    start = _start(parts, carry, _on_batch(problem, one_batch), slots * n_batches)
+    return _finish(lax.while_loop(lambda s: running(s.carry) & (s.carry.iteration < end),
+                                  body, start))
 
 
 def run_solution(solver, problem, options, carry) -> tuple[FlatCarry, jax.Array]:
