@@ -1,7 +1,7 @@
 """Run every benchmark side by side with its peers and write docs/benchmarks.md.
 
-Usage: ``python benchmarks/run.py [name ...]`` (names: optax, classical, scipy, hypergradient, training, least_squares, models, overhead, vmap, program_size, cutest, data_compiled); ``make bench``
-runs them all. Each benchmark runs in a fresh Python process, so none inherits another's
+Usage: ``python benchmarks/run.py [name ...]`` (names: optax, classical, scipy, hypergradient, training, least_squares, models, overhead, vmap, program_size, cutest, data_compiled, first_result, vectorised_de, multistart, interrupt); ``make bench``
+runs them all and writes the page anew; a list of names replaces only their own sections. Each benchmark runs in a fresh Python process, so none inherits another's
 compiled executables, threads or memory. BLAS is pinned to one thread (threadpoolctl):
 OpenBLAS's default threads stall small BLAS calls on 2-core VMs (see shared/PEERS.md); JAX's
 own threads are left alone.
@@ -29,7 +29,9 @@ BENCHMARKS = {"optax": "bench_optax", "classical": "bench_classical", "scipy": "
               "least_squares": "bench_least_squares", "models": "bench_models",
               "overhead": "bench_overhead", "vmap": "bench_vmap",
               "program_size": "program_size", "cutest": "bench_cutest",
-              "data_compiled": "bench_data_compiled"}
+              "data_compiled": "bench_data_compiled", "first_result": "bench_first_result",
+              "vectorised_de": "bench_vectorised_de", "multistart": "bench_multistart",
+              "interrupt": "bench_interrupt"}
 
 
 def table_rows(markdown: str):
@@ -102,6 +104,28 @@ def run_one(name: str, out: Path) -> None:
     out.write_text(section)
 
 
+def marked(name: str, section: str) -> str:
+    """``section`` between the markers that let a later run replace it alone."""
+    return f"<!-- bench:{name} -->\n{section.strip()}\n<!-- /bench:{name} -->"
+
+
+def with_sections(page: str, sections: dict[str, str]) -> str:
+    """``page`` with each named section replaced between its markers, or, where the page has
+    none for it, added before the plot of ratios (or at the end)."""
+    plot = "![measured ratios](images/benchmarks.png)"
+    for name, section in sections.items():
+        pattern = re.compile(rf"<!-- bench:{re.escape(name)} -->.*?<!-- /bench:{re.escape(name)} -->",
+                             re.DOTALL)
+        new = marked(name, section)
+        if pattern.search(page):
+            page = pattern.sub(lambda _: new, page)
+        elif plot in page:
+            page = page.replace(plot, new + "\n\n" + plot)
+        else:
+            page = page.rstrip() + "\n\n" + new + "\n"
+    return page
+
+
 def main(names: list[str]) -> None:
     sections = []
     for name in names:
@@ -112,6 +136,14 @@ def main(names: list[str]) -> None:
             section = out.read_text()
         print(section, flush=True)
         sections.append(section)
+    out = HERE.parent / "docs" / "benchmarks.md"
+    if set(names) != set(BENCHMARKS):
+        # a subset replaces its own sections of the page, the others stay as measured
+        out.write_text(with_sections(out.read_text() if out.exists() else "",
+                                     dict(zip(names, sections))))
+        print(f"updated {', '.join(names)} in {out}")
+        return
+    sections = [marked(name, section) for name, section in zip(names, sections)]
     today = datetime.date.today().isoformat()
     text = "\n\n".join([
         "# Benchmarks",
@@ -124,7 +156,6 @@ def main(names: list[str]) -> None:
     plot = HERE.parent / "docs" / "images" / "benchmarks.png"
     plot_ratios([r for section in sections for r in ratios_from_tables(section)], plot)
     text += "\n\n![measured ratios](images/benchmarks.png)\n"
-    out = HERE.parent / "docs" / "benchmarks.md"
     out.write_text(text + "\n")
     print(f"wrote {out}")
 
