@@ -3,7 +3,8 @@
 An L2-regularised logistic regression (synthetic data, 2000 samples x 20 features, the
 regularisation strength is the hyperparameter p) is solved by optax optimizers wrapped as
 optsolve algorithms, by a raw optax chain with a zoom line search (no user wrapper: solve
-supplies value, grad and value_fn), and by optax.lbfgs. Run with ``make demo``.
+supplies value, grad and value_fn), and by optax.lbfgs. Run with ``make demo``: JAX's
+persistent compilation cache is on, so a second run skips most of the compilation.
 """
 
 from __future__ import annotations
@@ -77,4 +78,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    # A second `make demo` loads the compiled loops from this cache ("first (s)" drops).
+    # Here, not at import: the test suite runs main() under its own cache settings.
+    print(f"compilation cache: {optsolve.enable_compilation_cache()}")
     main()
