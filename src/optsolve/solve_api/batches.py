@@ -12,13 +12,12 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from optsolve.solve_api import host, trainable
 from optsolve.solve_api.adjoint import ImplicitAdjoint
 from optsolve.solve_api.capabilities import check_capabilities, check_objective, names_with
 from optsolve.solve_api.options import DataSpec, InMemoryData
-from optsolve.solve_api.pytree import FlatInputs, is_traced, replace, tree_spec
+from optsolve.solve_api.pytree import FlatInputs, is_traced, replace
 from optsolve.solve_api.solution import Solution
 from optsolve.solve_api.stages import Call, Stage
 
@@ -65,11 +64,6 @@ class Batches(Stage):
         self._check(algorithm, opts)
         data, batch_size, key, epochs = self.data, self.batch_size, self.key, self.epochs
         inputs_traced = FlatInputs(problem, algorithm).traced or host.under_a_trace()
-        rows = None if batch_size is not None or opts.resume is not None or call.adjoint \
-            is not None or inputs_traced else batch_rows(data)
-        if rows is not None:  # an eager run on a list of batches of one shape runs them as
-            data, batch_size = joined(data), rows  # in-memory data, in order
-            self.data, self.batch_size = data, batch_size
         check_capabilities(problem, algorithm, opts, stops_with_data=True, adjoint=call.adjoint)
         allowed = data_steps(data, batch_size, epochs, None)
         if allowed is not None and opts.maxiters is not None and not is_traced(opts.maxiters) \
@@ -253,40 +247,6 @@ def _in_memory_arrays(data: Any) -> bool:
         return True
     return isinstance(data, tuple) and not hasattr(data, "_fields") and len(data) > 0 and all(
         hasattr(a, "shape") and hasattr(a, "dtype") for a in data)
-
-
-LIST_BYTES = 256 * 2 ** 20  # the most bytes of a list of batches joined into arrays
-
-
-def batch_rows(data: Any) -> int | None:
-    """The rows of each batch where ``data`` is a list or tuple of batches that are one
-    tree of arrays of one shape and dtype, each leaf with that many rows, together at most
-    ``LIST_BYTES``: such a list is in-memory data, its batches taken in order. Else None
-    (an iterable the host feeds)."""
-    if not isinstance(data, (list, tuple)) or not data or isinstance(data, tuple) and \
-            hasattr(data, "_fields"):
-        return None
-    first = tree_spec(data[0])
-    leaves = jax.tree_util.tree_leaves(data[0])
-    if not leaves or any(not isinstance(leaf, (jax.Array, np.ndarray)) or np.ndim(leaf) == 0
-                         or is_traced(leaf) for leaf in leaves):
-        return None
-    rows = {np.shape(leaf)[0] for leaf in leaves}
-    if len(rows) != 1 or sum(leaf.nbytes for leaf in leaves) * len(data) > LIST_BYTES:
-        return None
-    if any(tree_spec(batch) != first for batch in data[1:]):
-        return None
-    return rows.pop()
-
-
-def joined(batches: list) -> Any:
-    """A list of batches (see :func:`batch_rows`) as one tree of device arrays, the batches
-    one after another along the rows (numpy batches joined on the host, sent once)."""
-    def join(*leaves):
-        if all(isinstance(leaf, np.ndarray) for leaf in leaves):
-            return jax.device_put(np.concatenate(leaves))
-        return jnp.concatenate(leaves)
-    return jax.tree_util.tree_map(join, *batches)
 
 
 def data_steps(data, batch_size, epochs, maxiters) -> int | None:
