@@ -63,7 +63,6 @@ class Batches(Stage):
         problem, algorithm, opts = call.problem, call.algorithm, call.options
         self._check(algorithm, opts)
         data, batch_size, key, epochs = self.data, self.batch_size, self.key, self.epochs
-        inputs_traced = FlatInputs(problem, algorithm).traced or host.under_a_trace()
         check_capabilities(problem, algorithm, opts, stops_with_data=True, adjoint=call.adjoint)
         allowed = data_steps(data, batch_size, epochs, None)
         if allowed is not None and opts.maxiters is not None and not is_traced(opts.maxiters) \
@@ -74,8 +73,8 @@ class Batches(Stage):
                 "ends after those; raise `epochs` to take more steps.", UserWarning,
                 stacklevel=5)
         # an iterable (a generator) is not a pytree: only in-memory data may be traced
-        traced = (inputs_traced or is_traced(key)
-                  or (batch_size is not None and is_traced(data)))
+        traced = (FlatInputs(problem, algorithm).traced or is_traced(key)
+                  or (batch_size is not None and is_traced(data)) or host.under_a_trace())
         if batch_size is not None and (traced or call.adjoint is not None):
             return self._in_memory(call)
         if traced:
