@@ -67,7 +67,11 @@ def test_defaults_table_has_a_row_for_every_algorithm():
         family, gtol, maxiters, xtol = rows[cls.__name__]
         assert family == cls.traits()["family"]
         assert (xtol == "yes") == ("xtol" in cls.traits()["extra_options"])
-        if family == "scipy":
+        if cls.traits()["roots_only"] and not cls.traits().get("scalar_only"):
+            # solve's ftol on max|F| judges every root run (a bracket method: its bracket)
+            assert gtol.startswith("ftol on max abs F: 1e-8 (float64)"), cls.__name__
+            assert maxiters == ("scipy's own" if family == "scipy" else "200"), cls.__name__
+        elif family == "scipy":
             assert gtol == maxiters == "scipy's own", cls.__name__
     assert rows["ScipyMinimize(method='Newton-CG')"][3] == "scipy's own, as a method option"
     assert rows["ScipyMinimize(method='BFGS')"][3] == "-"

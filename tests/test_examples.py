@@ -121,3 +121,13 @@ def test_multistart_basins_finds_rastrigins_global_minimum(tmp_path):
     assert Path(result["plot"]).stat().st_size > 10_000
     assert result["objective"] < 1e-10 < 1.0 < result["single_objective"]
     assert result["global_runs"] >= 1 and result["basins"] > 10
+
+
+def test_roots_continuation_traces_the_pressure_network_branch(tmp_path):
+    result = load("roots_continuation").main(small=True, out=tmp_path)
+    assert Path(result["plot"]).stat().st_size > 10_000
+    assert result["retcode"] == "ReturnCode.SUCCESS" and result["iterations"] <= 10
+    # every root of the batched solve from the singular start, and its implicit derivative
+    assert result["max_flow_error"] < 1e-8
+    assert result["max_derivative_vs_closed_form"] < 1e-7
+    assert result["max_derivative_vs_fd"] < 1e-6

@@ -135,6 +135,12 @@ class Algorithm(metaclass=_Checked):
       float_dtypes: the floating-point dtypes x0 may hold, by name; ``solve`` refuses
         another before the run (LAPACK's factorisations have no 16-bit kernels; float16's
         range, 6e-5 to 65504, defeats methods whose estimates underflow or overflow it).
+      solves_roots: how it solves a :class:`~optsolve.RootProblem` (F(x, p) = 0), or None
+        where it solves none: "field" (a JAX-native root finder, handed the problem's
+        :class:`~optsolve.solve_api.root_problem.RootSystem`), "residuals" (a least-squares
+        method, handed the least-squares problem of F), "scipy" (scipy's ``root``).
+      roots_only: it solves RootProblems only (NewtonRaphson, Broyden, ScipyRoot): ``solve``
+        refuses a minimisation or least-squares problem.
       conditional_traits: traits that hold only for some configurations of an instance
         (see :meth:`capabilities`), each with the condition, which errors list with the name.
     """
@@ -157,6 +163,8 @@ class Algorithm(metaclass=_Checked):
     threads_model_state: ClassVar[bool] = False
     dense_matrices: ClassVar[int] = 0
     float_dtypes: ClassVar[tuple[str, ...]] = ("bfloat16", "float16", "float32", "float64")
+    solves_roots: ClassVar[str | None] = None
+    roots_only: ClassVar[bool] = False
     conditional_traits: ClassVar[dict[str, str]] = {}
 
     @classmethod
@@ -166,7 +174,8 @@ class Algorithm(metaclass=_Checked):
             "family", "needs_gradient", "needs_hessian", "needs_residuals", "takes_bounds", "takes_constraints",
             "jittable", "vmappable", "stops_by_itself", "extra_options", "unrollable",
             "resumable", "records_history", "takes_data", "compiled_driver",
-            "threads_model_state", "dense_matrices", "float_dtypes",
+            "threads_model_state", "dense_matrices", "float_dtypes", "solves_roots",
+            "roots_only",
         )
         return {n: getattr(cls, n) for n in names}
 

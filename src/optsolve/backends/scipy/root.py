@@ -9,6 +9,7 @@ JAX-native root finders (:mod:`optsolve.solve_api.roots`). scipy is imported on 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, ClassVar
 
 import jax
@@ -20,19 +21,43 @@ from optsolve.backends.scipy.residuals import residual_executables
 from optsolve.solve_api.algorithm import Algorithm
 from optsolve.solve_api.least_squares import LeastSquaresProblem
 from optsolve.solve_api.options import SolveOptions
-from optsolve.solve_api.pytree import freeze, is_traced, pytree_dataclass, static_field, thaw
-from optsolve.solve_api.registry import register_backend
+from optsolve.solve_api.pytree import freeze, is_traced, thaw
+from optsolve.solve_api.registry import register_algorithm, register_backend
 from optsolve.solve_api.returncode import ReturnCode
 from optsolve.solve_api.solution import Solution, Stats
 
-METHODS = ("hybr", "lm", "broyden1", "broyden2", "anderson", "linearmixing", "diagbroyden",
-           "excitingmixing", "krylov", "df-sane")
-_TAKES_JACOBIAN = ("hybr", "lm")
-# solve's maxiters as each method's budget: MINPACK's and df-sane's count evaluations of F,
-# the nonlin methods' iterations
-_BUDGET = {"hybr": "maxfev", "lm": "maxiter", "df-sane": "maxfev"}
-# the budget running out, by scipy's status (hybr 2, lm 5, nonlin 2)
-_OUT_OF_BUDGET = {"hybr": (2,), "lm": (5,)}
+@dataclasses.dataclass(frozen=True)
+class RootSpec:
+    """A ``scipy.optimize.root`` method: one row of the method table.
+
+    Attributes:
+      key: scipy's name (lower case), the name optsolve looks it up by.
+      takes_jacobian: it is handed the exact Jacobian (``jax.jacfwd``, compiled).
+      budget: scipy's option that solve's ``maxiters`` sets (MINPACK's and df-sane's count
+        evaluations of F, the nonlin methods' and lm's iterations).
+      out_of_budget: scipy's statuses that mean the budget ran out (MAXITERS).
+      options: the method's own options accepted at construction (scipy's names; the
+        tolerance and the budget are solve's, the Jacobian JAX's).
+    """
+
+    key: str
+    takes_jacobian: bool
+    budget: str
+    out_of_budget: tuple[int, ...]
+    options: tuple[str, ...]
+
+
+_NONLIN = ("disp", "xatol", "tol_norm", "line_search", "jac_options")
+ROOT_SPECS: dict[str, RootSpec] = {s.key: s for s in (
+    RootSpec("hybr", True, "maxfev", (2,), ("col_deriv", "band", "eps", "factor", "diag")),
+    RootSpec("lm", True, "maxiter", (5,), ("col_deriv", "gtol", "eps", "factor", "diag")),
+    *(RootSpec(key, False, "maxiter", (2,), _NONLIN)
+      for key in ("broyden1", "broyden2", "anderson", "linearmixing", "diagbroyden",
+                  "excitingmixing", "krylov")),
+    RootSpec("df-sane", False, "maxfev", (2,),
+             ("fnorm", "disp", "eta_strategy", "sigma_eps", "sigma_0", "M", "line_search")),
+)}
+METHODS = tuple(ROOT_SPECS)
 # set by solve (ftol, maxiters) rather than given here
 _SOLVE_SETS = ("tol", "xtol", "ftol", "fatol", "maxiter", "maxfev", "nit", "callback", "jac")
 
@@ -41,9 +66,14 @@ class _NonFinite(Exception):
     """Raised from F on the host to stop scipy at a non-finite value."""
 
 
-# Not yet in the algorithm list (register_algorithm): docs/hooks.py's defaults table reads a
-# scipy class's MethodSpec, which scipy.optimize.root has no row of yet
-@pytree_dataclass
+def _canonical(method: Any) -> str:
+    key = method.lower() if isinstance(method, str) else None
+    if key not in ROOT_SPECS:
+        raise ValueError(f"ScipyRoot: `method` must be one of {', '.join(map(repr, METHODS))}"
+                         f"; got {method!r}.")
+    return key
+
+
 class ScipyRoot(Algorithm):
     """``scipy.optimize.root`` on a :class:`~optsolve.RootProblem`: every method, with F
     compiled from JAX and, for hybr and lm, the exact Jacobian (``jax.jacfwd``).
@@ -52,13 +82,17 @@ class ScipyRoot(Algorithm):
       method: "hybr" (default; MINPACK's Powell hybrid), "lm" (MINPACK's
         Levenberg-Marquardt), "broyden1", "broyden2", "anderson", "linearmixing",
         "diagbroyden", "excitingmixing", "krylov" (scipy's ``nonlin`` solvers) or "df-sane"
-        (La Cruz, Martínez & Raydan 2006), static.
+        (La Cruz, Martínez & Raydan 2006); case-insensitive.
       **scipy_options: the method's own ``options`` (``jac_options``, ``line_search``,
         ``diag``, ``factor``, ``M`` ...), except the tolerance and the budget, which come
         from ``solve``: ``ftol`` (max|F| <= ftol, the SUCCESS test) is the nonlin methods'
         and df-sane's ``fatol`` (MINPACK's methods stop on their own step test, scipy's
         default ``xtol``), ``maxiters`` the nonlin methods' ``maxiter`` and MINPACK's and
         df-sane's evaluation budget (``maxfev``; lm's ``maxiter``).
+
+    As for :class:`~optsolve.ScipyMinimize`, each method is its own generated subclass, a
+    row of the method table (``ScipyRoot("krylov")`` is an instance of
+    ``ScipyRoot(method='krylov')``), listed in the catalog.
 
     A non-finite F ends the run with FAILURE at the last point where F was finite. No
     callback, history or resume (scipy runs on the host). ``sol.stats.f_evals`` is scipy's
@@ -78,43 +112,94 @@ class ScipyRoot(Algorithm):
     # a RootProblem only, handed over as its RootSystem (solve_api/roots.py)
     solves_roots: ClassVar[str] = "scipy"
     roots_only: ClassVar[bool] = True
+    spec: ClassVar[RootSpec]
+    _classes: ClassVar[dict[str, type]] = {}
 
-    method: str = static_field(default="hybr")
-    scipy_options: tuple = static_field(default=())
+    def __new__(cls, method: str | None = None, **scipy_options: Any):
+        if cls is ScipyRoot:
+            cls = cls._classes[_canonical("hybr" if method is None else method)]
+        return object.__new__(cls)
 
-    def __init__(self, method: str = "hybr", **scipy_options: Any):
-        key = method.lower() if isinstance(method, str) else None
-        if key not in METHODS:
-            raise ValueError(f"ScipyRoot: `method` must be one of {', '.join(map(repr, METHODS))}"
-                             f"; got {method!r}.")
+    def __init__(self, method: str | None = None, **scipy_options: Any):
+        spec = type(self).spec
+        if method is not None and _canonical(method) != spec.key:
+            raise TypeError(f"{type(self).__name__}: got method={method!r}.")
         for name in scipy_options:
             if name in _SOLVE_SETS:
                 raise TypeError(
                     f"ScipyRoot: `{name}` is not an option here: the tolerance and the budget "
                     "are solve's (solve(prob, alg, ftol=..., maxiters=...)), and the Jacobian "
                     "is JAX's.")
-        object.__setattr__(self, "method", key)
-        object.__setattr__(self, "scipy_options", tuple(sorted(
+            if name not in spec.options:
+                raise TypeError(
+                    f"ScipyRoot(method={spec.key!r}) does not take the option `{name}`. Valid "
+                    f"options: {', '.join(spec.options)}; the tolerance and the budget go to "
+                    "solve: ftol, maxiters.")
+        object.__setattr__(self, "_options", tuple(sorted(
             (k, freeze(v)) for k, v in scipy_options.items())))
+
+    @property
+    def method(self) -> str:
+        return type(self).spec.key
+
+    @property
+    def scipy_options(self) -> tuple:
+        """The scipy options given at construction, as (name, frozen value) pairs."""
+        return self._options
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"{type(self).__name__} is immutable; use .replace({name}=...).")
 
     def replace(self, **changes: Any) -> "ScipyRoot":
         """A copy with the method or scipy options changed."""
-        options = {k: thaw(v) for k, v in self.scipy_options}
+        options = {k: thaw(v) for k, v in self._options}
         method = changes.pop("method", self.method)
         options.update(changes)
         return ScipyRoot(method, **options)
 
     def __repr__(self) -> str:
-        args = "".join(f", {k}={thaw(v)!r}" for k, v in self.scipy_options)
+        args = "".join(f", {k}={thaw(v)!r}" for k, v in self._options)
         return f"ScipyRoot(method={self.method!r}{args})"
+
+    def __eq__(self, other: Any) -> bool:
+        return type(self) is type(other) and self._options == other._options
+
+    def __hash__(self) -> int:
+        return hash((type(self), self._options))
+
+
+def _make_class(spec: RootSpec) -> type:
+    name = f"ScipyRoot(method={spec.key!r})"
+    cls = type(name, (ScipyRoot,), {
+        "spec": spec,
+        "needs_gradient": spec.takes_jacobian,  # dF/dx (hybr, lm); the others use F alone
+        "__doc__": f"ScipyRoot with method={spec.key!r}: see ScipyRoot.",
+        "__module__": "optsolve", "__qualname__": name,
+    })
+    jax.tree_util.register_pytree_node(
+        cls, lambda a: ((), a._options), lambda aux, _, cls=cls: _unflatten_algorithm(cls, aux))
+    ScipyRoot._classes[spec.key] = cls
+    register_algorithm(cls)
+    return cls
+
+
+def _unflatten_algorithm(cls: type, aux: tuple) -> Any:
+    obj = object.__new__(cls)
+    object.__setattr__(obj, "_options", aux)
+    return obj
+
+
+for _spec in ROOT_SPECS.values():
+    _make_class(_spec)
 
 
 def _scipy_options(algorithm: ScipyRoot, options: SolveOptions) -> dict[str, Any]:
-    method = algorithm.method
+    spec = algorithm.spec
+    method = spec.key
     out = {k: thaw(v) for k, v in algorithm.scipy_options}
     if options.maxiters is not None:
-        out[_BUDGET.get(method, "maxiter")] = int(options.maxiters)
-    if options.gtol is not None and method not in _TAKES_JACOBIAN:  # solve's ftol
+        out[spec.budget] = int(options.maxiters)
+    if options.gtol is not None and not spec.takes_jacobian:  # solve's ftol
         out["fatol"] = float(options.gtol)
         out["ftol"] = 0.0 if method == "df-sane" else np.inf
         if method != "df-sane":
@@ -156,18 +241,27 @@ def _run_host(problem: LeastSquaresProblem, algorithm: ScipyRoot, options: Solve
     method = algorithm.method
     try:
         result = scipy.optimize.root(fun, x0, method=method,
-                                     jac=jac if method in _TAKES_JACOBIAN else None,
+                                     jac=jac if algorithm.spec.takes_jacobian else None,
                                      options=_scipy_options(algorithm, options))
     except _NonFinite:
         F = last["F"] if last["F"] is not None else np.full_like(x0, np.nan)
         return (last["x"], F, ReturnCode.FAILURE, last["nfev"], last["nfev"], last["njev"],
                 None, "F (or its Jacobian) was not finite at a point scipy evaluated; x is "
                       "the last point where F was finite")
+    except (ArithmeticError, np.linalg.LinAlgError) as err:
+        # scipy's nonlin line search overflows on a diverging run (excitingmixing with its
+        # default alpha on a system whose Jacobian it has the wrong sign of)
+        F = last["F"] if last["F"] is not None else np.full_like(x0, np.nan)
+        return (last["x"], F, ReturnCode.FAILURE, last["nfev"], last["nfev"], last["njev"],
+                None, f"scipy stopped with {type(err).__name__}: {err}; x is the last point "
+                      "where F was finite")
     status = int(getattr(result, "status", 0))
     if result.success:
         code = ReturnCode.SUCCESS
-    elif status in _OUT_OF_BUDGET.get(method, (2,)) or "maxfev" in str(result.message) or \
-            "maximum number" in str(result.message).lower():
+    elif status in algorithm.spec.out_of_budget or "maxfev" in str(result.message) or any(
+            # df-sane reports no status, only its message
+            why in str(result.message).lower()
+            for why in ("maximum number", "too many function evaluations")):
         code = ReturnCode.MAXITERS
     else:
         code = ReturnCode.STALLED
