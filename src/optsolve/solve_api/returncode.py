@@ -72,7 +72,13 @@ REASONS = {
         "the predicted one) is <= ftol",
     12: "the step (Levenberg-Marquardt: the trust region, in the scaled norm) is <= xtol "
         "relative to the norm of x",
+    13: "F(a) and F(b) must have different signs: the bracket (a, b) holds no sign change "
+        "of F",
 }
+
+# The reason of a bracketing root solve whose bracket holds no sign change (set by
+# optsolve.solve_api.roots, not the driver).
+BRACKET_SIGN = 13
 
 
 def reason_text(code: int) -> str:
