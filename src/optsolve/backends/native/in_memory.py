@@ -90,8 +90,8 @@ def run_in_memory(make_solver, problem: OptimizationProblem, algorithm: Any,
     data: InMemoryData = options.in_memory
     solver = make_solver(algorithm, problem)
     # Under the adjoint's loop (differentiated) a step that stops the run applies no update;
-    # the plain loop lets every step update (a conditional per step costs more than the
-    # step's bookkeeping) and, where the run stopped, runs its steps again up to the stop.
+    # otherwise every step updates (a conditional per step costs more than the step's
+    # bookkeeping) and a run that stopped runs its steps again up to the stop.
     replays = loop is None
     parts = stream_loop(solver, problem, options, guarded=not replays)
     head = jax.tree_util.tree_map(lambda a: a[:data.batch_size], data.arrays)
@@ -99,23 +99,34 @@ def run_in_memory(make_solver, problem: OptimizationProblem, algorithm: Any,
     first_epoch = (carry.base.iterations // data.batches_per_epoch).astype(INT)
     orders = epoch_orders(data, first_epoch)
 
-    def stepping(parts):
+    def steps(parts, until):
         def step(c):
             batch = batch_at(data, orders, c.base.iterations + c.iteration, first_epoch)
             return parts.step(c, _on_batch(problem, batch))
-        return step
+        return lambda c: running(c) & (c.iteration < until), step
 
-    final = (while_loop if loop is None else loop)(
-        lambda c: running(c) & (c.iteration < data.steps), stepping(parts), carry)
-    if replays:
-        # silent (no callback), and only where a step stopped the run before its update
-        # counted (a callback's stop keeps the update): no steps otherwise
-        quiet = stream_loop(solver, problem, replace(options, replay=jnp.ones((), bool)))
-        stopped = ~running(final) & (final.status != int(ReturnCode.TERMINATED))
-        replayed = while_loop(lambda c: stopped & (c.iteration < final.iteration),
-                              stepping(quiet), carry)
-        final = select(stopped, stopped_at(replayed, final)._replace(record=final.record),
-                       final)
+    if not replays:
+        final = loop(*steps(parts, data.steps), carry)
+    else:
+        # One loop of steps, run from the first carry once, and where a step stopped the run
+        # before its update counted (a callback's stop keeps the update) once more up to
+        # that step, silently: the step's program is built once, not once per run.
+        def must_replay(stopped):
+            return ~running(stopped) & (stopped.status != int(ReturnCode.TERMINATED))
+
+        def run_again(state):
+            runs, stopped, _ = state
+            again = runs == 1
+            quiet = stream_loop(solver, problem, replace(options, replay=again))
+            last = while_loop(*steps(quiet, jnp.where(again, stopped.iteration, data.steps)),
+                              carry)
+            return runs + 1, select(again, stopped, last), last
+
+        _, stopped, last = while_loop(
+            lambda state: (state[0] == 0) | ((state[0] == 1) & must_replay(state[1])),
+            run_again, (jnp.zeros((), INT), carry, carry))
+        final = select(must_replay(stopped),
+                       stopped_at(last, stopped)._replace(record=stopped.record), stopped)
     solution = parts.finish(final)
     ran_out = solution.retcode == RUNNING
     return replace(solution, retcode=jnp.where(ran_out, int(ReturnCode.MAXITERS),
