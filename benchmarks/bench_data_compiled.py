@@ -44,6 +44,39 @@ from common import interleaved_times, machine_line, markdown_table, time_first_c
 
 BATCH, STEPS, LR, SEEDS = 64, 400, 1e-3, 8
 
+NOTES = """What limits each row (the fused kernels are counted in XLA's optimised HLO, which does
+not depend on the machine's load):
+
+- **Under `jax.jit`.** Every step applies its update, as the hand-written scan's does. A run
+  that stopped (a non-finite loss, the callback, maxtime) runs its steps again from the
+  start up to the stop, silently. This replay is the same loop of steps run a second time,
+  and it runs no step where nothing stopped. The step is the hand-written one plus the
+  loss's value and the run's bookkeeping (status, counters, the previous iterate). The
+  program (both loops, the orders of every epoch, the Solution) is 121 fusions against the
+  scan's 84. An earlier form wrapped each update in a conditional (a stopped step applied
+  none): that cost 1.3-1.5x the scan, steady, because XLA cannot fuse across it.
+- **Eager (in memory).** The same step in compiled chunks of about 0.15 s, sized from the
+  seconds per step last read for that compiled call, so a warm run of this size is one
+  chunk. The rest over the jitted run is that call's own cost: the Solution built by a
+  second compiled call, the status read, and the validation of the call.
+- **A list of batches.** The list is 800 separate arrays, which the host hands to XLA, 32
+  batches per chunk (about 8 us an array). The hand-written scan gets them stacked once,
+  before its timing. Joining the list into arrays once per call and taking it as in-memory
+  data measured slower: 23 against 19 ms, because the join is that same per-array cost plus
+  a copy.
+- **Compile + first call.** Each program holds the driver's step, its bookkeeping and the
+  loop that replays a stopped run. The eager path also compiles the Solution's call. The
+  programs are 1.5-2x the hand-written scan's size, and their compile time follows.
+- **8 seeds under `jax.vmap`.** This is the jitted loop batched. The replay loop takes no
+  step unless some member stopped.
+- **The hypergradient.** Reverse mode (`jax.grad`) runs the steps forward, then again
+  through the checkpoints, then backward. Through a hand-written `lax.scan` it costs 3.4-4x
+  the forward run on this CPU, and optsolve's checkpointed scan costs about the same.
+  Forward mode (`jax.jacfwd`) carries one tangent for the learning rate and meets the 3x
+  goal. It is the mode to use for one or a few hyperparameters, and the training guide says
+  so. In float64, both equal central finite differences (tests/test_training_compiled.py).
+"""
+
 
 def setup():
     digits = load_digits()

@@ -21,21 +21,37 @@ def catalog_markdown() -> str:
     def mark(flag: bool) -> str:
         return "yes" if flag else "-"
 
-    header = ("| algorithm | backend | derivatives | bounds | constraints | jit | vmap | "
-              "history | resume | data | model state | implicit diff | unrolled diff |")
-    rows = [header, "|" + "---|" * 13]
+    header = ("| algorithm | backend | problem | x | derivatives | bounds | constraints | jit | "
+              "vmap | history | resume | data | model state | implicit diff | unrolled diff |")
+    rows = [header, "|" + "---|" * 15]
     for cls in algorithm_classes():
         t = cls.traits()
         derivatives = "Hessian" if t["needs_hessian"] else (
             "gradient" if t["needs_gradient"] else "none")
+        if t["roots_only"]:  # of F: its Jacobian dF/dx
+            derivatives = "Jacobian" if t["needs_gradient"] else "none"
         resume = ("exact" if t["compiled_driver"] else "warm start") if t["resumable"] else "-"
+        x = "scalar" if t.get("scalar_only") else "any pytree"
+        bounds = "needed" if t.get("needs_bounds") else mark(t["takes_bounds"])
         rows.append(
-            f"| `{cls.__name__}` | {t['family']} | {derivatives} | {mark(t['takes_bounds'])} | "
+            f"| `{cls.__name__}` | {t['family']} | {problem_kinds(t)} | {x} | {derivatives} | "
+            f"{bounds} | "
             f"{mark(t['takes_constraints'])} | {mark(t['jittable'])} | {mark(t['vmappable'])} | "
             f"{mark(t['records_history'])} | {resume} | {mark(t['takes_data'])} | "
             f"{mark(t['threads_model_state'])} | yes | {mark(t['unrollable'])} |"
         )
     return "\n".join(rows)
+
+
+def problem_kinds(traits: dict[str, Any]) -> str:
+    """What a class solves, from its traits: "minimisation" (an OptimizationProblem),
+    "least squares" (a LeastSquaresProblem), "roots" (a RootProblem; ``solves_roots``), or
+    several; ``roots_only`` classes solve RootProblems alone."""
+    kinds = [] if traits["roots_only"] else [
+        "least squares" if traits["needs_residuals"] else "minimisation"]
+    if traits["solves_roots"] is not None:
+        kinds.append("roots")
+    return ", ".join(kinds)
 
 
 # The floating-point widths default_gtol distinguishes (by item size), as the table names them.
@@ -49,24 +65,43 @@ def algorithm_defaults() -> list[dict[str, Any]]:
     One dict per class: ``name``, ``family``, ``gtol`` ({dtype name: tolerance}, None for
     no default test, or "scipy" for scipy's own defaults), ``maxiters`` (an int, None, or
     "scipy"), ``xtol`` (True where ``xtol`` is in the class's ``extra_options``) and
-    ``scipy_xtol`` (the scipy method has an ``xtol`` option of its own).
+    ``scipy_xtol`` (the scipy method has an ``xtol`` option of its own); a class that solves
+    RootProblems only has ``tolerance`` "ftol": its ``gtol`` is then solve's default ``ftol``
+    on max|F| (the root test), by dtype.
     """
     import optsolve  # noqa: F401  (registers every backend)
     from optsolve.backends.classical.descent import DEFAULT_GTOL
     from optsolve.backends.scipy.options import valid_options
     from optsolve.solve_api.registry import algorithm_classes
+    from optsolve.solve_api.roots import _DEFAULT_TOL
 
     out = []
     for cls in algorithm_classes():
         t = cls.traits()
         row = {"name": cls.__name__, "family": t["family"],
                "xtol": "xtol" in t["extra_options"], "scipy_xtol": False}
-        if t["family"] == "scipy":
+        if t["roots_only"] and not t.get("scalar_only"):
+            # solve judges a root run by max|F| <= ftol, its default by x's dtype (scipy's
+            # nonlin methods and df-sane get it as fatol); scipy's budget is its own
+            row.update(gtol={_WIDTHS[size]: tol for size, tol in _DEFAULT_TOL.items()
+                             if size in _WIDTHS}, tolerance="ftol",
+                       maxiters="scipy" if t["family"] == "scipy" else cls.default_maxiters)
+            if t["family"] == "scipy":
+                row.update(scipy_xtol="xatol" in cls.spec.options)
+        elif t["family"] == "scipy":
             # optsolve passes no tolerance or budget of its own unless solve is given one
+            # (minimize_scalar's methods list their own options: xtol, or bounded's xatol)
+            own = cls.spec.options if t.get("scalar_only") else valid_options(cls.spec)
             row.update(gtol="scipy", maxiters="scipy",
-                       scipy_xtol="xtol" in valid_options(cls.spec))
+                       scipy_xtol="xtol" in own or "xatol" in own)
         elif not t["stops_by_itself"]:
             row.update(gtol=None, maxiters=None)
+        elif t["family"] == "classical" and t.get("scalar_only"):
+            # the interval methods stop on their bracket (their xtol / atol), not on gtol
+            row.update(gtol=None, maxiters=cls.default_maxiters)
+        elif t["family"] == "native":
+            # a wrapper (Multistart): each run stops as its inner algorithm does
+            row.update(gtol="inner", maxiters="inner")
         elif t["family"] == "classical":
             # the solvers' own: default_gtol(x's dtype) and the class's default_maxiters
             row.update(gtol={_WIDTHS[size]: tol for size, tol in DEFAULT_GTOL.items()},
@@ -88,8 +123,16 @@ def defaults_markdown() -> str:
     rows = ["| algorithm | family | default gtol | default maxiters | `xtol` |",
             "|---|---|---|---|---|"]
     for d in algorithm_defaults():
-        if d["gtol"] == "scipy":
+        if d.get("tolerance") == "ftol":  # a root solver: ftol on max|F|, not gtol
+            gtol = "ftol on max abs F: " + ", ".join(
+                f"{_number(tol)} ({width})" for width, tol in d["gtol"].items())
+            maxiters = "scipy's own" if d["maxiters"] == "scipy" else str(d["maxiters"])
+        elif d["gtol"] == "scipy":
             gtol, maxiters = "scipy's own", "scipy's own"
+        elif d["gtol"] == "inner":
+            gtol = maxiters = "the inner algorithm's"
+        elif d["gtol"] is None and d["maxiters"] is not None:
+            gtol, maxiters = "none: the bracket's own `xtol`, `atol`", str(d["maxiters"])
         elif d["gtol"] is None:
             gtol = "none"
             maxiters = "none: give `maxiters` (or gtol, ftol, maxtime)"

@@ -45,16 +45,32 @@ class Case:
                                  # LeastSquaresProblems with the same objective
     callback_per_evaluation: bool = False  # scipy calls it back per evaluation (COBYQA):
                                            # its k counts evaluations, not iterations
+    roots: bool = False        # it solves RootProblems only, not this matrix's problem:
+                               # tests/test_contract_roots.py runs its rules
+    scalar: bool = False       # it minimises over one scalar (trait scalar_only): its
+                               # problems are the contract problem on the line through X0
+                               # along x[0] (x[1] = X0[1] = 1), x0 the 0-d array X0[0]
+
+
+def _point(x):
+    """The contract problem's point of ``x``: x itself, or for a scalar class's x (one
+    number) the point (x, 1) on the line through X0."""
+    if jnp.size(x) != 1:
+        return x
+    x = jnp.reshape(x, ())
+    return jnp.stack([x, jnp.ones_like(x)])
 
 
 def _rosenbrock(x, p):
+    x = _point(x)
     return jnp.sum(p * (x[1:] - x[:-1] ** 2) ** 2 + (1 - x[:-1]) ** 2)
 
 
 def _objective(x, p):
     """Rosenbrock scaled by |p|; for p < 0 with a NaN region just ahead of x0 (x[0] beyond
     -1.2 + 1e-5), which any step towards the minimum enters. One objective for every rule,
-    so that the rules share compiled loops."""
+    so that the rules share compiled loops; for a scalar class's x, on the line through X0."""
+    x = _point(x)
     nan_ahead = (p < 0) & (x[0] > -1.2 + 1e-5)
     return jnp.where(nan_ahead, jnp.nan, _rosenbrock(x, jnp.abs(p)))
 
@@ -99,9 +115,26 @@ def _cases() -> dict[type, Case]:
     for cls in (optsolve.GradientDescent, optsolve.NonlinearCG, optsolve.LBFGS, optsolve.BFGS,
                 optsolve.Newton, optsolve.TrustRegion):
         cases[cls] = Case(cls, iterations=3)
+    for cls in (optsolve.Brent, optsolve.GoldenSection):  # the bracket is the box
+        cases[cls] = Case(cls, box=True, iterations=3, scalar=True)
+    for cls in algorithm_classes():
+        if issubclass(cls, optsolve.ScipyMinimizeScalar):  # one class per method
+            cases[cls] = Case(lambda method=cls.spec.key: optsolve.ScipyMinimizeScalar(method),
+                              box=cls.spec.takes_bounds, iterations=3, scalar=True,
+                              callback_per_evaluation=True)
     cases[optsolve.AdaHessian] = Case(lambda: optsolve.AdaHessian(0.01))
+    # 8 Sobol starts: one in each eighth of the box's first axis, so one starts left of
+    # the NaN region of the non-finite rules
+    cases[optsolve.Multistart] = Case(
+        lambda: optsolve.Multistart(optsolve.LBFGS(), 8, jax.random.key(0)), box=True,
+        iterations=3)
     for cls in (optsolve.GaussNewton, optsolve.LevenbergMarquardt):
         cases[cls] = Case(cls, iterations=3, least_squares=True)
+    for cls in (optsolve.NewtonRaphson, optsolve.Broyden, optsolve.Bisection, optsolve.Brentq):
+        cases[cls] = Case(cls, roots=True)
+    for cls in algorithm_classes():
+        if issubclass(cls, optsolve.ScipyRoot):  # one class per method
+            cases[cls] = Case(lambda method=cls.spec.key: optsolve.ScipyRoot(method), roots=True)
     for cls in algorithm_classes():
         if issubclass(cls, optsolve.ScipyLeastSquares):  # one class per method: trf, dogbox, lm
             cases[cls] = Case(lambda method=cls.spec.name: optsolve.ScipyLeastSquares(method),
@@ -125,7 +158,9 @@ CASES = _cases()
 pytestmark = pytest.mark.filterwarnings(
     "ignore:`optimistic_adam` is deprecated:DeprecationWarning",
     "ignore:optsolve. .* eps_root=0:RuntimeWarning")
-CLASSES = list(CASES)
+# the classes that take this matrix's problem (root finders take RootProblems only)
+CLASSES = [cls for cls, case in CASES.items() if not case.roots]
+ROOT_ONLY = [cls for cls, case in CASES.items() if case.roots]
 
 
 class _Callback:
@@ -163,9 +198,15 @@ def problem_for(cls, f, residuals, x0, p, bounds=None) -> OptimizationProblem:
     return OptimizationProblem(f, x0, p, bounds=bounds)
 
 
+def _start(cls, x0=X0):
+    """``x0`` as ``cls`` takes it: itself, or for a scalar class its first entry."""
+    return jnp.asarray(x0)[0] if CASES[cls].scalar else x0
+
+
 def _problem(cls, x0=X0, p=10.0, bounds=None) -> OptimizationProblem:
     if bounds is None and CASES[cls].box:
         bounds = BOX
+    x0 = _start(cls, x0)
     return problem_for(cls, _objective, _residuals, x0, p, bounds)
 
 
@@ -186,6 +227,18 @@ def test_every_registered_class_has_a_case():
     assert not missing, f"registered algorithm classes without a contract case: {missing}"
 
 
+@pytest.mark.parametrize("cls", ROOT_ONLY, ids=_id)
+def test_a_root_finder_refuses_this_matrix_problem_naming_the_minimisers(cls):
+    """A class whose traits say it solves RootProblems only refuses the matrix's
+    minimisation (and least-squares) problem before it runs, naming the minimisers."""
+    assert CASES[cls].make().capabilities()["needs_residuals"]
+    for prob in (OptimizationProblem(_objective, X0, 10.0),
+                 optsolve.LeastSquaresProblem(_residuals, X0, 10.0)):
+        with pytest.raises(TypeError, match=r"solves root problems only .*RootProblem.*"
+                                            r"LBFGS"):
+            solve(prob, CASES[cls].make(), maxiters=3)
+
+
 @pytest.mark.parametrize("cls", CLASSES, ids=_id)
 def test_solution_fields_and_eager_types(cls):
     prob = _problem(cls)
@@ -203,7 +256,7 @@ def test_solution_fields_and_eager_types(cls):
 def test_maxiters_zero_returns_x0_unchanged(cls):
     sol = solve(_problem(cls), CASES[cls].make(), maxiters=0)
     assert sol.retcode == ReturnCode.MAXITERS
-    np.testing.assert_array_equal(sol.x, X0)
+    np.testing.assert_array_equal(sol.x, _start(cls))
     np.testing.assert_allclose(sol.objective, _rosenbrock(X0, 10.0), rtol=1e-15)
     assert sol.stats.iterations == 0
 
@@ -297,7 +350,7 @@ def test_x0_outside_the_bounds_is_projected(cls):
     assert sol.retcode != ReturnCode.FAILURE, sol.message
     with pytest.warns(UserWarning, match="x0 lies outside the bounds"):
         start = solve(prob, alg, maxiters=0)
-    np.testing.assert_array_equal(start.x, [-2.0, 0.5])
+    np.testing.assert_array_equal(start.x, _start(cls, [-2.0, 0.5]))
 
 
 def _assert_progress_reached(err: str, iterations: int, total: int) -> None:
@@ -349,7 +402,7 @@ def test_history_records_every_iterate_and_the_bar_reaches_it(cls, capsys):
     # the metrics at the iterates the objective was recorded at, x0 first
     metrics = sol.history.metrics
     np.testing.assert_allclose(metrics["f"], objective, rtol=1e-12)
-    np.testing.assert_array_equal(metrics["x"][0], X0)
+    np.testing.assert_array_equal(metrics["x"][0], _start(cls))
     np.testing.assert_allclose(metrics["x"][k], sol.x, rtol=1e-12)
     # the evaluations at iterates 0, 2, 4, ... (NaN between and past the last)
     score, x_seen = (np.asarray(v) for v in sol.history.evaluation)
@@ -430,7 +483,7 @@ def test_no_recompilation_for_new_numbers(cls):
     # every real-valued hyperparameter (integer leaves, such as a PRNG key, are kept)
     scaled = jax.tree_util.tree_map(
         lambda v: v * 0.5 if jnp.issubdtype(jnp.result_type(v), jnp.floating) else v, alg)
-    moved = X0 + 0.1
+    moved = _start(cls) + 0.1
     with count_compilations() as counter:
         solve(prob.replace(p=11.0, x0=moved), scaled, maxiters=CASES[cls].iterations - 1)
     assert counter.count == 0
@@ -438,7 +491,7 @@ def test_no_recompilation_for_new_numbers(cls):
 
 def _negated_with_aux(x, p):
     """-_objective, with an auxiliary output: maximising it is minimising _objective."""
-    return -_objective(x, p), {"x": x, "scaled": p * x[0]}
+    return -_objective(x, p), {"x": x, "scaled": p * _point(x)[0]}
 
 
 @pytest.mark.parametrize("cls", CLASSES, ids=_id)
@@ -447,7 +500,7 @@ def test_maximisation_and_aux_are_the_minimisation_in_the_users_terms(cls):
     is the user's -f, and aux is f's auxiliary output at the solution. Least-squares
     classes solve residual problems, which have neither."""
     alg, k = CASES[cls].make(), CASES[cls].iterations
-    prob = OptimizationProblem(_negated_with_aux, X0, 10.0, sense="max", has_aux=True,
+    prob = OptimizationProblem(_negated_with_aux, _start(cls), 10.0, sense="max", has_aux=True,
                                bounds=BOX if CASES[cls].box else None)
     if CASES[cls].least_squares:
         with pytest.raises(TypeError, match="works on residuals"):
@@ -470,16 +523,16 @@ def test_maximisation_and_aux_are_the_minimisation_in_the_users_terms(cls):
         np.testing.assert_allclose(user_f[n], -minimised.objective, rtol=1e-12)
         np.testing.assert_allclose(sol.objective, np.max(user_f), rtol=1e-12)
         aux_x = np.asarray(sol.history.metrics["x"])[: n + 1]
-        np.testing.assert_array_equal(aux_x[0], X0)
+        np.testing.assert_array_equal(aux_x[0], _start(cls))
         np.testing.assert_allclose(-jax.vmap(_rosenbrock, (0, None))(aux_x, 10.0), user_f,
                                    rtol=1e-12, atol=1e-20)
-        np.testing.assert_allclose(sol.history.metrics["scaled"][: n + 1], 10.0 * aux_x[:, 0],
-                                   rtol=1e-15)
+        np.testing.assert_allclose(sol.history.metrics["scaled"][: n + 1],
+                                   10.0 * np.reshape(aux_x, (n + 1, -1))[:, 0], rtol=1e-15)
         np.testing.assert_allclose(sol.x, aux_x[np.argmax(user_f)], rtol=1e-12)
     assert sol.retcode == minimised.retcode
     np.testing.assert_allclose(sol.objective, -_rosenbrock(sol.x, 10.0), rtol=1e-12, atol=1e-14)
     np.testing.assert_allclose(sol.aux["x"], sol.x, rtol=1e-15)
-    np.testing.assert_allclose(sol.aux["scaled"], 10.0 * sol.x[0], rtol=1e-15)
+    np.testing.assert_allclose(sol.aux["scaled"], 10.0 * np.ravel(sol.x)[0], rtol=1e-15)
 
 
 def _flat(x):
@@ -507,6 +560,17 @@ def test_x0s_structure_is_kept(cls):
     pytree x0 come back as they were given."""
     alg, k = CASES[cls].make(), CASES[cls].iterations
     array = solve(_problem(cls), alg, maxiters=k)
+    if CASES[cls].scalar:
+        # scipy's form of one scalar is a Python number; a pytree x0 holds one 0-d array
+        number = solve(problem_for(cls, _objective, _residuals, -1.2, 10.0,
+                                   BOX if CASES[cls].box else None), alg, maxiters=k)
+        np.testing.assert_allclose(number.x, array.x, rtol=1e-12, atol=1e-14)
+        nested = OptimizationProblem(_tree_objective, ({"a": jnp.array(-1.2)}, []), 10.0,
+                                     bounds=BOX if CASES[cls].box else None)
+        sol = solve(nested, alg, maxiters=k)
+        assert jax.tree_util.tree_structure(sol.x) == jax.tree_util.tree_structure(nested.x0)
+        np.testing.assert_allclose(sol.x[0]["a"], array.x, rtol=1e-12, atol=1e-14)
+        return
     listed_problem = _problem(cls, x0=[-1.2, 1.0])
     listed_problem.x0_form.to_user(X0)  # the list's own (one-off) program, compiled first
     with count_compilations() as counter:
@@ -575,7 +639,8 @@ def test_strict_dtype_promotion_and_rank_promotion_raise(cls):
             sol = solve(prob, alg, maxiters=k)
             assert sol.retcode != ReturnCode.FAILURE, sol.message
             x = sol.x
-    assert np.asarray(x).shape == WIDE_X0.shape and np.all(np.isfinite(np.asarray(x)))
+    assert np.asarray(x).shape == np.shape(_start(cls, WIDE_X0))
+    assert np.all(np.isfinite(np.asarray(x)))
 
 
 @pytest.mark.parametrize("cls", CLASSES, ids=_id)
@@ -641,6 +706,8 @@ def test_keyboard_interrupt_returns_the_last_completed_iterate(cls):
 def _gtol(alg) -> float | None:
     """gtol=0 (no convergence by the gradient test), where the algorithm takes a gtol; the
     callback rules share it, and so one compiled loop."""
+    if isinstance(alg, optsolve.ScipyMinimizeScalar):
+        return None
     takes = not isinstance(alg, (optsolve.ScipyMinimize, optsolve.ScipyGlobal)) or (
         alg.spec.native_gtol)
     return 0.0 if takes else None

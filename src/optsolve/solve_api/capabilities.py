@@ -12,6 +12,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from optsolve.solve_api.adjoint import UnrolledAdjoint
 from optsolve.solve_api.algorithm import Algorithm
@@ -20,6 +21,7 @@ from optsolve.solve_api.options import SolveOptions
 from optsolve.solve_api.least_squares import LeastSquaresProblem, check_residual, residual_size
 from optsolve.solve_api.problem import OptimizationProblem
 from optsolve.solve_api.pytree import is_traced, tree_spec
+from optsolve.solve_api.root_problem import RootSystem, root_form, root_solver_names
 from optsolve.solve_api.registry import algorithm_classes
 
 
@@ -42,6 +44,14 @@ def check_capabilities(problem: OptimizationProblem, algorithm: Algorithm,
     """
     name = type(algorithm).__name__
     caps = algorithm.capabilities()
+    if caps["roots_only"] and not isinstance(problem, RootSystem):
+        minimisers = ", ".join(c.__name__ for c in algorithm_classes()
+                               if c.family == "classical" and root_form(c) is None)
+        raise TypeError(
+            f"solve: {name} solves root problems only (F(x, p) = 0); declare the problem as "
+            "optsolve.RootProblem(F, x0, p), with F(x, p) -> array shaped like x. To "
+            f"minimise an objective use another algorithm, e.g. {minimisers}."
+        )
     if caps["needs_residuals"] and not isinstance(problem, LeastSquaresProblem):
         scalar = ", ".join(c.__name__ for c in algorithm_classes()
                            if not c.needs_residuals and c.family == "classical")
@@ -50,6 +60,8 @@ def check_capabilities(problem: OptimizationProblem, algorithm: Algorithm,
             "optsolve.LeastSquaresProblem(residual, x0, p), with residual(x, p) -> array. "
             f"For a scalar objective use another algorithm, e.g. {scalar}."
         )
+    if caps.get("scalar_only", False):
+        check_scalar_problem(problem, name, caps.get("needs_bounds", False))
     if problem.has_bounds and not caps["takes_bounds"]:
         raise ValueError(
             f"solve: {name} does not support bounds. Either remove `bounds` from the problem or "
@@ -99,6 +111,46 @@ def check_capabilities(problem: OptimizationProblem, algorithm: Algorithm,
         )
     check_dense_memory(problem, algorithm, caps, adjoint)
     check_float_dtypes(problem, algorithm, caps)
+
+
+def check_solves_roots(algorithm: Algorithm) -> str:
+    """The algorithm's ``solves_roots`` trait (how it solves a RootProblem); a TypeError
+    naming the classes that solve them where it solves none."""
+    form = root_form(algorithm)
+    if form is None:
+        raise TypeError(
+            f"solve: {type(algorithm).__name__} does not solve root problems. Algorithms "
+            f"that do: {root_solver_names()}. (To minimise |F|^2 with it instead, declare "
+            "optsolve.LeastSquaresProblem(F, x0, p).)")
+    return form
+
+
+def check_scalar_problem(problem: OptimizationProblem, name: str, needs_bounds: bool) -> None:
+    """Raise a clear error unless ``problem`` suits a method over one scalar (trait
+    ``scalar_only``): x0 one 0-d array and, where the method searches the box
+    (``needs_bounds``), finite bounds on it."""
+    leaves = jax.tree_util.tree_leaves(problem.x0)
+    if len(leaves) != 1 or jnp.ndim(leaves[0]) != 0:
+        given = (f"an array of shape {jnp.shape(leaves[0])}" if len(leaves) == 1
+                 else f"a pytree of {len(leaves)} arrays")
+        vector = ", ".join(c.__name__ for c in algorithm_classes()
+                           if c.family == "classical" and not c.traits().get("scalar_only")
+                           and not c.needs_residuals)
+        raise ValueError(
+            f"solve: {name} minimises over one scalar, so `x0` must be a 0-d float array "
+            f"(e.g. jnp.array(0.5)); got {given}. For a vector x use e.g. {vector}.")
+    if not needs_bounds:
+        return
+    example = "OptimizationProblem(f, jnp.array(1.0), p, bounds=(0.0, 2.0))"
+    if problem.bounds is None:
+        raise ValueError(
+            f"solve: {name} searches the interval given by `bounds`, so it needs finite "
+            f"bounds=(lower, upper) on x; got bounds=None. E.g. {example}.")
+    ends = [jax.tree_util.tree_leaves(b)[0] for b in problem.bounds]
+    if not is_traced(ends) and not all(bool(np.all(np.isfinite(np.asarray(e)))) for e in ends):
+        raise ValueError(
+            f"solve: {name} searches the interval given by `bounds`, so both ends must be "
+            f"finite; got bounds=({float(ends[0])}, {float(ends[1])}). E.g. {example}.")
 
 
 _FLOAT_DTYPES = {"bfloat16", "float16", "float32", "float64"}

@@ -13,12 +13,13 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from optsolve.solve_api import scipy_forms
 from optsolve.solve_api.cache import BoundedCache
 from optsolve.solve_api.least_squares import LeastSquaresProblem
 from optsolve.solve_api.problem import _check_takes_x_and_p, _check_x0
-from optsolve.solve_api.pytree import pytree_dataclass, static_field, tree_spec
+from optsolve.solve_api.pytree import is_traced, pytree_dataclass, static_field, tree_spec
 from optsolve.solve_api.registry import algorithm_classes
 
 PyTree = Any
@@ -51,17 +52,25 @@ class RootProblem:
       x0: the starting point; any pytree of real floating-point arrays (a list of numbers,
         scipy's form, is one array, and ``sol.x`` is that array).
       p: parameters, any pytree (or None); differentiable through ``solve``.
+      bracket: ``(a, b)``, an interval ``a < b`` of finite numbers in which F changes sign,
+        for a scalar x (x0 a 0-d array), as scipy's ``root_scalar(f, bracket=[a, b])``: the
+        bracketing methods (:class:`~optsolve.Bisection`, :class:`~optsolve.Brentq`) search
+        it and need it; the others start from x0 and do not use it. Leaves (in x0's
+        dtype), so a new bracket reuses compiled code and ``jax.vmap`` may map over it.
 
     Example:
       >>> import jax.numpy as jnp
       >>> prob = RootProblem(lambda x, p: x ** 3 - p, jnp.array([1.0, 2.0]), p=8.0)
+      >>> scalar = RootProblem(lambda x, p: x ** 3 - p, jnp.array(1.0), 8.0,
+      ...                      bracket=(0.0, 4.0))
     """
 
     F: Callable[[PyTree, PyTree], PyTree] = static_field()
     x0: PyTree = None
     p: PyTree = None
+    bracket: PyTree = None
 
-    def __init__(self, F, x0, p=None):
+    def __init__(self, F, x0, p=None, *, bracket=None):
         if not callable(F):
             raise TypeError(f"RootProblem: `F` must be a callable F(x, p) -> array shaped like "
                             f"x, got {F!r}.")
@@ -71,18 +80,84 @@ class RootProblem:
             _check_x0(x0)
         except (TypeError, ValueError) as err:
             raise _as_root_problem_error(err) from None
+        if bracket is not None:
+            bracket = _checked_bracket(bracket, x0)
         object.__setattr__(self, "F", F)
         object.__setattr__(self, "x0", x0)
         object.__setattr__(self, "p", p)
+        object.__setattr__(self, "bracket", bracket)
 
     def replace(self, **changes: Any) -> "RootProblem":
-        """A new problem with some of ``F``, ``x0``, ``p`` changed."""
-        unknown = set(changes) - {"F", "x0", "p"}
+        """A new problem with some of ``F``, ``x0``, ``p``, ``bracket`` changed."""
+        unknown = set(changes) - {"F", "x0", "p", "bracket"}
         if unknown:
             raise TypeError(f"RootProblem.replace: unknown field(s) {sorted(unknown)}; valid "
-                            "fields are F, x0, p.")
-        fields = {"F": self.F, "x0": self.x0, "p": self.p, **changes}
-        return RootProblem(fields["F"], fields["x0"], fields["p"])
+                            "fields are F, x0, p, bracket.")
+        fields = {"F": self.F, "x0": self.x0, "p": self.p, "bracket": self.bracket, **changes}
+        return RootProblem(fields["F"], fields["x0"], fields["p"], bracket=fields["bracket"])
+
+
+_BRACKET_EXAMPLE = "RootProblem(F, jnp.array(1.0), p, bracket=(0.0, 2.0))"
+
+
+def _scalar_x0_error(x0: PyTree, what: str) -> str | None:
+    """The complaint about an x0 that is not one 0-d array (None where it is one)."""
+    leaves = jax.tree_util.tree_leaves(x0)
+    if len(leaves) == 1 and jnp.ndim(leaves[0]) == 0:
+        return None
+    given = (f"an array of shape {jnp.shape(leaves[0])}" if len(leaves) == 1
+             else f"a pytree of {len(leaves)} arrays")
+    return (f"{what} one scalar unknown, so `x0` must be a 0-d float array (e.g. "
+            f"jnp.array(1.0)); got {given}. E.g. {_BRACKET_EXAMPLE}.")
+
+
+def _checked_bracket(bracket: Any, x0: PyTree) -> tuple[jax.Array, jax.Array]:
+    """``bracket`` as a pair of 0-d arrays in x0's dtype, checked: a pair ``(a, b)`` of
+    real numbers for a scalar x0, finite with ``a < b`` where they are concrete."""
+    complaint = _scalar_x0_error(x0, "RootProblem: `bracket` brackets")
+    if complaint is not None:
+        raise ValueError(complaint)
+    if hasattr(bracket, "shape") and not isinstance(bracket, (tuple, list)):
+        ends = [bracket[0], bracket[1]] if jnp.shape(bracket) == (2,) else None
+    else:
+        ends = list(bracket) if isinstance(bracket, (tuple, list)) and len(bracket) == 2 \
+            else None
+    if ends is None or any(jnp.ndim(e) != 0 or not _real(e) for e in ends):
+        raise ValueError(f"RootProblem: `bracket` must be a pair (a, b) of real numbers, the "
+                         f"ends of an interval where F changes sign; got {bracket!r}. E.g. "
+                         f"{_BRACKET_EXAMPLE}.")
+    dtype = jnp.result_type(jax.tree_util.tree_leaves(x0)[0])
+    a, b = (jnp.asarray(e).astype(dtype) for e in ends)
+    if not is_traced((a, b)):
+        if not (np.isfinite(float(a)) and np.isfinite(float(b))):
+            raise ValueError(f"RootProblem: `bracket` must have finite ends; got "
+                             f"({float(a)}, {float(b)}).")
+        if not float(a) < float(b):
+            raise ValueError(f"RootProblem: `bracket` must be (a, b) with a < b; got "
+                             f"({float(a)}, {float(b)}).")
+    return a, b
+
+
+def _real(value: Any) -> bool:
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, (int, float)):
+        return True
+    dtype = getattr(value, "dtype", None)
+    return dtype is not None and (jnp.issubdtype(dtype, jnp.floating)
+                                  or jnp.issubdtype(dtype, jnp.integer))
+
+
+def check_bracketed(problem: "RootProblem", name: str) -> None:
+    """Raise a clear error unless ``problem`` suits a bracketing method (``name``): a
+    bracket, on a scalar x."""
+    complaint = _scalar_x0_error(problem.x0, f"solve: {name} searches a bracket around")
+    if complaint is not None:
+        raise ValueError(complaint)
+    if problem.bracket is None:
+        raise ValueError(
+            f"solve: {name} searches the interval given by the problem's `bracket`, an "
+            f"interval where F changes sign; got bracket=None. E.g. {_BRACKET_EXAMPLE}.")
 
 
 _CHECKED = BoundedCache(1024)
@@ -159,7 +234,12 @@ class RootSystem(LeastSquaresProblem):
     tests, is ``F`` itself. The driver's gradient test ``max|grad| <= gtol`` is then the
     root test ``max|F| <= ftol``, and its history's ``grad_norm`` records ``max|F|``.
 
+    ``bracket`` is the root problem's (None where it has none): the bracketing methods
+    search it.
+
     Built by :func:`root_system` only; not a problem users declare."""
+
+    bracket: PyTree = None
 
 
 def root_system(problem: RootProblem) -> RootSystem:
@@ -170,6 +250,7 @@ def root_system(problem: RootProblem) -> RootSystem:
     for f in dataclasses.fields(LeastSquaresProblem):
         object.__setattr__(system, f.name, getattr(base, f.name))
     object.__setattr__(system, "grad", field)
+    object.__setattr__(system, "bracket", problem.bracket)
     return system
 
 
@@ -189,25 +270,27 @@ def derived(problem: RootProblem, **changes: Any) -> RootProblem:
     return out
 
 
-# The root traits of the capability table (capabilities.py checks them)
+# The root traits of the capability table (Algorithm.traits; capabilities.py checks them)
+
+def _caps(algorithm: Any) -> dict[str, Any]:
+    return algorithm.traits() if isinstance(algorithm, type) else algorithm.capabilities()
+
 
 def root_form(algorithm: Any) -> str | None:
     """How an algorithm (or class) solves a :class:`~optsolve.RootProblem`, its
     ``solves_roots`` trait: "field" (a JAX-native root finder, handed the problem's
     :class:`~optsolve.solve_api.root_problem.RootSystem`), "residuals" (a least-squares
     method, handed the least-squares problem of F), "scipy" (scipy's ``root``, handed the
-    RootSystem); None where it solves none."""
-    # Algorithm declares no default for these root traits yet: a class without them
-    # solves no root problem
-    cls = algorithm if isinstance(algorithm, type) else type(algorithm)
-    return getattr(cls, "solves_roots", None)
+    RootSystem), "bracket" (a JAX-native bracketing method on a scalar x, handed the
+    RootSystem with the problem's bracket, SUCCESS by its own bracket test); None where it
+    solves none."""
+    return _caps(algorithm)["solves_roots"]
 
 
 def roots_only(algorithm: Any) -> bool:
     """Whether an algorithm (or class) solves root problems only (its ``roots_only``
     trait): NewtonRaphson, Broyden, ScipyRoot."""
-    cls = algorithm if isinstance(algorithm, type) else type(algorithm)
-    return bool(getattr(cls, "roots_only", False))
+    return bool(_caps(algorithm)["roots_only"])
 
 
 def root_solver_names() -> str:

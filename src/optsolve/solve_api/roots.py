@@ -2,16 +2,22 @@
 problem in the form it takes, judge the result by ``max|F(x)| <= ftol``, and differentiate
 ``x*(p)`` by the implicit function theorem.
 
-The forms (an algorithm's ``solves_roots`` trait, :func:`~optsolve.solve_api.capabilities.root_form`):
+The forms (an algorithm's ``solves_roots`` trait,
+:func:`~optsolve.solve_api.root_problem.root_form`):
 
 - "field": the JAX-native root finders run on the shared driver with the problem's
   :class:`~optsolve.solve_api.root_problem.RootSystem`, whose gradient field is F, so the
   driver's gradient test, given ``ftol`` as its gtol, is the root test;
 - "residuals": the least-squares methods (:class:`~optsolve.LevenbergMarquardt`) minimise
   ``0.5 |F|^2`` as they would any residuals, with their own stopping tests;
-- "scipy": scipy's ``root`` (:class:`~optsolve.ScipyRoot`), given the RootSystem.
+- "scipy": scipy's ``root`` (:class:`~optsolve.ScipyRoot`), given the RootSystem;
+- "bracket": the JAX-native bracketing methods (:class:`~optsolve.Bisection`,
+  :class:`~optsolve.Brentq`) on a scalar x, given the RootSystem with the problem's
+  ``bracket``; SUCCESS by their own bracket test (or F = 0, or ``max|F| <= ftol`` where
+  ``ftol`` is given), not by ``ftol``; a bracket without a sign change of F is a
+  ValueError (FAILURE under a trace).
 
-Whatever ran, the Solution is SUCCESS only where ``max|F(x)| <= ftol``: a least-squares
+Whatever else ran, the Solution is SUCCESS only where ``max|F(x)| <= ftol``: a least-squares
 method that converges to a minimum of ``|F|^2`` that is not a root ends STALLED.
 
 Derivatives: at a root, ``F(x*(p), p) = 0`` gives ``J dx = -(dF/dp) dp`` with ``J = dF/dx``,
@@ -44,14 +50,16 @@ from optsolve.solve_api.adjoint import (
     ImplicitAdjoint, UnrolledAdjoint, _closes_over_tracers, _instantiated, _is_array_leaf,
     _perturbed, _zero_tangent,
 )
-from optsolve.solve_api.capabilities import check_capabilities, resume_point
+from optsolve.solve_api.capabilities import (
+    check_capabilities, check_solves_roots, resume_point,
+)
 from optsolve.solve_api.options import as_callback, make_options
 from optsolve.solve_api.pytree import is_traced, replace
 from optsolve.solve_api.registry import as_algorithm, backend_for
-from optsolve.solve_api.returncode import ReturnCode
+from optsolve.solve_api.returncode import BRACKET_SIGN, ReturnCode
 from optsolve.solve_api.root_problem import (
-    RootField, RootProblem, check_root_function, derived, residual_problem, root_form,
-    root_solver_names, root_system,
+    RootField, RootProblem, check_bracketed, check_root_function, derived, residual_problem,
+    root_system,
 )
 from optsolve.solve_api.solution import Solution
 
@@ -114,13 +122,10 @@ def solve_root(problem: RootProblem, algorithm: Any, options: dict[str, Any] | N
     options = dict(options or {})
     _check_keywords(keywords)
     algorithm = as_algorithm(algorithm)
-    form = root_form(algorithm)
-    if form is None:
-        raise TypeError(
-            f"solve: {type(algorithm).__name__} does not solve root problems. Algorithms "
-            f"that do: {root_solver_names()}. (To minimise |F|^2 with it instead, declare "
-            "optsolve.LeastSquaresProblem(F, x0, p).)")
+    form = check_solves_roots(algorithm)
     check_root_function(problem)
+    if form == "bracket":
+        check_bracketed(problem, type(algorithm).__name__)
     ftol = keywords.get("ftol")
     tol = default_tol(problem.x0) if ftol is None else ftol
     adjoint = keywords.get("adjoint")
@@ -135,7 +140,7 @@ def solve_root(problem: RootProblem, algorithm: Any, options: dict[str, Any] | N
         metrics=keywords.get("metrics"), evaluate=keywords.get("evaluate"),
         eval_every=keywords.get("eval_every", 1), keep=keywords.get("keep", "last"),
         **options)
-    if form in ("field", "scipy"):
+    if form in ("field", "scipy", "bracket"):
         # the driver's gradient test on F is the root test (ScipyRoot: scipy's fatol); the
         # driver's ftol / xtol tests are off
         opts = replace(opts, gtol=tol if form == "scipy" else ftol, ftol=None, xtol=None)
@@ -149,6 +154,8 @@ def solve_root(problem: RootProblem, algorithm: Any, options: dict[str, Any] | N
 
     def run(problem: RootProblem, algorithm: Any, options: Any, **loop: Any) -> Solution:
         solution = backend(_form_of(form, problem), algorithm, options, **loop)
+        if form == "bracket":
+            return _sign_checked(solution, problem)
         return _judged(solution, problem, tol)
 
     traced = is_traced(problem, algorithm, opts) or host.under_a_trace()
@@ -161,6 +168,9 @@ def solve_root(problem: RootProblem, algorithm: Any, options: dict[str, Any] | N
     elapsed = time.perf_counter() - start
     if np.ndim(solution.retcode) != 0:  # a batch (a vmapped problem solved eagerly)
         return replace(solution, stats=replace(solution.stats, time=elapsed))
+    if form == "bracket" and solution.reason is not None and \
+            int(solution.reason) == BRACKET_SIGN:
+        raise _sign_error(problem)
     return _described(_eager(solution, elapsed, calls.interrupted), problem, algorithm, tol,
                      form)
 
@@ -190,6 +200,46 @@ def _judged(solution: Solution, problem: RootProblem, tol: Any) -> Solution:
     return replace(solution, retcode=retcode, reason=reason)
 
 
+def _bracket_values(problem: RootProblem) -> tuple[jax.Array, jax.Array]:
+    """F at the ends of the problem's bracket."""
+    field = RootField(problem.F)
+    unflatten = jax.tree_util.tree_structure(problem.x0).unflatten
+    a, b = problem.bracket
+    values = [jax.tree_util.tree_leaves(field(unflatten([end]), problem.p))[0]
+              for end in (a, b)]
+    return values[0], values[1]
+
+
+def _same_sign(problem: RootProblem) -> jax.Array:
+    """F(a) and F(b) are finite and nonzero, with one sign."""
+    fa, fb = _bracket_values(problem)
+    finite = jnp.isfinite(fa) & jnp.isfinite(fb)
+    return finite & (fa != 0) & (fb != 0) & (jnp.signbit(fa) == jnp.signbit(fb))
+
+
+_same_sign_compiled = jax.jit(_same_sign)
+
+
+def _sign_checked(solution: Solution, problem: RootProblem) -> Solution:
+    """A bracketing run's solution with the reason :data:`BRACKET_SIGN` where F(a) and
+    F(b) are nonzero with one sign (the method failed at its first step, at x0)."""
+    same = _same_sign_compiled(problem)
+    retcode = jnp.where(same, int(ReturnCode.FAILURE), solution.retcode).astype(jnp.int32)
+    reason = solution.reason
+    if reason is not None:
+        reason = jnp.where(same, BRACKET_SIGN, reason).astype(jnp.result_type(reason))
+    return replace(solution, retcode=retcode, reason=reason)
+
+
+def _sign_error(problem: RootProblem) -> ValueError:
+    fa, fb = (float(v) for v in _bracket_values(problem))
+    a, b = (float(e) for e in problem.bracket)
+    return ValueError(
+        f"RootProblem: `bracket` = ({a:.6g}, {b:.6g}) holds no sign change of F: f(a) and "
+        f"f(b) must have different signs, got F(a) = {fa:.6g}, F(b) = {fb:.6g}. Give a "
+        "bracket whose ends F takes with opposite signs.")
+
+
 def _eager(solution: Solution, elapsed: float, interrupted: bool) -> Solution:
     """An eager result in one set of types: a ReturnCode, Python ints (as ``solve``'s)."""
     def count(value):
@@ -210,6 +260,18 @@ def _described(solution: Solution, problem: RootProblem, algorithm: Any, tol: An
                form: str) -> Solution:
     """An eager solution whose message says how far from a root it ended."""
     residual = float(_max_residual_compiled(problem, solution.x))
+    if form == "bracket":
+        if solution.retcode == ReturnCode.SUCCESS:  # by the method's own bracket test
+            if solution.reason == 12 and residual:  # the driver's words: a trust region's
+                return replace(solution, reason=None, detail=(
+                    f"the bracket around the root is below xtol + rtol |x|; |F(x)| = "
+                    f"{residual:.3g}"))
+            if solution.reason == 12:
+                return replace(solution, reason=None, detail="F(x) = 0")
+            # solve's ftol, the driver's gradient test on F: its words are a minimiser's
+            return replace(solution, reason=None,
+                           detail=f"|F(x)| = {residual:.3g} <= ftol = {float(tol):.3g}")
+        return replace(solution, detail=f"|F(x)| = {residual:.3g}")
     if solution.retcode == ReturnCode.SUCCESS:
         # the driver's gradient test is the root test here: its wording is a minimiser's
         reason = None if form == "field" else solution.reason

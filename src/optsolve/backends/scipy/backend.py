@@ -239,11 +239,24 @@ class ScipyGlobal(_ScipyAlgorithm):
     where f is not finite is passed over by default (``solve(nonfinite="reject")``: the
     method sees +inf; the message counts them; ``nonfinite="fail"`` makes it a FAILURE);
     a NaN gradient in a local search (differential_evolution's polish) rejects that
-    trial point. Reference: scipy.optimize's global optimization documentation.
+    trial point.
+
+    differential_evolution with ``vectorized=True`` evaluates each generation's
+    population (and the constraints, where there are any) in one vmapped compiled call
+    instead of one call per point; scipy's vectorised mode needs ``updating='deferred'``,
+    which it implies (``updating='immediate'`` with it is an error). It is also the default
+    under ``updating='deferred'``, where it changes nothing but the speed: the same ``rng``
+    gives the same trials and the same result (``vectorized=False`` opts out). It is not the
+    default otherwise, because scipy's default ``updating='immediate'`` (each better trial
+    enters the population at once) is a different search. ``stats.f_evals`` counts points;
+    scipy's ``original.nfev`` and its ``maxfun`` then count calls. No other scipy global
+    method takes a vectorised objective. Reference: scipy.optimize's global optimization
+    documentation.
 
     Example:
       >>> prob = OptimizationProblem(f, jnp.zeros(5), bounds=(-5.12, 5.12))
       >>> sol = optsolve.solve(prob, optsolve.ScipyGlobal("differential_evolution", rng=0))
+      >>> fast = optsolve.ScipyGlobal("differential_evolution", rng=0, vectorized=True)
     """
 
     _kind = "global"

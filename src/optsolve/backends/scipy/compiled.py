@@ -16,13 +16,12 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
-from scipy.sparse.linalg import LinearOperator
 
 from optsolve.backends.scipy.host_executable import HostCall, HostExecutable
 from optsolve.solve_api.cache import BoundedCache
@@ -30,6 +29,9 @@ from optsolve.solve_api.host import raise_if_interrupted
 from optsolve.solve_api.kkt import constraint_values
 from optsolve.solve_api.problem import OptimizationProblem
 from optsolve.solve_api.pytree import tree_spec
+
+if TYPE_CHECKING:
+    from scipy.sparse.linalg import LinearOperator
 
 PyTree = Any
 
@@ -130,6 +132,12 @@ def _build(kind: str, f, constraints, unravel, dtype) -> Callable:
 
     if kind == "f":
         return obj
+    if kind == "f_batch":
+        # a population of points (S, n) -> (S,) in one call (differential_evolution's
+        # ``vectorized``)
+        return jax.vmap(obj, in_axes=(0, None))
+    if kind == "c_batch":  # (S, n) -> (S, m)
+        return jax.vmap(cons, in_axes=(0, None))
     if kind == "fg":
         def fg(xf, p):
             # [f, g...]: one transfer. Nothing else is computed here: a reduction over g
@@ -157,11 +165,13 @@ def _build(kind: str, f, constraints, unravel, dtype) -> Callable:
     raise ValueError(kind)
 
 
-def compiled(kind: str, problem: OptimizationProblem, p: PyTree, n_cons: int) -> HostExecutable:
-    """The compiled executable of ``kind`` for this problem's shapes (cached)."""
+def compiled(kind: str, problem: OptimizationProblem, p: PyTree, n_cons: int,
+             batch: int | None = None) -> HostExecutable:
+    """The compiled executable of ``kind`` for this problem's shapes (cached); ``batch``:
+    the number of points of a ``"f_batch"`` call."""
     g_fns = tuple(c.g for c in problem.constraints or ())
     dtype = eval_dtype(problem.x0)
-    key = (kind, problem.f, g_fns, tree_spec(problem.x0), tree_spec(p), str(dtype))
+    key = (kind, problem.f, g_fns, tree_spec(problem.x0), tree_spec(p), str(dtype), batch)
 
     def build() -> HostExecutable:
         # Only on a cache miss: it dispatches JAX operations.
@@ -169,7 +179,9 @@ def compiled(kind: str, problem: OptimizationProblem, p: PyTree, n_cons: int) ->
         n = flat0.shape[0]
         vec = jax.ShapeDtypeStruct((n,), flat0.dtype)
         fn = _build(kind, problem.f, problem.constraints or (), unravel, flat0.dtype)
-        args = {"hessp": (vec, vec), "chvp": (vec, jax.ShapeDtypeStruct((n_cons,), flat0.dtype), vec)}
+        args = {"hessp": (vec, vec), "chvp": (vec, jax.ShapeDtypeStruct((n_cons,), flat0.dtype), vec),
+                "f_batch": (jax.ShapeDtypeStruct((batch or 0, n), flat0.dtype),),
+                "c_batch": (jax.ShapeDtypeStruct((batch or 0, n), flat0.dtype),)}
         return HostExecutable(fn, args.get(kind, (vec,)), p)
 
     return _CACHE.get_or_make(key, build)
@@ -237,6 +249,8 @@ class HostProblem:
         self._memo_fg: tuple[float, np.ndarray] | None = None
         self._memo_cx: np.ndarray | None = None
         self._memo_cj: tuple[np.ndarray, np.ndarray] | None = None
+        # fun_batch's and cons_batch's executables, by (kind, batch size)
+        self._batched: dict[tuple[str, int], HostCall] = {}
 
     def prepare(self, kinds: tuple[str, ...]) -> None:
         """Compile the executables of ``kinds`` now (before scipy starts its clock)."""
@@ -280,6 +294,60 @@ class HostProblem:
                 self.best_of_first is None or f < self.best_of_first[1]):
             self.best_of_first = (np.array(x, dtype=np.float64), f)
         return f if finite or not self.reject else math.inf
+
+    @property
+    def batched(self) -> bool:
+        """Whether :meth:`fun_batch` evaluated f (its points are counted in ``n_f``)."""
+        return any(kind == "f_batch" for kind, _ in self._batched)
+
+    def _batch_call(self, kind: str, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(points (S, n), the values of ``kind`` at them (S, ...)) for scipy's (n, S) or (n,).
+
+        Each population size is compiled once; a smaller population (the end of a
+        ``maxfun`` budget, the feasible part of one) is padded to a size already compiled
+        (the first call, the whole initial population, is the largest) and the padding's
+        values dropped."""
+        raise_if_interrupted()
+        points = np.ascontiguousarray(np.asarray(x, dtype=np.float64).reshape(self.n, -1).T)
+        s = points.shape[0]
+        size = min((b for k, b in self._batched if k == kind and b >= s), default=None)
+        if size is None:
+            size = s
+            self._batched[kind, s] = compiled(kind, self.problem, self.p, self.n_cons,
+                                              batch=s).bind(self.p)
+        padded = points if size == s else np.concatenate(
+            [points, np.broadcast_to(points[-1:], (size - s, self.n))])
+        values = np.asarray(self._batched[kind, size](self._x(padded))[0], dtype=np.float64)
+        return points, values[:s]
+
+    def fun_batch(self, x: np.ndarray) -> np.ndarray:
+        """f at each column of ``x`` (shape (n, S)), in one compiled vmapped call: scipy's
+        ``vectorized=True`` protocol (differential_evolution). Every point counts one
+        evaluation in ``n_f``; non-finite values are counted and, under ``reject``,
+        handed back as +inf, as in :meth:`fun`."""
+        if np.size(x) == 0:
+            return np.empty(0)
+        points, f = self._batch_call("f_batch", x)
+        s = points.shape[0]
+        self.n_f += s
+        finite = np.isfinite(f)
+        if finite.any():
+            last = int(np.flatnonzero(finite)[-1])
+            self.last_finite = (points[last].copy(), float(f[last]))
+        bad = s - int(finite.sum())
+        if bad:
+            self.bad["f"] += bad
+            self.nonfinite = True
+            if self.reject:
+                f = np.where(finite, f, np.inf)
+        return f
+
+    def cons_batch(self, x: np.ndarray) -> np.ndarray:
+        """All constraint values at each column of ``x`` (n, S), shape (m, S), in one
+        compiled call (differential_evolution's vectorized constraints)."""
+        if np.size(x) == 0:
+            return np.empty((self.n_cons, 0))
+        return self._batch_call("c_batch", x)[1].T
 
     def fun_and_grad(self, x: np.ndarray) -> tuple[float, np.ndarray]:
         """(f(x), grad f(x)) from one compiled evaluation (scipy's ``jac=True`` protocol).
@@ -392,6 +460,8 @@ class HostProblem:
 
     def cons_hess(self, x: np.ndarray, v: np.ndarray) -> LinearOperator:
         """sum_i v_i Hess c_i(x) as a LinearOperator (trust-constr's Lagrangian Hessian)."""
+        from scipy.sparse.linalg import LinearOperator  # here: optsolve's import skips scipy
+
         self.prepare(("chvp",))
         xx, vv = self._x(x), self._x(v)
         exe = self._exe["chvp"]

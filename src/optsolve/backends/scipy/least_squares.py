@@ -15,12 +15,10 @@ paths.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import jax
 import numpy as np
-import scipy.optimize as so
-from scipy.optimize import Bounds, OptimizeResult
 
 from optsolve.backends.scipy.backend import _make_class, _ScipyAlgorithm, solve_scipy
 from optsolve.backends.scipy.losses import LOSSES, RobustCost
@@ -39,6 +37,9 @@ from optsolve.solve_api.registry import register_backend
 from optsolve.solve_api.returncode import ReturnCode
 from optsolve.solve_api.solution import Solution
 
+if TYPE_CHECKING:
+    from scipy.optimize import OptimizeResult
+
 _EPS = float(np.finfo(float).eps)
 
 # gtol, ftol and xtol are solve's (scipy tests them, with scipy's definitions); maxiters is
@@ -46,10 +47,11 @@ _EPS = float(np.finfo(float).eps)
 # an option); the monitor always runs, since least_squares reports no iteration count.
 _COMMON = dict(needs_gradient=True, native_gtol=True, native_ftol=True, native_xtol=True,
                maxiter_name=None, monitor_counts=True, owner="ScipyLeastSquares")
+_LEAST_SQUARES = "scipy.optimize:least_squares"
 LEAST_SQUARES_SPECS: dict[str, MethodSpec] = {s.key: s for s in (
-    MethodSpec("trf", "trf", so.least_squares, takes_bounds=True, **_COMMON),
-    MethodSpec("dogbox", "dogbox", so.least_squares, takes_bounds=True, **_COMMON),
-    MethodSpec("lm", "lm", so.least_squares, **_COMMON),
+    MethodSpec("trf", "trf", _LEAST_SQUARES, takes_bounds=True, **_COMMON),
+    MethodSpec("dogbox", "dogbox", _LEAST_SQUARES, takes_bounds=True, **_COMMON),
+    MethodSpec("lm", "lm", _LEAST_SQUARES, **_COMMON),
 )}
 
 _TRUST_REGION_ONLY = ("tr_solver", "tr_options")  # "relevant only for 'trf' and 'dogbox'"
@@ -240,6 +242,8 @@ def _call_least_squares(problem, algorithm, options, host: ResidualHost, monitor
                         bounds) -> OptimizeResult:
     """scipy.optimize.least_squares with solve's tolerances, optsolve's callback and the
     compiled residuals and Jacobian (a runner of ``scipy_run._run``)."""
+    import scipy.optimize as so
+
     spec = algorithm.spec
     kwargs = algorithm.options  # scipy's own, loss and f_scale included
     for name in ("gtol", "ftol", "xtol"):
@@ -247,7 +251,7 @@ def _call_least_squares(problem, algorithm, options, host: ResidualHost, monitor
             # lm refuses tolerances below machine epsilon; at it the test is as good as off
             kwargs[name] = max(options[name], _EPS) if spec.key == "lm" else options[name]
     if bounds is not None:
-        kwargs["bounds"] = Bounds(*bounds)
+        kwargs["bounds"] = so.Bounds(*bounds)
     if spec.key == "lm":
         jac, callback = _lm_jacobian(host, monitor), None
     else:
@@ -272,6 +276,8 @@ def run_least_squares(problem: LeastSquaresProblem, algorithm: ScipyLeastSquares
                      "evaluations, trial steps MINPACK rejected")
     if monitor.stopped_by is not None and result.get("status") == -2:
         notes[0] = f"stopped by {monitor.stopped_by}"  # scipy only says its callback did
+    from scipy.optimize import OptimizeResult
+
     # the outcome rules read the objective from `fun`, which least_squares gives the
     # residuals: a view with the cost there (sol.original stays scipy's own result)
     view = OptimizeResult(result)

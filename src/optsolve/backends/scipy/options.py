@@ -4,23 +4,41 @@ One :class:`MethodSpec` per method; the valid option names are read from scipy's
 solver signatures, so they follow the installed scipy. Options that scipy would accept and
 then ignore (a finite-difference step when JAX supplies the gradient), options ``solve``
 owns (``maxiter``, mapped ``gtol``) and deprecated ones are errors that say what to do.
+
+The table names scipy's functions by path and imports them when their options are first
+read, so that the scipy family's classes (and ``import optsolve``) do not import scipy.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import importlib
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
-import scipy.optimize as so
-from scipy.optimize import _minimize as _m
-from scipy.optimize._trustregion import _minimize_trust_region
 
-try:  # the marker scipy uses for deprecated keyword defaults
-    from scipy._lib.deprecation import _NoValue
-except ImportError:  # pragma: no cover
-    _NoValue = object()
+@functools.cache
+def scipy_function(path: str) -> Callable[..., Any]:
+    """The scipy function at ``path`` ("module:name"), imported on first use."""
+    module, name = path.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+@functools.cache
+def _no_value() -> Any:
+    """The marker scipy uses for deprecated keyword defaults."""
+    try:
+        from scipy._lib.deprecation import _NoValue
+    except ImportError:  # pragma: no cover
+        return object()
+    return _NoValue
+
+
+_O = "scipy.optimize:"
+_M = "scipy.optimize._minimize:_minimize_"
+_TRUST_REGION = "scipy.optimize._trustregion:_minimize_trust_region"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,7 +48,8 @@ class MethodSpec:
     Attributes:
       key: the lower-case name optsolve looks it up by.
       name: scipy's spelling.
-      function: the scipy function whose signature lists the method's options.
+      function: where the scipy function whose signature lists the method's options is,
+        "module:name" (:meth:`parameters` imports it).
       needs_gradient: optsolve passes a JAX gradient.
       hessian: "hess" (dense), "hessp" (products) or None: what optsolve passes.
       takes_bounds, takes_constraints: honours the problem's bounds / constraints.
@@ -78,7 +97,7 @@ class MethodSpec:
 
     key: str
     name: str
-    function: Callable[..., Any]
+    function: str
     needs_gradient: bool
     hessian: str | None = None
     takes_bounds: bool = False
@@ -100,56 +119,65 @@ class MethodSpec:
     extra: tuple[str, ...] = ()
     owner: str = ""
 
+    def parameters(self) -> Mapping[str, inspect.Parameter]:
+        """The parameters of scipy's function for the method (scipy imported here)."""
+        return _parameters(self.function)
+
+
+@functools.cache
+def _parameters(path: str) -> Mapping[str, inspect.Parameter]:
+    return inspect.signature(scipy_function(path)).parameters
+
 
 MINIMIZE_SPECS: dict[str, MethodSpec] = {s.key: s for s in (
-    MethodSpec("nelder-mead", "Nelder-Mead", _m._minimize_neldermead, False, takes_bounds=True,
+    MethodSpec("nelder-mead", "Nelder-Mead", _M + "neldermead", False, takes_bounds=True,
                first_iteration=1, rejects_nonfinite=True),
-    MethodSpec("powell", "Powell", _m._minimize_powell, False, takes_bounds=True,
+    MethodSpec("powell", "Powell", _M + "powell", False, takes_bounds=True,
                rejects_nonfinite=True),
-    MethodSpec("cg", "CG", _m._minimize_cg, True, native_gtol=True),
-    MethodSpec("bfgs", "BFGS", _m._minimize_bfgs, True, native_gtol=True),
-    MethodSpec("newton-cg", "Newton-CG", _m._minimize_newtoncg, True, hessian="hessp"),
-    MethodSpec("l-bfgs-b", "L-BFGS-B", _m._minimize_lbfgsb, True, takes_bounds=True,
+    MethodSpec("cg", "CG", _M + "cg", True, native_gtol=True),
+    MethodSpec("bfgs", "BFGS", _M + "bfgs", True, native_gtol=True),
+    MethodSpec("newton-cg", "Newton-CG", _M + "newtoncg", True, hessian="hessp"),
+    MethodSpec("l-bfgs-b", "L-BFGS-B", _M + "lbfgsb", True, takes_bounds=True,
                native_gtol=True, native_ftol=True),
     # TNC's only budget is maxfun, and its callback(xk) cannot stop it.
-    MethodSpec("tnc", "TNC", _m._minimize_tnc, True, takes_bounds=True, native_gtol=True,
+    MethodSpec("tnc", "TNC", _M + "tnc", True, takes_bounds=True, native_gtol=True,
                maxiter_name=None, callback="x"),
     # COBYLA's maxiter counts function evaluations: it stays COBYLA's own option.
-    MethodSpec("cobyla", "COBYLA", _m._minimize_cobyla, False, takes_bounds=True,
+    MethodSpec("cobyla", "COBYLA", _M + "cobyla", False, takes_bounds=True,
                takes_constraints=True, maxiter_name=None, rejects_nonfinite=True),
     # COBYQA's maxiter counts its trust-region iterations (scipy's nit); maxfev, its
     # evaluation budget, stays its own. Its callback runs after each evaluation.
-    MethodSpec("cobyqa", "COBYQA", _m._minimize_cobyqa, False, takes_bounds=True,
+    MethodSpec("cobyqa", "COBYQA", _M + "cobyqa", False, takes_bounds=True,
                takes_constraints=True, callback_per_iteration=False,
                callback_per_evaluation=True, rejects_nonfinite=True),
-    MethodSpec("slsqp", "SLSQP", _m._minimize_slsqp, True, takes_bounds=True,
+    MethodSpec("slsqp", "SLSQP", _M + "slsqp", True, takes_bounds=True,
                takes_constraints=True, constrained_ftol=True),
-    MethodSpec("trust-constr", "trust-constr", _m._minimize_trustregion_constr, True,
+    MethodSpec("trust-constr", "trust-constr", _M + "trustregion_constr", True,
                hessian="hessp", takes_bounds=True, takes_constraints=True, native_gtol=True),
-    MethodSpec("dogleg", "dogleg", _minimize_trust_region, True, hessian="hess",
+    MethodSpec("dogleg", "dogleg", _TRUST_REGION, True, hessian="hess",
                native_gtol=True, gtol_2norm=True),
-    MethodSpec("trust-ncg", "trust-ncg", _minimize_trust_region, True, hessian="hessp",
+    MethodSpec("trust-ncg", "trust-ncg", _TRUST_REGION, True, hessian="hessp",
                native_gtol=True, gtol_2norm=True),
-    MethodSpec("trust-exact", "trust-exact", _minimize_trust_region, True, hessian="hess",
+    MethodSpec("trust-exact", "trust-exact", _TRUST_REGION, True, hessian="hess",
                native_gtol=True, gtol_2norm=True, extra=("subproblem_maxiter",)),
-    MethodSpec("trust-krylov", "trust-krylov", _minimize_trust_region, True, hessian="hessp",
+    MethodSpec("trust-krylov", "trust-krylov", _TRUST_REGION, True, hessian="hessp",
                native_gtol=True, gtol_2norm=True, extra=("inexact",)),
 )}
 
 GLOBAL_SPECS: dict[str, MethodSpec] = {s.key: s for s in (
-    MethodSpec("differential_evolution", "differential_evolution", so.differential_evolution,
+    MethodSpec("differential_evolution", "differential_evolution", _O + "differential_evolution",
                True, takes_bounds=True, takes_constraints=True, own_budget=True,
-               rejects_nonfinite=True),
-    MethodSpec("dual_annealing", "dual_annealing", so.dual_annealing, True, takes_bounds=True,
+               rejects_nonfinite=True, extra=("vectorized",)),
+    MethodSpec("dual_annealing", "dual_annealing", _O + "dual_annealing", True, takes_bounds=True,
                callback_per_iteration=False, own_budget=True, rejects_nonfinite=True),
-    MethodSpec("shgo", "shgo", so.shgo, True, takes_bounds=True, takes_constraints=True,
+    MethodSpec("shgo", "shgo", _O + "shgo", True, takes_bounds=True, takes_constraints=True,
                maxiter_name="iters", callback="x", callback_per_iteration=False,
                own_budget=True, rejects_nonfinite=True),
     # direct's callback starts at its third iteration (the first two divide the box).
-    MethodSpec("direct", "direct", so.direct, False, takes_bounds=True, callback="x",
+    MethodSpec("direct", "direct", _O + "direct", False, takes_bounds=True, callback="x",
                maxiter_offset=2, monitor_counts=True, own_budget=True,
                rejects_nonfinite=True),
-    MethodSpec("basinhopping", "basinhopping", so.basinhopping, True, takes_bounds=True,
+    MethodSpec("basinhopping", "basinhopping", _O + "basinhopping", True, takes_bounds=True,
                takes_constraints=True, maxiter_name="niter", extra=("local",),
                own_budget=True, rejects_nonfinite=True),
 )}
@@ -169,7 +197,8 @@ _SUPPLIED = {
     "minimizer_kwargs": ("local searches get JAX derivatives from optsolve; choose "
                          "basinhopping's local method with local=ScipyMinimize(...)"),
     "subproblem": "the subproblem is fixed by the method",
-    "vectorized": "optsolve evaluates one point per call",
+    "vectorized": ("of scipy's methods only differential_evolution evaluates a population "
+                   "at once: ScipyGlobal('differential_evolution', vectorized=True)"),
     "unknown_options": "", "trust_region_options": "",
 }
 _FINITE_DIFFERENCES = ("eps", "finite_diff_rel_step", "workers", "diff_step", "jac_sparsity")
@@ -197,8 +226,8 @@ def canonical_method(kind: str, method: Any) -> str:
 def valid_options(spec: MethodSpec) -> tuple[str, ...]:
     """The option names the method takes through optsolve."""
     names = []
-    for name, param in inspect.signature(spec.function).parameters.items():
-        if name in _SUPPLIED or param.kind is param.VAR_KEYWORD or param.default is _NoValue:
+    for name, param in spec.parameters().items():
+        if name in _SUPPLIED or param.kind is param.VAR_KEYWORD or param.default is _no_value():
             continue
         if name in _FINITE_DIFFERENCES and spec.needs_gradient:
             continue
@@ -257,14 +286,23 @@ def check_options(spec: MethodSpec, options: dict[str, Any]) -> dict[str, Any]:
         if name == "workers":
             raise TypeError(f"{who}: `workers` is not supported (optsolve's compiled "
                             f"objective is not picklable); got workers={value!r}.")
-        param = inspect.signature(spec.function).parameters.get(name)
-        if param is not None and param.default is _NoValue:
+        param = spec.parameters().get(name)
+        if param is not None and param.default is _no_value():
             raise TypeError(f"{who}: `{name}` is deprecated by scipy and would only warn; "
                             f"got {name}={value!r}. Remove it.")
         raise TypeError(
             f"{who} does not take the option `{name}` (got {name}={value!r}). Valid options: "
             f"{', '.join(valid) or '(none)'}; common options go to solve: maxiters, maxtime, "
             "gtol, ftol, callback.")
+    if "vectorized" in options and not isinstance(options["vectorized"], bool):
+        raise TypeError(f"{who}: `vectorized` must be True or False, got "
+                        f"vectorized={options['vectorized']!r}.")
+    if options.get("vectorized") and options.get("updating", "deferred") != "deferred":
+        raise TypeError(
+            f"{who}: vectorized=True evaluates each generation's population in one call, "
+            "which needs updating='deferred' (the population changes once per generation); "
+            f"got updating={options['updating']!r}. Remove `updating` (vectorized=True "
+            "implies 'deferred') or use vectorized=False.")
     return dict(options)
 
 

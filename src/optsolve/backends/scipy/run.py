@@ -2,19 +2,19 @@
 per-iteration tests (:mod:`optsolve.backends.scipy.monitor`), and the result mapped to a ReturnCode with
 optsolve's own rules on top of scipy's status (non-finite values, feasibility, the user's
 gtol). Used by :mod:`optsolve.backends.scipy.backend` directly, or from inside ``jax.pure_callback``.
+
+scipy is imported by the functions that call it, on the first run: ``import optsolve``
+does not import it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
-import scipy.optimize as so
-from scipy.optimize import Bounds, NonlinearConstraint, OptimizeResult
 
 from optsolve.backends.scipy.compiled import FEASIBILITY_TOL, HostProblem
 from optsolve.backends.scipy.monitor import Monitor, Stop
@@ -28,6 +28,8 @@ from optsolve.solve_api.problem import OptimizationProblem
 from optsolve.solve_api.returncode import ReturnCode
 from optsolve.solve_api.stationarity import stationarity
 
+if TYPE_CHECKING:
+    from scipy.optimize import OptimizeResult
 
 
 def _flat(tree) -> np.ndarray:
@@ -46,6 +48,8 @@ def _bounds(problem: OptimizationProblem) -> tuple[np.ndarray, np.ndarray] | Non
 def _nonlinear_constraint(host: HostProblem, spec: MethodSpec) -> list:
     if not host.constraints:
         return []
+    from scipy.optimize import NonlinearConstraint
+
     if spec.key in ("cobyla", "cobyqa", "differential_evolution"):
         return [NonlinearConstraint(host.cons, host.c_lower, host.c_upper)]
     if spec.key == "slsqp":
@@ -79,6 +83,8 @@ def _derivative_kwargs(host: HostProblem, spec: MethodSpec) -> dict:
 
 
 def _minimize(problem, algorithm, options, host, monitor, bounds) -> OptimizeResult:
+    import scipy.optimize as so
+
     spec = algorithm.spec
     kwargs = _derivative_kwargs(host, spec)
     scipy_options = _tolerances(spec, algorithm.options, options["gtol"], options["ftol"])
@@ -86,7 +92,7 @@ def _minimize(problem, algorithm, options, host, monitor, bounds) -> OptimizeRes
     if budget.by_solve:
         scipy_options[spec.maxiter_name] = budget.scipy_value
     if bounds is not None:
-        kwargs["bounds"] = Bounds(*bounds)
+        kwargs["bounds"] = so.Bounds(*bounds)
     constraints = _nonlinear_constraint(host, spec)
     if constraints:
         host.prepare(("c",) if spec.key in ("cobyla", "cobyqa") else ("cj",))
@@ -133,6 +139,8 @@ def _local_minimizer(host: HostProblem, local_spec: MethodSpec, local_options: d
     if options:
         kwargs["options"] = options
     if bounds is not None:
+        from scipy.optimize import Bounds
+
         kwargs["bounds"] = Bounds(*bounds)
     if constraints:
         kwargs["constraints"] = constraints
@@ -140,6 +148,8 @@ def _local_minimizer(host: HostProblem, local_spec: MethodSpec, local_options: d
 
 
 def _global(problem, algorithm, options, host, monitor, bounds) -> OptimizeResult:
+    import scipy.optimize as so
+
     spec = algorithm.spec
     opts = dict(algorithm.options)
     budget = iteration_budget(algorithm, options["maxiters"])
@@ -153,7 +163,7 @@ def _global(problem, algorithm, options, host, monitor, bounds) -> OptimizeResul
             "e.g. OptimizationProblem(f, x0, bounds=(-5.0, 5.0)), or use "
             "ScipyGlobal(method='basinhopping'), which needs none."
         )
-    box = None if bounds is None else Bounds(*bounds)
+    box = None if bounds is None else so.Bounds(*bounds)
     constraints = _nonlinear_constraint(host, spec)
     if spec.key == "differential_evolution":
         host.prepare(("f", "fg"))
@@ -173,7 +183,18 @@ def _global(problem, algorithm, options, host, monitor, bounds) -> OptimizeResul
             opts["polish"] = polish
         if constraints:
             opts["constraints"] = constraints
-        return so.differential_evolution(host.fun, box, x0=_start(host, bounds),
+        func = host.fun
+        if vectorized_population(opts):
+            # one vmapped compiled call per generation; scipy's vectorized mode needs
+            # updating='deferred' (the same trial sequence as one point per call)
+            opts.update(vectorized=True, updating="deferred")
+            func = host.fun_batch
+            if constraints:
+                opts["constraints"] = [so.NonlinearConstraint(
+                    host.cons_batch, host.c_lower, host.c_upper)]
+        else:
+            opts.pop("vectorized", None)
+        return so.differential_evolution(func, box, x0=_start(host, bounds),
                                           callback=monitor.intermediate(), **opts)
     if spec.key == "dual_annealing":
         host.prepare(("fg",))
@@ -209,6 +230,17 @@ def _global(problem, algorithm, options, host, monitor, bounds) -> OptimizeResul
     func = host.fun_and_grad if local_spec.needs_gradient else host.fun
     return so.basinhopping(func, _start(host, bounds), minimizer_kwargs=kwargs,
                            callback=monitor.x_f_flag(skip_first=True), **opts)
+
+
+def vectorized_population(options: dict) -> bool:
+    """Whether differential_evolution evaluates each population in one call (f, and the
+    constraints where there are any): asked for (``vectorized=True``), or by default
+    where nothing changes but the speed, under ``updating='deferred'`` (the trial
+    sequence, and so the result, is the same); ``vectorized=False`` opts out."""
+    vectorized = options.get("vectorized")
+    if vectorized is None:
+        vectorized = options.get("updating") == "deferred"
+    return bool(vectorized)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -247,7 +279,7 @@ def iteration_budget(algorithm: Any, maxiters: int | None) -> IterationBudget:
     if own is not None:
         return IterationBudget(own - spec.maxiter_offset, own, False, True,
                                f"the iteration budget `{name}={own}` of {owner}")
-    default = inspect.signature(spec.function).parameters.get(name)
+    default = spec.parameters().get(name)
     default = None if default is None or not isinstance(default.default, int) \
         else default.default
     return IterationBudget(
@@ -331,7 +363,8 @@ def run_host(problem: OptimizationProblem, algorithm: Any, options: dict,
         notes.append(f"{budget.label} ended the run" + (
             "; dual_annealing has no convergence test: every run ends with its budget"
             if spec.key == "dual_annealing" else ""))
-    nfev = int(result.get("nfev", host.n_f))
+    # (scipy's vectorized nfev counts calls of the population; optsolve counts points)
+    nfev = host.n_f if host.batched else int(result.get("nfev", host.n_f))
     njev = None
     if spec.needs_gradient:
         njev = int(result["njev"]) if result.get("njev") is not None else host.n_g
@@ -453,6 +486,8 @@ def _gtol_holds(x: np.ndarray, host: HostProblem, bounds, gtol: float,
 
 
 def _own_result(monitor: Monitor, host: HostProblem, message: str) -> OptimizeResult:
+    from scipy.optimize import OptimizeResult
+
     x, f = monitor.last or host.last_finite or (host.x0, np.nan)
     return OptimizeResult(x=x, fun=f, nit=monitor.k, nfev=host.n_f, njev=host.n_g,
                           success=False, status=None, message=message)
