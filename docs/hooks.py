@@ -79,7 +79,8 @@ def algorithm_defaults() -> list[dict[str, Any]]:
     for cls in algorithm_classes():
         t = cls.traits()
         row = {"name": cls.__name__, "family": t["family"],
-               "xtol": "xtol" in t["extra_options"], "scipy_xtol": False}
+               "xtol": "xtol" in t["extra_options"], "scipy_xtol": False,
+               "roots_only": t["roots_only"]}
         if t["roots_only"] and not t.get("scalar_only"):
             # solve judges a root run by max|F| <= ftol, its default by x's dtype (scipy's
             # nonlin methods and df-sane get it as fatol); scipy's budget is its own
@@ -132,7 +133,8 @@ def defaults_markdown() -> str:
         elif d["gtol"] == "inner":
             gtol = maxiters = "the inner algorithm's"
         elif d["gtol"] is None and d["maxiters"] is not None:
-            gtol, maxiters = "none: the bracket's own `xtol`, `atol`", str(d["maxiters"])
+            tolerances = "`xtol`, `rtol`" if d.get("roots_only") else "`xtol`, `atol`"
+            gtol, maxiters = f"none: the bracket's own {tolerances}", str(d["maxiters"])
         elif d["gtol"] is None:
             gtol = "none"
             maxiters = "none: give `maxiters` (or gtol, ftol, maxtime)"
