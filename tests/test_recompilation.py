@@ -172,7 +172,7 @@ def test_a_closure_over_modules_classes_and_hostile_objects_never_stops_a_solve(
     check, eager and compiled paths alike."""
     case = test_contract.CASES[cls]
     f, residuals = _closure_over_unprintable_values(1.0)
-    prob = test_contract.problem_for(cls, f, residuals, test_contract.X0, 10.0,
+    prob = test_contract.problem_for(cls, f, residuals, test_contract._start(cls), 10.0,
                                      test_contract.BOX if case.box else None)
     sol = solve(prob, case.make(), maxiters=2)
     np.testing.assert_allclose(sol.objective, test_contract._rosenbrock(sol.x, 10.0),
