@@ -76,9 +76,10 @@ def _checkpoint(finish: Callable[[Solution], Solution], algorithm, path, every,
     if not type(algorithm).compiled_driver:
         able = ", ".join(c.__name__ for c in algorithm_classes() if c.compiled_driver)
         raise ValueError(
-            f"solve: {type(algorithm).__name__} cannot write checkpoints: its state lives "
-            f"inside scipy, so a resumed run would not continue exactly. Algorithms that can: "
-            f"{able}.")
+            f"solve: {type(algorithm).__name__} cannot write checkpoints: its run is not "
+            f"cut into the shared driver's chunks (scipy keeps its state inside scipy; a "
+            f"wrapper such as Multistart runs as one compiled call), so a resumed run would "
+            f"not continue exactly. Algorithms that can: {able}.")
     if keep == "best":
         raise ValueError("solve: `checkpoint` saves the run's current iterate, which "
                          "keep='best' does not return; use one or the other.")
