@@ -305,3 +305,40 @@ def test_an_eager_solve_flattens_the_model_a_few_times_not_at_every_layer(on_dat
     # and Adam's two moments (3), the whole model (1)
     assert CountedNet.counts["flatten"] <= 4
     assert CountedNet.counts["unflatten"] <= 5
+
+
+class Net64(nnx.Module):
+    """An MLP in float64 with Dropout, whose RNG counter is carried through the run (nnx's
+    BatchNorm keeps float32 statistics whatever its dtype, which a float64 run would cast)."""
+
+    def __init__(self, rngs: nnx.Rngs):
+        f64 = dict(dtype=jnp.float64, param_dtype=jnp.float64)
+        self.hidden = nnx.Linear(64, 16, rngs=rngs, **f64)
+        self.drop = nnx.Dropout(0.2, rngs=rngs)
+        self.out = nnx.Linear(16, 10, rngs=rngs, **f64)
+
+    def __call__(self, x):
+        return self.out(self.drop(nnx.relu(self.hidden(x))))
+
+
+def test_an_nnx_model_on_data_under_jit_equals_the_eager_run():
+    data = dict(data=(X_TRAIN[:480].astype(jnp.float64), Y_TRAIN[:480]), batch_size=96,
+                key=jax.random.key(5), epochs=2)
+    eager = solve(OptimizationProblem(loss, Net64(nnx.Rngs(0)), trainable=nnx.Param),
+                  optsolve.Adam(1e-2), **data)
+    traced = jax.jit(lambda model: solve(
+        OptimizationProblem(loss, model, trainable=nnx.Param), optsolve.Adam(1e-2),
+        **data))(Net64(nnx.Rngs(0)))
+    assert eager.stats.iterations == int(traced.stats.iterations) == 10
+    # the trained parameters and the carried state (the RNG counter)
+    def numbers(leaf):
+        is_key = jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
+        return np.asarray(jax.random.key_data(leaf) if is_key else leaf)
+
+    for a, b in zip(jax.tree_util.tree_leaves(nnx.state(eager.x)),
+                    jax.tree_util.tree_leaves(nnx.state(traced.x)), strict=True):
+        np.testing.assert_allclose(numbers(a), numbers(b), rtol=1e-12, atol=1e-14)
+    assert int(traced.x.drop.rngs.count[...]) == 10
+    # and the run moved the model: not the start
+    start = Net64(nnx.Rngs(0))
+    assert not np.allclose(np.asarray(traced.x.out.kernel[...]), np.asarray(start.out.kernel[...]))
