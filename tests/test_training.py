@@ -126,6 +126,28 @@ def test_keyboard_interrupt_keeps_the_last_completed_step():
     assert_close(sol.x, hand_loop(optax.adam(0.05), prob, batches()[:4]), rtol=1e-12)
 
 
+def test_keyboard_interrupt_between_chunks_keeps_the_last_completed_step(monkeypatch):
+    # Ctrl-C while the host reads the first batch of a chunk (none read yet): the steps run
+    # so far are kept, and the run is INTERRUPTED, not a run whose data ran out (MAXITERS)
+    from optsolve.backends.native import training
+    from optsolve.solve_api.cache import BoundedCache
+    monkeypatch.setattr(training, "_SECONDS_PER_STEP", BoundedCache(4))  # chunks of 16 first
+    prob = make_problem()
+    data = batches(6, 16) * 3
+
+    def interrupted_at(k):
+        for i, batch in enumerate(data):
+            if i == k:
+                raise KeyboardInterrupt
+            yield batch
+
+    sol = solve(prob, optsolve.Adam(0.05), data=interrupted_at(training._FIRST_STEPS))
+    assert sol.retcode == ReturnCode.INTERRUPTED
+    assert int(sol.stats.iterations) == training._FIRST_STEPS
+    assert_close(sol.x, hand_loop(optax.adam(0.05), prob, data[:training._FIRST_STEPS]),
+                 rtol=1e-12)
+
+
 def test_nan_batch_gives_failure_with_last_good_iterate():
     prob = make_problem()
     data = batches()

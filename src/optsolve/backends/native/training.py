@@ -233,7 +233,8 @@ def run_training(make_solver, problem: OptimizationProblem, algorithm: Any,
                 to_next = checkpoint.steps_to_next(dispatched)
                 most = to_next if most is None else min(most, to_next)
             unit = source.next(most)
-            if unit is None:
+            if unit is None:  # the data ran out, or a Ctrl-C came before any batch was read
+                interrupted = source.interrupted
                 break
             count, run = unit
             begin = fresh and not recent
@@ -256,7 +257,8 @@ def run_training(make_solver, problem: OptimizationProblem, algorithm: Any,
                 now = time.perf_counter()
                 steps = int(recent[1].start) - int(recent[0].start)
                 per_step = (now - read_at) / max(steps, 1)
-                _SECONDS_PER_STEP.put(timing, per_step)
+                if read_at != started:  # the first read's time holds the compilation
+                    _SECONDS_PER_STEP.put(timing, per_step)
                 budget = _steps_in(_CHUNK_SECONDS, per_step)
                 read_at = now
                 if status != RUNNING:
