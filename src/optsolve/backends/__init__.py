@@ -1,4 +1,4 @@
 """Backends, one subpackage per family over the shared driver in ``native``. Importing this
 package registers them all."""
 
-from optsolve.backends import classical, optax, scipy  # noqa: F401  (registration)
+from optsolve.backends import classical, constrained, optax, scipy  # noqa: F401  (registration)

@@ -1,0 +1,2 @@
+"""The JAX-native constrained methods, on the shared driver: interior point (and, next,
+augmented Lagrangian), with bounds and general constraints."""
