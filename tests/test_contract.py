@@ -130,6 +130,7 @@ def _cases() -> dict[type, Case]:
         iterations=3)
     for cls in (optsolve.GaussNewton, optsolve.LevenbergMarquardt):
         cases[cls] = Case(cls, iterations=3, least_squares=True)
+    cases[optsolve.InteriorPoint] = Case(optsolve.InteriorPoint, iterations=3)
     for cls in (optsolve.NewtonRaphson, optsolve.Broyden, optsolve.Bisection, optsolve.Brentq):
         cases[cls] = Case(cls, roots=True)
     for cls in algorithm_classes():

@@ -1,0 +1,137 @@
+"""The interior-point method's Newton system, dense, with IPOPT's inertia correction.
+
+The primal-dual system in (dx, ds, dy) (Wächter & Biegler 2006, eq. (13)) is condensed by
+eliminating the slacks' step ``ds = (dy + y - grad_s phi) / (Sigma_s + delta_w)``:
+
+    [ W + Sigma_x + delta_w I     J^T ] [dx]   [ -(grad_x phi + J^T y)                    ]
+    [ J                           -D  ] [dy] = [ -(c - s) + (y - grad_s phi)/(Sigma_s + delta_w) ]
+
+with ``D = delta_c + 1/(Sigma_s + delta_w)`` on inequality rows, ``delta_c`` on equality
+rows, and an identity row (dy = 0) for rows that constrain nothing. The full system has the
+inertia (n + m_I, m, 0) that makes the step a descent direction of the barrier problem
+exactly when this one has (n, m, 0): the eliminated block is positive.
+
+JAX has no symmetric indefinite (Bunch-Kaufman) factorisation, so the inertia is read from
+a symmetric eigendecomposition, which also gives the solve (``V diag(1/lambda) V^T``):
+backward stable, and for the small dense systems this path is for, cheap. A wrong inertia
+is corrected as IPOPT's Algorithm IC (§3.1): ``delta_c = 1e-8 mu^(1/4)`` where the matrix
+is singular, and ``delta_w`` from ``1e-4`` (or a third of the last one) up by 100x (first
+time) or 8x, until the inertia is right or ``delta_w`` passes 1e40 (the step then fails and
+the method turns to feasibility restoration).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from optsolve.backends.constrained.nlp import NLP
+
+Array = jax.Array
+
+_DELTA_W_FIRST, _DELTA_W_MIN, _DELTA_W_MAX = 1e-4, 1e-20, 1e40
+_KAPPA_W_MINUS, _KAPPA_W_PLUS, _KAPPA_W_PLUS_FIRST = 1.0 / 3.0, 8.0, 100.0
+_DELTA_C, _KAPPA_C = 1e-8, 0.25
+
+
+class Factorised(NamedTuple):
+    """The corrected condensed matrix as its eigendecomposition, with what built it."""
+
+    values: Array     # eigenvalues
+    vectors: Array    # eigenvectors (columns)
+    delta_w: Array
+    delta_c: Array
+    sigma_s: Array    # Sigma_s + delta_w on inequality rows (1 elsewhere)
+    ok: Array         # the inertia was corrected within delta_w's range
+
+
+def _matrix(nlp: NLP, hessian: Array, jac: Array, sigma: Array, delta_w: Array,
+            delta_c: Array) -> tuple[Array, Array]:
+    n = nlp.n
+    top = hessian + jnp.diag(sigma[:n] + delta_w)
+    sigma_s = jnp.where(nlp.ineq, sigma[n:] + delta_w, 1.0)
+    d = jnp.where(nlp.ineq, delta_c + 1.0 / sigma_s, jnp.where(nlp.eq, delta_c, 1.0))
+    jac = jnp.where(nlp.rows[:, None], jac, 0.0)
+    matrix = jnp.block([[top, jac.T], [jac, -jnp.diag(d)]])
+    return matrix, sigma_s
+
+
+def _inertia(values: Array, n: int) -> tuple[Array, Array]:
+    """(right, singular): n positive eigenvalues and the rest negative; any zero one."""
+    scale = jnp.max(jnp.abs(values), initial=0.0)
+    zero_tol = values.size * jnp.finfo(values.dtype).eps * jnp.where(scale > 0, scale, 1.0)
+    positive = jnp.sum(values > zero_tol)
+    negative = jnp.sum(values < -zero_tol)
+    singular = positive + negative < values.size
+    return (positive == n) & ~singular & (negative == values.size - n), singular
+
+
+def factorise(nlp: NLP, hessian: Array, jac: Array, sigma: Array, mu: Array,
+              delta_w_last: Array) -> Factorised:
+    """The condensed matrix with IPOPT's inertia correction (Algorithm IC)."""
+    dtype = hessian.dtype
+    zero = jnp.zeros((), dtype)
+
+    def decompose(delta_w, delta_c):
+        matrix, sigma_s = _matrix(nlp, hessian, jac, sigma, delta_w, delta_c)
+        values, vectors = jnp.linalg.eigh(matrix)
+        right, singular = _inertia(values, nlp.n)
+        right = right & jnp.all(jnp.isfinite(values))
+        return values, vectors, sigma_s, right, singular
+
+    values, vectors, sigma_s, right, singular = decompose(zero, zero)
+    delta_c = jnp.where(singular, _DELTA_C * mu ** _KAPPA_C, zero).astype(dtype)
+    first = jnp.where(delta_w_last == 0, _DELTA_W_FIRST,
+                      jnp.maximum(_DELTA_W_MIN, _KAPPA_W_MINUS * delta_w_last)).astype(dtype)
+
+    class Carry(NamedTuple):
+        delta_w: Array
+        values: Array
+        vectors: Array
+        sigma_s: Array
+        right: Array
+
+    # 1e40 does not fit in float32: there, some way below its largest number
+    most = min(_DELTA_W_MAX, float(jnp.finfo(dtype).max) * 1e-8)
+
+    def cond(c: Carry) -> Array:
+        return ~c.right & (c.delta_w <= most)
+
+    def body(c: Carry) -> Carry:
+        values, vectors, sigma_s, right, _ = decompose(c.delta_w, delta_c)
+        grow = jnp.where(delta_w_last == 0, _KAPPA_W_PLUS_FIRST, _KAPPA_W_PLUS)
+        delta_w = jnp.where(right, c.delta_w, grow * c.delta_w).astype(dtype)
+        return Carry(delta_w, values, vectors, sigma_s, right)
+
+    start = Carry(first, values, vectors, sigma_s, jnp.zeros((), bool))
+    corrected = lax.cond(right, lambda: start._replace(delta_w=zero, right=right),
+                         lambda: lax.while_loop(cond, body, start))
+    delta_c = jnp.where(right, zero, delta_c)
+    return Factorised(corrected.values, corrected.vectors, corrected.delta_w, delta_c,
+                      corrected.sigma_s, corrected.right)
+
+
+def solve(fact: Factorised, rhs: Array) -> Array:
+    """``K^-1 rhs`` from the eigendecomposition."""
+    values = fact.values
+    safe = jnp.where(values != 0, values, 1.0)
+    return fact.vectors @ ((fact.vectors.T @ rhs) / safe)
+
+
+def direction(nlp: NLP, fact: Factorised, grad_phi: Array, jac: Array, y: Array,
+              residual: Array) -> tuple[Array, Array, Array]:
+    """(dx, ds, dy) of the Newton step; ``residual`` is the constraints' (c - s), which a
+    second-order correction replaces."""
+    n = nlp.n
+    jac = jnp.where(nlp.rows[:, None], jac, 0.0)
+    g_x, g_s = grad_phi[:n], grad_phi[n:]
+    slack_term = jnp.where(nlp.ineq, (y - g_s) / fact.sigma_s, 0.0)
+    rhs = jnp.concatenate([-(g_x + jac.T @ y),
+                           jnp.where(nlp.rows, -residual + slack_term, 0.0)])
+    step = solve(fact, rhs)
+    dx, dy = step[:n], step[n:]
+    ds = jnp.where(nlp.ineq, (dy + y - g_s) / fact.sigma_s, 0.0)
+    return dx, ds, dy

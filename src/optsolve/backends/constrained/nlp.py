@@ -1,0 +1,235 @@
+"""A constrained problem as the interior-point method sees it: flat vectors, slacks for the
+inequalities, and the barrier terms, errors and KKT measures of IPOPT's formulation.
+
+The problem ``min f(x)`` s.t. ``x_L <= x <= x_U``, ``c_L <= c(x) <= c_U`` becomes, with a
+slack ``s_i`` for every inequality row (Wächter & Biegler 2006, eq. (1)-(2)),
+
+    min f(x)   s.t.   c_E(x) = c_L,E,   c_I(x) - s = 0,   x_L <= x <= x_U,   c_L,I <= s <= c_U,I.
+
+Equality rows (``c_L == c_U``) have no slack: their ``s`` entry is pinned at the bound and
+never moves. A row with neither bound finite constrains nothing and is masked out (its
+multiplier stays 0). The primal variables with box bounds are ``v = (x, s)``, of length
+``n + m``; the masks say which entries have a finite lower or upper bound, so that one set
+of array shapes serves every problem (under jit and vmap the masks may be traced).
+
+The Lagrangian is ``L = f + y.(c(x) - s) - z_L.(v - v_L) - z_U.(v_U - v)``, so that
+``y_j >= 0`` at an upper bound and ``<= 0`` at a lower one: the sign convention of
+:mod:`optsolve.solve_api.kkt` (``-y_j`` is the derivative of f* with respect to the active
+bound), and ``y`` goes to ``Solution.multipliers`` as it is.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.flatten_util import ravel_pytree
+
+from optsolve.backends.native.objective import Objective
+from optsolve.solve_api.kkt import _stacked, constraint_size, constraint_values
+from optsolve.solve_api.problem import OptimizationProblem
+
+Array = jax.Array
+
+# Lower bound on the scaling of the dual and complementarity errors (IPOPT's s_max).
+_S_MAX = 100.0
+# IPOPT's kappa_d: a small linear term on variables bounded on one side only, so that the
+# barrier problem has a minimiser along directions the log barrier alone leaves unbounded.
+_KAPPA_D = 1e-5
+
+
+class NLP:
+    """The flattened problem: f, c and their derivatives on flat ``x``, and the bounds of
+    ``v = (x, s)`` with their masks.
+
+    Attributes:
+      n, m: the number of variables and of constraint components.
+      lower, upper: the bounds of v (+-inf where none; equality and masked rows: none).
+      has_lower, has_upper: where they are finite.
+      eq: equality rows; ineq: inequality rows with a slack; rows: rows that constrain.
+      c_lower: the rows' lower bounds (the equality rows' value).
+    """
+
+    def __init__(self, objective: Objective, problem: OptimizationProblem):
+        flat, self.unravel = ravel_pytree(problem.x0)
+        self.objective, self.problem = objective, problem
+        self.dtype = flat.dtype
+        self.n = flat.size
+        self.constraints = problem.constraints or ()
+        self.m = constraint_size(problem, problem.x0)
+        dtype = self.dtype
+        if problem.bounds is not None:
+            x_lower, x_upper = (ravel_pytree(b)[0].astype(dtype) for b in problem.bounds)
+        else:
+            x_lower = jnp.full(self.n, -jnp.inf, dtype)
+            x_upper = jnp.full(self.n, jnp.inf, dtype)
+        if self.m:
+            c_lower = _stacked(problem, problem.x0, "lower")
+            c_upper = _stacked(problem, problem.x0, "upper")
+        else:
+            c_lower = c_upper = jnp.zeros(0, dtype)
+        self.c_lower, self.c_upper = c_lower, c_upper
+        self.eq = c_lower == c_upper
+        self.rows = self.eq | jnp.isfinite(c_lower) | jnp.isfinite(c_upper)
+        self.ineq = self.rows & ~self.eq
+        inf = jnp.asarray(jnp.inf, dtype)
+        self.lower = jnp.concatenate([x_lower, jnp.where(self.ineq, c_lower, -inf)])
+        self.upper = jnp.concatenate([x_upper, jnp.where(self.ineq, c_upper, inf)])
+        self.has_lower = jnp.isfinite(self.lower)
+        self.has_upper = jnp.isfinite(self.upper)
+
+    # ------------------------------------------------------------------ evaluations
+    def value(self, x: Array) -> Array:
+        return self.objective.value(self.unravel(x))
+
+    def grad(self, x: Array) -> Array:
+        return ravel_pytree(self.objective.grad(self.unravel(x)))[0]
+
+    def cons(self, x: Array) -> Array:
+        """c(x), one flat vector (empty without constraints)."""
+        if not self.m:
+            return jnp.zeros(0, self.dtype)
+        return constraint_values(self.constraints, self.unravel(x), self.objective.p,
+                                 self.dtype)
+
+    def jac(self, x: Array) -> Array:
+        """The (m, n) Jacobian of c."""
+        if not self.m:
+            return jnp.zeros((0, self.n), self.dtype)
+        return jax.jacfwd(self.cons)(x)
+
+    def lagrangian_hessian(self, x: Array, y: Array) -> Array:
+        """The dense Hessian of ``f + y.c`` at x: forward differentiation of its gradient
+        (the user's gradient where given), n products, symmetrised."""
+        def grad_l(v):
+            g = self.grad(v)
+            if self.m:
+                g = g + jax.vjp(self.cons, v)[1](y)[0]
+            return g
+        w = jax.jacfwd(grad_l)(x)
+        return 0.5 * (w + w.T)
+
+    # ----------------------------------------------------- the slack formulation
+    def residual(self, c: Array, s: Array) -> Array:
+        """The constraints' residual: c - s on inequality rows, c - c_L on equality rows,
+        0 on rows that constrain nothing."""
+        target = jnp.where(self.eq, self.c_lower, s)
+        return jnp.where(self.rows, c - target, 0.0)
+
+    def gaps(self, v: Array) -> tuple[Array, Array]:
+        """``v - v_L`` and ``v_U - v``, 1 where there is no bound (so logs and divisions
+        stay finite; the masks drop those entries)."""
+        one = jnp.ones_like(v)
+        return (jnp.where(self.has_lower, v - self.lower, one),
+                jnp.where(self.has_upper, self.upper - v, one))
+
+    def damping(self) -> tuple[Array, Array]:
+        """IPOPT's kappa_d masks: entries bounded below only, above only."""
+        return self.has_lower & ~self.has_upper, self.has_upper & ~self.has_lower
+
+    def barrier(self, f: Array, v: Array, mu: Array) -> Array:
+        """phi_mu = f - mu sum log(gaps) + kappa_d mu (one-sided gaps)."""
+        gl, gu = self.gaps(v)
+        only_l, only_u = self.damping()
+        logs = jnp.sum(jnp.where(self.has_lower, jnp.log(gl), 0.0)) + jnp.sum(
+            jnp.where(self.has_upper, jnp.log(gu), 0.0))
+        linear = jnp.sum(jnp.where(only_l, gl, 0.0)) + jnp.sum(jnp.where(only_u, gu, 0.0))
+        return f - mu * logs + _KAPPA_D * mu * linear
+
+    def barrier_grad(self, grad_f: Array, v: Array, mu: Array) -> Array:
+        """The gradient of phi_mu in v = (x, s) (f's part on x only)."""
+        gl, gu = self.gaps(v)
+        only_l, only_u = self.damping()
+        g = jnp.concatenate([grad_f, jnp.zeros(self.m, self.dtype)])
+        g = g - jnp.where(self.has_lower, mu / gl, 0.0) + jnp.where(self.has_upper, mu / gu, 0.0)
+        return g + _KAPPA_D * mu * (only_l.astype(g.dtype) - only_u.astype(g.dtype))
+
+    def sigma(self, v: Array, z_l: Array, z_u: Array) -> Array:
+        """The primal-dual barrier Hessian's diagonal, ``z_L / (v - v_L) + z_U / (v_U - v)``."""
+        gl, gu = self.gaps(v)
+        return jnp.where(self.has_lower, z_l / gl, 0.0) + jnp.where(self.has_upper, z_u / gu, 0.0)
+
+    def dual_residual(self, grad_f: Array, jac: Array, y: Array, z_l: Array,
+                      z_u: Array) -> Array:
+        """grad_v L: ``grad f + J^T y - z_L + z_U`` on x, ``-y - z_L + z_U`` on the slacks of
+        inequality rows (0 on the others)."""
+        on_x = grad_f + jac.T @ y
+        on_s = jnp.where(self.ineq, -y, 0.0)
+        return jnp.concatenate([on_x, on_s]) - z_l + z_u
+
+    def errors(self, grad_f: Array, c: Array, jac: Array, v: Array, y: Array, z_l: Array,
+               z_u: Array, mu: Array) -> tuple[Array, Array, Array, Array]:
+        """IPOPT's optimality error E_mu (eq. (5)): the scaled dual infeasibility, the
+        constraint violation and the scaled complementarity, with each of the three."""
+        s = v[self.n:]
+        dual = _max_abs(self.dual_residual(grad_f, jac, y, z_l, z_u))
+        # (zero-size reductions kept out of the program: with m = 0, XLA on the CPU then
+        # loses the FFI version of a host callback elsewhere in the driver's program)
+        primal = _max_abs(self.residual(c, s)) if self.m else jnp.zeros((), self.dtype)
+        gl, gu = self.gaps(v)
+        compl = jnp.maximum(_max_abs(jnp.where(self.has_lower, gl * z_l - mu, 0.0)),
+                            _max_abs(jnp.where(self.has_upper, gu * z_u - mu, 0.0)))
+        count_z = jnp.sum(self.has_lower) + jnp.sum(self.has_upper)
+        count_y = jnp.sum(self.rows) if self.m else jnp.zeros((), count_z.dtype)
+        z_sum = jnp.sum(jnp.abs(z_l)) + jnp.sum(jnp.abs(z_u))
+        y_sum = jnp.sum(jnp.abs(y)) if self.m else jnp.zeros((), self.dtype)
+        s_d = jnp.maximum(_S_MAX, (y_sum + z_sum) / jnp.maximum(
+            count_y + count_z, 1).astype(self.dtype)) / _S_MAX
+        s_c = jnp.maximum(_S_MAX, z_sum / jnp.maximum(count_z, 1).astype(self.dtype)) / _S_MAX
+        error = jnp.maximum(jnp.maximum(dual / s_d, primal), compl / s_c)
+        return error, dual, primal, compl
+
+    def theta(self, c: Array, s: Array) -> Array:
+        """The filter's infeasibility measure, ``|residual|_1``."""
+        if not self.m:
+            return jnp.zeros((), self.dtype)
+        return jnp.sum(jnp.abs(self.residual(c, s)))
+
+    def push(self, v: Array, push: Array, frac: Array) -> Array:
+        """v moved strictly inside its bounds (IPOPT §3.6, bound_push and bound_frac)."""
+        width = self.upper - self.lower
+        p_l = jnp.minimum(push * jnp.maximum(1.0, jnp.abs(self.lower)), frac * width)
+        p_u = jnp.minimum(push * jnp.maximum(1.0, jnp.abs(self.upper)), frac * width)
+        v = jnp.where(self.has_lower, jnp.maximum(v, self.lower + p_l), v)
+        return jnp.where(self.has_upper, jnp.minimum(v, self.upper - p_u), v)
+
+    def least_squares_y(self, grad_f: Array, jac: Array, z_l: Array, z_u: Array) -> Array:
+        """IPOPT's multiplier estimate (§3.6): y minimising ``|grad_v f - z_L + z_U + J_v^T
+        y|``, the x and slack parts together, by the system ``[[I, J_v^T], [J_v, 0]]``."""
+        if not self.m:
+            return jnp.zeros(0, self.dtype)
+        jv = self.jac_v(jac)
+        g = jnp.concatenate([grad_f, jnp.zeros(self.m, self.dtype)]) - z_l + z_u
+        y = jnp.linalg.lstsq(jv.T, -g)[0]
+        return jnp.where(self.rows, y, 0.0)
+
+    def jac_v(self, jac: Array) -> Array:
+        """The Jacobian of the residual in v = (x, s): ``[J, -I]`` on inequality rows,
+        ``[J, 0]`` on equality rows, 0 on rows that constrain nothing."""
+        on_s = -jnp.diag(self.ineq.astype(self.dtype))
+        return jnp.where(self.rows[:, None], jnp.concatenate([jac, on_s], axis=1), 0.0)
+
+    def violation(self, x: Array) -> Array:
+        """The largest violation of the bounds and constraints at flat x, relative to
+        max(1, |bound|) (the scipy backend's FEASIBILITY_TOL measure)."""
+        pairs = [(x, self.lower[:self.n], self.upper[:self.n])]
+        if self.m:
+            pairs.append((self.cons(x), self.c_lower, self.c_upper))
+        worst = jnp.zeros((), self.dtype)
+        for value, lo, up in pairs:
+            below = jnp.where(jnp.isfinite(lo), (lo - value) / jnp.maximum(1.0, jnp.abs(lo)), 0.0)
+            above = jnp.where(jnp.isfinite(up), (value - up) / jnp.maximum(1.0, jnp.abs(up)), 0.0)
+            worst = jnp.maximum(worst, jnp.max(jnp.maximum(below, above), initial=0.0))
+            worst = jnp.where(jnp.all(jnp.isfinite(value)), worst, jnp.inf)
+        return worst
+
+
+def _max_abs(a: Array) -> Array:
+    return jnp.max(jnp.abs(a))
+
+
+def flat_problem_size(problem: OptimizationProblem) -> Any:
+    """(n, m) of a problem: variables and constraint components."""
+    n = ravel_pytree(problem.x0)[0].size
+    return n, constraint_size(problem, problem.x0)

@@ -1,0 +1,88 @@
+"""An interior-point run's Solution in the method's own terms: its multipliers, INFEASIBLE
+for a run that ends outside the constraints, and the reason in words.
+
+- ``Solution.multipliers``: the run's own y (flat, optsolve's sign; the ``Multipliers``
+  stage of ``solve`` makes them one array per constraint).
+- A run that ends with the constraints or bounds violated by more than 1e-6 (relative to
+  max(1, |bound|), the scipy backend's ``FEASIBILITY_TOL``) is INFEASIBLE whatever stopped
+  it (a failure on non-finite values stays FAILURE, a callback's stop TERMINATED): the
+  restoration's verdict of local infeasibility, a budget spent before feasibility, or a
+  stop by ``gtol`` (the driver's test on the Lagrangian's gradient alone).
+- The driver's reason codes for the method's own tests (``Step.reduction_converged``,
+  ``Step.radius_converged``: words of Levenberg-Marquardt there) become "no reason" and
+  ``FTOL``; for an eager run, ``Solution.detail`` says the KKT error, the violation and,
+  for INFEASIBLE, that the point is the least violation found.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.flatten_util import ravel_pytree
+
+from optsolve.backends.constrained.interior_point import _FEASIBILITY_TOL
+from optsolve.backends.native.rules import FTOL, RADIUS_TOL, REDUCTION_TOL, TRIAL_NONFINITE
+from optsolve.solve_api.problem import OptimizationProblem
+from optsolve.solve_api.pytree import is_traced, replace
+from optsolve.solve_api.returncode import ReturnCode
+from optsolve.solve_api.solution import Solution
+
+_INT = jnp.int32
+
+
+def relative_violation(problem: OptimizationProblem, x: Any) -> jax.Array:
+    """The largest violation of the bounds and constraints at ``x`` (a pytree like x0),
+    relative to max(1, |bound|)."""
+    from optsolve.backends.constrained.nlp import NLP
+    from optsolve.backends.native.objective import Objective
+    nlp = NLP(Objective.from_problem(problem), problem)
+    return nlp.violation(ravel_pytree(x)[0])
+
+
+def finished(problem: OptimizationProblem, algorithm: Any, solution: Solution) -> Solution:
+    """The Solution of a run, in the method's terms (module docstring)."""
+    state = solution.state
+    batched = np.ndim(solution.retcode) != 0
+    if batched:  # a batch solved eagerly under vmap: one verdict per member
+        violation = jax.vmap(lambda x: relative_violation(problem, x))(solution.x)
+    else:
+        violation = relative_violation(problem, solution.x)
+    code = jnp.asarray(solution.retcode, _INT)
+    reason = jnp.asarray(0 if solution.reason is None else solution.reason, _INT)
+    nonfinite = (code == int(ReturnCode.FAILURE)) & (reason >= 4) & (reason <= TRIAL_NONFINITE) \
+        & (reason != 7)
+    keeps = (code == int(ReturnCode.TERMINATED)) | (code == int(ReturnCode.INTERRUPTED)) | \
+        nonfinite
+    infeasible = ~keeps & (violation > _FEASIBILITY_TOL)
+    code = jnp.where(infeasible, int(ReturnCode.INFEASIBLE), code).astype(_INT)
+    reason = jnp.where(infeasible | (reason == REDUCTION_TOL), 0,
+                       jnp.where(reason == RADIUS_TOL, FTOL, reason)).astype(_INT)
+    multipliers = None
+    if problem.constraints:
+        multipliers = state.y
+    detail = solution.detail
+    concrete = not batched and not is_traced(code, violation, state)
+    if concrete:
+        code_now = ReturnCode(int(code))
+        detail = _detail(code_now, float(violation), state, int(solution.reason or 0))
+        code, reason = code_now, int(reason)
+    return replace(solution, retcode=code, reason=reason, multipliers=multipliers,
+                   detail=detail)
+
+
+def _detail(code: ReturnCode, violation: float, state: Any, reason: int) -> str:
+    error, mu = float(state.error), float(state.mu)
+    measures = (f"KKT error E_0 = {error:.2e}, constraint violation {violation:.2e} "
+                f"(relative), barrier parameter mu = {mu:.1e}")
+    if code == ReturnCode.INFEASIBLE:
+        why = ("the feasibility restoration converged to a stationary point of the violation: "
+               "the constraints are locally infeasible, and this is the least violation it "
+               "found" if bool(state.infeasible) else
+               "the run stopped before reaching a feasible point")
+        return f"{why}; the largest violation is {violation:.6e}; {measures}"
+    if code == ReturnCode.SUCCESS and reason == REDUCTION_TOL:
+        return f"the scaled KKT error E_0 is <= tol (IPOPT's test); {measures}"
+    return measures
