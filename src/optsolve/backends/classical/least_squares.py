@@ -281,17 +281,35 @@ def _secular_parameter(s: Array, a: Array, delta: Array, par: Array) -> Array:
 
 
 class _Trial(NamedTuple):
-    k: Array
-    delta: Array
-    par: Array
+    """The trial loop's carry: the last trial point and its residuals, and every scalar of
+    the search packed in one array (``_TRIAL_SCALARS`` names them; flags as 0 / 1). Packed,
+    the scalar bookkeeping of a trial is written by one kernel: as separate carried scalars,
+    XLA's CPU backend gives each its own kernel, and each shared division or square root
+    one more."""
+
     x: Array
     r: Array
-    accepted: Array
-    reduction_converged: Array
-    radius_converged: Array
-    stalled: Array
-    nonfinite: Array
-    done: Array
+    scalars: Array
+
+    def get(self, name: str) -> Array:
+        return self.scalars[_TRIAL_SCALARS.index(name)]
+
+    def flag(self, name: str) -> Array:
+        return self.get(name) > 0
+
+
+_TRIAL_SCALARS = ("k", "delta", "par", "accepted", "reduction_converged", "radius_converged",
+                  "stalled", "nonfinite", "done")
+
+
+def _pack(dtype: Any, **values: Array) -> Array:
+    # elementwise selects rather than a stack: XLA writes a stack's (concatenate's) parts
+    # in place, one kernel each, where a chain of selects is one loop fusion
+    index = jnp.arange(len(_TRIAL_SCALARS))
+    packed = jnp.zeros(len(_TRIAL_SCALARS), dtype)
+    for i, name in enumerate(_TRIAL_SCALARS):
+        packed = jnp.where(index == i, jnp.asarray(values[name]).astype(dtype), packed)
+    return packed
 
 
 class _LevenbergMarquardtSolver(SteppingSolver):
@@ -374,11 +392,12 @@ class _LevenbergMarquardtSolver(SteppingSolver):
             return p, _norm(p), jnp.zeros_like(par), prered, -prered, ~boundary, gn
 
         def cond(t: _Trial):
-            return ~t.done
+            return ~t.flag("done")
 
         def body(t: _Trial) -> _Trial:
-            p, pnorm, par, prered, dirder, inside, gn_prered = trial_step(t.delta, t.par)
-            delta = jnp.where(state.first, jnp.minimum(t.delta, pnorm), t.delta)
+            t_delta, t_par = t.get("delta"), t.get("par")
+            p, pnorm, par, prered, dirder, inside, gn_prered = trial_step(t_delta, t_par)
+            delta = jnp.where(state.first, jnp.minimum(t_delta, pnorm), t_delta)
             x_trial = xf + p
             r_trial = residuals(x_trial)
             fnorm1 = _norm(r_trial)
@@ -406,33 +425,38 @@ class _LevenbergMarquardtSolver(SteppingSolver):
             radius = inside & (delta <= self.xtol * xnorm_new)
             stalled = ((jnp.abs(actred) <= eps) & (prered <= eps) & (0.5 * ratio <= 1)) | (
                 delta <= eps * xnorm_new)
-            k = t.k + 1
-            return _Trial(k, delta, par, x_trial, r_trial, accepted, reduced, radius, stalled,
-                          t.nonfinite | ~finite,
-                          accepted | reduced | radius | stalled | (k >= alg.max_trials))
+            k = t.get("k") + 1
+            return _Trial(x_trial, r_trial, _pack(
+                t.scalars.dtype, k=k, delta=delta, par=par, accepted=accepted,
+                reduction_converged=reduced, radius_converged=radius, stalled=stalled,
+                nonfinite=t.flag("nonfinite") | ~finite,
+                done=accepted | reduced | radius | stalled | (k >= alg.max_trials)))
 
         false = jnp.zeros((), bool)
         t = inner_while_loop(cond, body, _Trial(
-            jnp.zeros((), jnp.int32), delta0, state.par, xf,
-            jnp.zeros((self.m,), jnp.result_type(f)), false, zero_residual, false, false,
-            false, zero_residual), alg.max_trials)
-        x_new = jnp.where(t.accepted, t.x, xf)
+            xf, jnp.zeros((self.m,), jnp.result_type(f)), _pack(
+                jnp.result_type(delta0, state.par), k=0, delta=delta0, par=state.par,
+                accepted=False, reduction_converged=zero_residual, radius_converged=False,
+                stalled=False, nonfinite=False, done=zero_residual)), alg.max_trials)
+        accepted, trials = t.flag("accepted"), t.get("k").astype(jnp.int32)
+        x_new = jnp.where(accepted, t.x, xf)
         if self.dense:
             rfac, qtr = lax.cond(
-                t.accepted, lambda: _factorised(residuals.jacobian(t.x, self.m), t.r),
+                accepted, lambda: _factorised(residuals.jacobian(t.x, self.m), t.r),
                 lambda: (state.rfac, state.qtr))
-            g_new = jnp.where(t.accepted, (rfac.T @ qtr).astype(self.dtype), gf)  # J^T r
+            g_new = jnp.where(accepted, (rfac.T @ qtr).astype(self.dtype), gf)  # J^T r
         else:
             rfac, qtr = state.rfac, state.qtr
-            g_new = jnp.where(t.accepted, jax.vjp(residuals, x_new)[1](t.r)[0], gf)
-        f_new = jnp.where(t.accepted, _sum_squares(t.r), f)
+            g_new = jnp.where(accepted, jax.vjp(residuals, x_new)[1](t.r)[0], gf)
+        f_new = jnp.where(accepted, _sum_squares(t.r), f)
         unravel = ravel_pytree(x)[1]
-        nonfinite = state.nonfinite | t.nonfinite
-        new_state = _LMState(rfac, qtr, diag, t.delta, t.par, state.first & ~t.accepted,
+        nonfinite = state.nonfinite | t.flag("nonfinite")
+        new_state = _LMState(rfac, qtr, diag, t.get("delta").astype(state.delta.dtype),
+                             t.get("par").astype(state.par.dtype), state.first & ~accepted,
                              nonfinite)
-        return Step(unravel(x_new), f_new, unravel(g_new), new_state, t.k,
-                    t.accepted.astype(jnp.int32), false, t.stalled & ~t.accepted,
-                    nonfinite, t.reduction_converged, t.radius_converged)
+        return Step(unravel(x_new), f_new, unravel(g_new), new_state, trials,
+                    accepted.astype(jnp.int32), false, t.flag("stalled") & ~accepted,
+                    nonfinite, t.flag("reduction_converged"), t.flag("radius_converged"))
 
 
 @register
