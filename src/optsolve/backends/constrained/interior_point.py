@@ -428,10 +428,15 @@ class InteriorPointSolver(SteppingSolver):
         gap = jnp.minimum(jnp.where(nlp.has_lower, gl, inf), jnp.where(nlp.has_upper, gu, inf))
         scale = jnp.minimum(1.0, gap)  # affine scaling: small near a bound
         gradient = jnp.where(moves, jv.T @ r, 0.0)
-        normal = jv.T @ jv
-        size = jnp.maximum(jnp.max(jnp.diagonal(normal), initial=0.0), 1.0)
+        # the exact Hessian of 1/2 |r|^2 (J^T J and the residuals' curvature): with
+        # Gauss-Newton alone the iterates of a problem whose least violation is large
+        # circle round its minimiser instead of converging to it
+        half_square = lambda w: 0.5 * jnp.sum(nlp.residual(nlp.cons(w[:n]), w[n:]) ** 2)  # noqa: E731
+        hessian = jax.hessian(half_square)(v)
+        both = moves[:, None] & moves[None, :]
+        size = jnp.maximum(jnp.max(jnp.abs(jnp.diagonal(hessian)), initial=0.0), 1.0)
         damping = jnp.where(moves, st.lm * size / scale ** 2, 1.0)
-        matrix = jnp.where(moves[:, None] & moves[None, :], normal, 0.0) + jnp.diag(damping)
+        matrix = jnp.where(both, hessian, 0.0) + jnp.diag(damping)
         d = jnp.where(moves, jnp.linalg.solve(matrix, -gradient), 0.0)
         tau = jnp.maximum(self._h("tau_min"), 1.0 - st.mu)
         alpha = _fraction_to_boundary(nlp, v, d, tau)
@@ -441,7 +446,8 @@ class InteriorPointSolver(SteppingSolver):
         r_t = nlp.residual(c_t, v_t[n:])
         finite = jnp.isfinite(f_t) & jnp.all(jnp.isfinite(c_t))
         rr = jnp.vdot(r, r)
-        predicted = rr - jnp.sum((r + alpha * (jv @ d)) ** 2)
+        model = jnp.where(both, hessian, 0.0)
+        predicted = -2 * (alpha * jnp.vdot(gradient, d) + 0.5 * alpha ** 2 * jnp.vdot(d, model @ d))
         actual = rr - jnp.vdot(r_t, r_t)
         ok = finite & (predicted > 0) & (actual >= 1e-4 * predicted)
         lm = jnp.where(ok, jnp.maximum(st.lm / 3, 1e-12), st.lm * 10).astype(dtype)

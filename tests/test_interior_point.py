@@ -1,0 +1,282 @@
+"""optsolve.InteriorPoint against published minima and independent solvers.
+
+References: Hock & Schittkowski, *Test Examples for Nonlinear Programming Codes* (1981)
+(problems 4, 21, 28, 35, 39, 71, 76 with their published f* and x*), IPOPT itself through
+cyipopt where installed, scipy's SLSQP at a tight tolerance, and closed forms worked by
+hand. Derivatives against central finite differences of the solve itself.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import optsolve
+from optsolve import Constraint, OptimizationProblem, ReturnCode, solve
+
+jax.config.update("jax_enable_x64", True)
+
+# tol given (IPOPT's default): the tight runs below differ in its value only, so that
+# they share the compiled loop
+IP = optsolve.InteriorPoint(tol=1e-8)
+TIGHT = optsolve.InteriorPoint(tol=1e-12)
+
+
+def _hs071(x, p):
+    return x[0] * x[3] * (x[0] + x[1] + x[2]) + x[2]
+
+
+def _product(x, p):
+    return jnp.prod(x)
+
+
+def _squares(x, p):
+    return jnp.sum(x ** 2)
+
+
+def hs071(product=25.0, dtype=jnp.float64):
+    """HS071: f* = 17.0140173 at (1, 4.7429994, 3.8211503, 1.3794082); the product bound
+    (25) is a leaf, the sum of squares an equality. Module-level functions: every variant
+    shares one compiled loop."""
+    return OptimizationProblem(
+        _hs071, jnp.array([1.0, 5.0, 5.0, 1.0], dtype), bounds=(1.0, 5.0),
+        constraints=[Constraint(_product, lower=jnp.asarray(product, dtype)),
+                     Constraint(_squares, lower=40.0, upper=40.0)])
+
+
+# HS035: a convex quadratic, one linear inequality, x >= 0 (f* = 1/9 at (4/3, 7/9, 4/9)).
+HS035 = OptimizationProblem(
+    lambda x, p: (9 - 8 * x[0] - 6 * x[1] - 4 * x[2] + 2 * x[0] ** 2 + 2 * x[1] ** 2
+                  + x[2] ** 2 + 2 * x[0] * x[1] + 2 * x[0] * x[2]),
+    jnp.full(3, 0.5), bounds=(0.0, None),
+    constraints=[Constraint(lambda x, p: x[0] + x[1] + 2 * x[2], upper=3.0)])
+
+# HS076: four variables, three linear inequalities, x >= 0 (f* = -4.681818181).
+HS076 = OptimizationProblem(
+    lambda x, p: (x[0] ** 2 + 0.5 * x[1] ** 2 + x[2] ** 2 + 0.5 * x[3] ** 2 - x[0] * x[2]
+                  + x[2] * x[3] - x[0] - 3 * x[1] + x[2] - x[3]),
+    jnp.full(4, 0.5), bounds=(0.0, None),
+    constraints=[Constraint(lambda x, p: jnp.stack([x[0] + 2 * x[1] + x[2] + x[3],
+                                                    3 * x[0] + x[1] + 2 * x[2] - x[3]]),
+                            upper=jnp.array([5.0, 4.0])),
+                 Constraint(lambda x, p: x[1] + 4 * x[2], lower=1.5)])
+
+# HS021: x0 = (-1, -1) lies outside the box 2 <= x1 <= 50, -50 <= x2 <= 50
+# (f* = -99.96 at (2, 0)).
+HS021 = OptimizationProblem(
+    lambda x, p: 0.01 * x[0] ** 2 + x[1] ** 2 - 100, jnp.array([-1.0, -1.0]),
+    bounds=(jnp.array([2.0, -50.0]), jnp.array([50.0, 50.0])),
+    constraints=[Constraint(lambda x, p: 10 * x[0] - x[1], lower=10.0)])
+
+# HS028: one linear equality (f* = 0 at (0.5, -0.5, 0.5)).
+HS028 = OptimizationProblem(
+    lambda x, p: (x[0] + x[1]) ** 2 + (x[1] + x[2]) ** 2, jnp.array([-4.0, 1.0, 1.0]),
+    constraints=[Constraint(lambda x, p: x[0] + 2 * x[1] + 3 * x[2], lower=1.0, upper=1.0)])
+
+# HS039: two nonlinear equalities (f* = -1 at (1, 1, 0, 0)).
+HS039 = OptimizationProblem(
+    lambda x, p: -x[0], jnp.full(4, 2.0),
+    constraints=[Constraint(lambda x, p: jnp.stack([x[1] - x[0] ** 3 - x[2] ** 2,
+                                                    x[0] ** 2 - x[1] - x[3] ** 2]),
+                            lower=0.0, upper=0.0)])
+
+# HS004: bounds only, both active... x1 >= 1 active, x2 >= 0 active (f* = 8/3 at (1, 0)).
+HS004 = OptimizationProblem(lambda x, p: (x[0] + 1) ** 3 / 3 + x[1], jnp.array([1.125, 0.125]),
+                            bounds=(jnp.array([1.0, 0.0]), None))
+
+# HS005: bounds only, interior minimum (f* = -sqrt(3)/2 - pi/3 at (-pi/3 + 1/2, -pi/3 - 1/2)).
+HS005 = OptimizationProblem(
+    lambda x, p: jnp.sin(x[0] + x[1]) + (x[0] - x[1]) ** 2 - 1.5 * x[0] + 2.5 * x[1] + 1,
+    jnp.zeros(2), bounds=(jnp.array([-1.5, -3.0]), jnp.array([4.0, 3.0])))
+
+PUBLISHED = [
+    ("HS071", hs071(), 17.0140173, [1.0, 4.7429994, 3.8211503, 1.3794082]),
+    ("HS035", HS035, 1.0 / 9.0, [4.0 / 3.0, 7.0 / 9.0, 4.0 / 9.0]),
+    ("HS076", HS076, -4.681818181, [0.2727273, 2.090909, 0.0, 0.5454545]),
+    ("HS028", HS028, 0.0, [0.5, -0.5, 0.5]),
+    ("HS039", HS039, -1.0, [1.0, 1.0, 0.0, 0.0]),
+    ("HS004", HS004, 8.0 / 3.0, [1.0, 0.0]),
+    ("HS005", HS005, -np.sqrt(3) / 2 - np.pi / 3, [-np.pi / 3 + 0.5, -np.pi / 3 - 0.5]),
+]
+
+
+@pytest.mark.parametrize("name, prob, f_star, x_star", PUBLISHED, ids=[p[0] for p in PUBLISHED])
+def test_published_minima(name, prob, f_star, x_star):
+    sol = solve(prob, IP)
+    assert sol.retcode == ReturnCode.SUCCESS, sol.message
+    # the published values are given to 7-10 digits
+    np.testing.assert_allclose(sol.objective, f_star, rtol=1e-7, atol=1e-8)
+    np.testing.assert_allclose(sol.x, x_star, rtol=1e-6, atol=1e-7)
+    assert "E_0" in sol.message
+
+
+@pytest.mark.parametrize("name, prob", [(p[0], p[1]) for p in PUBLISHED[:3]] + [
+    ("HS021", HS021)], ids=["HS071", "HS035", "HS076", "HS021"])
+def test_agrees_with_scipy_slsqp_and_the_kkt_multipliers(name, prob):
+    """The point and the multipliers SLSQP finds at a tight tolerance, and the
+    least-squares KKT multipliers at our point. f agrees to 1e-8: the last barrier
+    parameter, about tol / 11, leaves f above f* by about mu per active bound."""
+    import warnings
+
+    from optsolve.solve_api.kkt import multipliers
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # HS021's x0 outside the box (its own test below)
+        ours = solve(prob, IP)
+        theirs = solve(prob, optsolve.ScipyMinimize("SLSQP"), ftol=1e-12, maxiters=500)
+    assert ours.retcode == theirs.retcode == ReturnCode.SUCCESS, (ours.message, theirs.message)
+    np.testing.assert_allclose(ours.objective, theirs.objective, rtol=1e-8, atol=1e-8)
+    np.testing.assert_allclose(ours.x, theirs.x, rtol=1e-6, atol=1e-7)
+    for a, b in zip(ours.multipliers, theirs.multipliers):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    for own, least_squares in zip(ours.multipliers, multipliers(prob, ours.x)):
+        np.testing.assert_allclose(own, least_squares, rtol=1e-6, atol=1e-7)
+
+
+def test_agrees_with_ipopt_itself():
+    """cyipopt (IPOPT 3.x, exact Hessians) on HS071: the same point, multipliers and a
+    similar iteration count (IPOPT takes 8)."""
+    cyipopt = pytest.importorskip("cyipopt")
+    fun = jax.jit(lambda x: _hs071(x, None))
+
+    def constraint(g, bound):
+        value = jax.jit(lambda x: g(x, None) - bound)
+        return {"fun": value, "jac": jax.jit(jax.grad(value)),
+                "hess": jax.jit(lambda x, v: v[0] * jax.hessian(value)(x))}
+
+    with np.errstate(all="ignore"):
+        res = cyipopt.minimize_ipopt(
+            fun, np.array([1.0, 5.0, 5.0, 1.0]), jac=jax.jit(jax.grad(fun)),
+            hess=jax.jit(jax.hessian(fun)), bounds=[(1.0, 5.0)] * 4,
+            constraints=[{"type": "ineq", **constraint(_product, 25.0)},
+                         {"type": "eq", **constraint(_squares, 40.0)}],
+            options={"tol": 1e-8, "print_level": 0})
+    assert res.success, res.message
+    sol = solve(hs071(), IP)
+    np.testing.assert_allclose(sol.x, res.x, rtol=1e-7, atol=1e-8)
+    # both stop at E_0 <= 1e-8: their f differ by about tol
+    np.testing.assert_allclose(sol.objective, res.fun, rtol=1e-8)
+    # IPOPT's multipliers of g (its sign: grad f + J^T lambda = 0, optsolve's too)
+    np.testing.assert_allclose([float(m) for m in sol.multipliers], res.info["mult_g"],
+                               rtol=1e-6)
+    np.testing.assert_allclose(res.info["mult_g"], [-0.55229366, 0.16146857], rtol=1e-6)
+    assert sol.stats.iterations <= 2 * res.nit
+
+
+def test_a_two_sided_constraint_holds_at_the_side_that_binds():
+    """min |x - (a, 1)|^2 s.t. 1 <= x1 + x2 <= 2: the projection onto the band, in closed
+    form: for a = 2 the upper side holds, x* = (1.5, 0.5), multiplier +1 (f* falls as the
+    upper bound rises); for a = -2 the lower one, x* = (-1, 2), multiplier -2."""
+    def prob(a):
+        return OptimizationProblem(lambda x, p: (x[0] - p) ** 2 + (x[1] - 1) ** 2,
+                                   jnp.zeros(2), a,
+                                   constraints=[Constraint(lambda x, p: x[0] + x[1], lower=1.0,
+                                                           upper=2.0)])
+    upper = solve(prob(2.0), IP)
+    np.testing.assert_allclose(upper.x, [1.5, 0.5], atol=1e-8)
+    np.testing.assert_allclose(upper.multipliers[0], 1.0, atol=1e-7)
+    lower = solve(prob(-2.0), IP)
+    np.testing.assert_allclose(lower.x, [-1.0, 2.0], atol=1e-8)
+    np.testing.assert_allclose(lower.multipliers[0], -2.0, atol=1e-7)
+    assert upper.retcode == lower.retcode == ReturnCode.SUCCESS
+
+
+def test_an_infeasible_problem_is_infeasible_with_its_violation():
+    """|x|^2 <= 1 and x1 + x2 >= 3 have no common point: INFEASIBLE (never SUCCESS) at a
+    finite point, the violation in the message."""
+    prob = OptimizationProblem(
+        lambda x, p: jnp.sum((x - 0.3) ** 2), jnp.array([0.1, -0.2]),
+        constraints=[Constraint(lambda x, p: jnp.sum(x ** 2), upper=1.0),
+                     Constraint(lambda x, p: x[0] + x[1], lower=3.0)])
+    sol = solve(prob, IP)
+    assert sol.retcode == ReturnCode.INFEASIBLE, sol.message
+    assert np.all(np.isfinite(np.asarray(sol.x)))
+    assert "locally infeasible" in sol.message, sol.message
+    # the violation it reports is that of the point it returns (relative to max(1, bound))
+    violation = max(float(jnp.sum(sol.x ** 2)) - 1.0, (3.0 - float(jnp.sum(sol.x))) / 3.0)
+    reported = float(sol.message.split("largest violation is ")[1].split(";")[0])
+    np.testing.assert_allclose(reported, violation, rtol=1e-6)
+    # the least violation lies between the two constraints' (on the diagonal x = (t, t):
+    # t = 1/sqrt(2) violates only the second, by 1.59 / 3, t = 1.5 the first, by 3.5)
+    assert 0.3 < violation < 1.59 / 3 + 0.2
+
+
+def test_x0_outside_the_bounds_is_projected_then_pushed_inside():
+    with pytest.warns(UserWarning, match="x0 lies outside the bounds"):
+        sol = solve(HS021, IP)
+    assert sol.retcode == ReturnCode.SUCCESS, sol.message
+    np.testing.assert_allclose(sol.objective, -99.96, rtol=1e-10)
+    np.testing.assert_allclose(sol.x, [2.0, 0.0], atol=1e-7)
+
+
+def test_jit_and_vmap_equal_each_members_own_solve():
+    products = jnp.array([24.0, 25.0, 26.5])
+
+    def run(b):
+        sol = solve(hs071(b), IP)
+        return sol.x, sol.objective, sol.retcode
+
+    xs, fs, codes = jax.jit(jax.vmap(run))(products)
+    for i, b in enumerate(products):
+        own = solve(hs071(float(b)), IP)
+        assert own.retcode == ReturnCode.SUCCESS and int(codes[i]) == int(own.retcode)
+        np.testing.assert_allclose(xs[i], own.x, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(fs[i], own.objective, rtol=1e-12)
+    np.testing.assert_allclose(fs[1], 17.0140173, rtol=1e-7)
+
+
+def test_float32():
+    sol = solve(hs071(dtype=jnp.float32), IP)
+    assert sol.retcode == ReturnCode.SUCCESS, sol.message
+    assert sol.x.dtype == jnp.float32
+    np.testing.assert_allclose(sol.objective, 17.0140173, rtol=1e-5)
+    np.testing.assert_allclose(sol.x, [1.0, 4.7429994, 3.8211503, 1.3794082], rtol=1e-4,
+                               atol=1e-5)
+
+
+def _central(fn, v, h):
+    return (fn(v + h) - fn(v - h)) / (2 * h)
+
+
+def test_derivatives_of_f_and_x_wrt_the_constraint_bound_match_finite_differences():
+    """HS071 with its product bound b active: d f*/db = -lambda_1 (0.5522937) and dx*/db
+    through the KKT adjoint, against central differences of the solve."""
+    f_of = lambda b: solve(hs071(b), TIGHT).objective  # noqa: E731
+    x_of = lambda b: solve(hs071(b), TIGHT).x  # noqa: E731
+    grad = jax.grad(f_of)(25.0)
+    np.testing.assert_allclose(grad, 0.55229366, rtol=1e-6)
+    np.testing.assert_allclose(grad, _central(f_of, 25.0, 1e-4), rtol=1e-6)
+    jac = jax.jacfwd(x_of)(25.0)
+    np.testing.assert_allclose(jac, _central(x_of, 25.0, 1e-4), rtol=1e-5, atol=1e-7)
+
+
+def test_derivatives_wrt_p_in_f_and_in_a_constraint_match_finite_differences():
+    """HS035 with p scaling its objective's linear term and the right-hand side of its
+    constraint (active at the solution): x*(p) against central differences."""
+    def prob(p):
+        return OptimizationProblem(
+            lambda x, p: (9 - 8 * p * x[0] - 6 * x[1] - 4 * x[2] + 2 * x[0] ** 2
+                          + 2 * x[1] ** 2 + x[2] ** 2 + 2 * x[0] * x[1] + 2 * x[0] * x[2]),
+            jnp.full(3, 0.5), p, bounds=(0.0, None),
+            constraints=[Constraint(lambda x, p: x[0] + x[1] + 2 * x[2] - p, upper=2.0)])
+    x_of = lambda p: solve(prob(p), TIGHT).x  # noqa: E731
+    jac = jax.jacrev(x_of)(1.0)
+    np.testing.assert_allclose(jac, _central(x_of, 1.0, 1e-5), rtol=1e-6, atol=1e-8)
+    f_of = lambda p: solve(prob(p), TIGHT).objective  # noqa: E731
+    np.testing.assert_allclose(jax.grad(f_of)(1.0), _central(f_of, 1.0, 1e-5), rtol=1e-6)
+
+
+def test_resume_continues_the_run_with_its_multipliers():
+    prob = hs071()
+    whole = solve(prob, IP, maxiters=6)
+    first = solve(prob, IP, maxiters=3)
+    second = solve(prob, IP, maxiters=3, resume=first)
+    np.testing.assert_allclose(second.x, whole.x, rtol=1e-13)
+    np.testing.assert_allclose(second.state.y, whole.state.y, rtol=1e-12)
+    np.testing.assert_allclose(second.state.mu, whole.state.mu, rtol=1e-15)
+
+
+def test_a_bad_hyperparameter_is_named():
+    with pytest.raises(ValueError, match="InteriorPoint: `tau_min` must be in"):
+        optsolve.InteriorPoint(tau_min=1.5)
+    with pytest.raises(ValueError, match="InteriorPoint: `tol` must be > 0"):
+        optsolve.InteriorPoint(tol=0.0)
