@@ -27,8 +27,13 @@ def _curvature_ok(s: Array, y: Array, decreased: Array) -> tuple[Array, Array, A
     """(s.y, y.y, whether the pair keeps the model positive definite). Where it does not,
     s.y and y.y are returned as 1: the update built from them is discarded, and a division
     by zero there would give NaN derivatives through unrolled runs."""
-    ys, yy = jnp.vdot(y, s), jnp.vdot(y, y)
-    eps = jnp.finfo(s.dtype).eps
+    return _curvature_test(jnp.vdot(y, s), jnp.vdot(y, y), decreased, s.dtype)
+
+
+def _curvature_test(ys: Array, yy: Array, decreased: Array,
+                    dtype: Any) -> tuple[Array, Array, Array]:
+    """:func:`_curvature_ok` of the products ``ys = s.y`` and ``yy = y.y``."""
+    eps = jnp.finfo(dtype).eps
     ok = decreased & (ys > eps * yy) & jnp.isfinite(ys) & (yy > 0)
     return jnp.where(ok, ys, 1.0), jnp.where(ok, yy, 1.0), ok
 
@@ -111,16 +116,18 @@ class _LBFGSSolver(DescentSolver):
         return jnp.where(active, -g, -r), model.count == 0
 
     def update_model(self, model, s, y, g_new, decreased):
-        ys, yy, ok = _curvature_ok(s, y, decreased)
-        pushed = self._push(model, s, y, ys, yy)
+        W = jnp.concatenate([model.W[:, 1:], jnp.stack([s, y])[:, None]], axis=1)
+        col = self._memory_dot(W, y)  # (s_i . y, y_i . y) for every slot
+        # the new pair's own products are the last column's: no reductions of their own
+        ys, yy, ok = _curvature_test(col[0, -1], col[1, -1], decreased, s.dtype)
+        pushed = self._push(model, W, col, ys, yy)
         kept = jax.tree_util.tree_map(lambda a, z: jnp.where(decreased, a, z), model,
                                       self.init_model(None, None))
         return jax.tree_util.tree_map(lambda a, b: jnp.where(ok, a, b), pushed, kept)
 
-    def _push(self, model, s, y, ys, yy):
+    def _push(self, model, W, col, ys, yy):
+        """The model with the pair appended to the memory ``W`` (``col``: its products)."""
         m = self.alg.memory_size
-        W = jnp.concatenate([model.W[:, 1:], jnp.stack([s, y])[:, None]], axis=1)
-        col = self._memory_dot(W, y)  # (s_i . y, y_i . y) for every slot
         # Dropping the oldest pair keeps the trailing block of R^-1; appending the column
         # (c, d) of the new pair appends (-R^-1 c / d, 1/d) (block inverse of a triangle).
         trail = model.Rinv[1:, 1:]
@@ -268,14 +275,18 @@ class _BFGSSolver(DescentSolver):
     def update_model(self, model, s, y, g_new, decreased):
         # O(n^2): one product H g_new, then the rank-two update, which also gives H+ g_new
         # without a second product (Nocedal & Wright eq. 6.17).
-        ys, yy, ok = _curvature_ok(s, y, decreased)
         Hgn = model.H @ g_new
+        u = Hgn - model.Hg  # H y, before H_0's scale
+        # the five dot products of the update as one reduction (one kernel, not five)
+        left, right = jnp.stack([y, y, s, y, u]), jnp.stack([s, y, g_new, u, g_new])
+        ys, yy, sg, yu, ug = jnp.sum(left * right, axis=1)
+        ys, yy, ok = _curvature_test(ys, yy, decreased, s.dtype)
         # Before the first update H_0 = (s.y / y.y) I (N&W eq. 6.20).
         scale = jnp.where(model.count == 0, ys / yy, 1.0)
-        Hy = scale * (Hgn - model.Hg)
+        Hy = scale * u
         rho = 1.0 / ys
-        c = rho * (1.0 + rho * jnp.vdot(y, Hy))
-        sg, Hyg = jnp.vdot(s, g_new), jnp.vdot(Hy, g_new)
+        c = rho * (1.0 + rho * scale * yu)
+        Hyg = scale * ug
         H_new = (scale * model.H + c * s[:, None] * s[None, :]
                  - rho * (s[:, None] * Hy[None, :] + Hy[:, None] * s[None, :]))
         Hg_new = scale * Hgn + c * sg * s - rho * (Hyg * s + sg * Hy)
