@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from optsolve.backends.constrained.interior_point import (
-    InteriorPointSolver, solve_interior_point,
+    DEFAULT_TOL, InteriorPointSolver, solve_interior_point,
 )
 from optsolve.solve_api.algorithm import Algorithm
 from optsolve.solve_api.problem import OptimizationProblem
@@ -93,6 +93,8 @@ class InteriorPoint(Algorithm):
     dense_matrices: ClassVar[int] = 3
     # eigendecompositions: LAPACK has no 16-bit kernels
     float_dtypes: ClassVar[tuple[str, ...]] = ("float32", "float64")
+    # the KKT tolerance ``tol`` defaults to, by itemsize of x's dtype (for the docs' table)
+    default_tol: ClassVar[dict[int, float]] = DEFAULT_TOL
 
     tol: Any = None
     acceptable_tol: Any = 1e-6
