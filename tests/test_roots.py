@@ -384,3 +384,134 @@ def test_vmap_over_singular_and_regular_starts_equals_a_loop(name):
         alone = solve(RootProblem(pressure_network, x0, p), alg)
         assert alone.retcode == ReturnCode.SUCCESS, alone.message
         np.testing.assert_allclose(x, alone.x, rtol=1e-10, atol=1e-12)
+
+
+# ------------------------------------------------------------- matrix-free Newton-Raphson
+
+KRYLOV = ["bicgstab", "gmres"]
+
+
+def broyden_tridiagonal(x, p):
+    """Moré, Garbow & Hillstrom's Broyden tridiagonal function (ACM TOMS 7, 1981, problem
+    30), with p in place of its 2: F_i = (3 - p x_i) x_i - x_{i-1} - 2 x_{i+1} + 1, x0 = -1."""
+    left = jnp.concatenate([jnp.zeros(1, x.dtype), x[:-1]])
+    right = jnp.concatenate([x[1:], jnp.zeros(1, x.dtype)])
+    return (3 - p * x) * x - left - 2 * right + 1
+
+
+def bratu(u, lam):
+    """The 1-D Bratu problem -u'' = lam exp(u) on (0, 1), u(0) = u(1) = 0, by central
+    differences on n interior points (Jacobian condition number of order n^2)."""
+    h = 1.0 / (u.size + 1)
+    left = jnp.concatenate([jnp.zeros(1, u.dtype), u[:-1]])
+    right = jnp.concatenate([u[1:], jnp.zeros(1, u.dtype)])
+    return (2 * u - left - right) / h ** 2 - lam * jnp.exp(u)
+
+
+@pytest.mark.parametrize("problem", NONLIN)
+@pytest.mark.parametrize("krylov", KRYLOV)
+def test_matrix_free_problem_nonlin(krylov, problem):
+    """test_nonlin.py's problems on Jacobian products only, to the default tolerance."""
+    F, xin = NONLIN[problem]
+    sol = solve(RootProblem(F, jnp.asarray(xin, jnp.float64)),
+                optsolve.NewtonRaphson(linear_solver=krylov), maxiters=200)
+    assert sol.retcode == ReturnCode.SUCCESS, sol.message
+    assert _max_abs(F, sol.x) <= 1e-8
+
+
+@pytest.mark.parametrize("krylov", KRYLOV)
+def test_matrix_free_pressure_network_from_a_singular_start(krylov):
+    """The singular start (two equal rows of J): the Krylov step is no use there, the damped
+    step by CG on J^T J + lambda I takes over; the flows come out equal (TestFSolve)."""
+    prob = RootProblem(pressure_network, jnp.array([2.0, 0.0, 2.0, 0.0]),
+                       (4.0, jnp.full(4, 0.5)))
+    sol = solve(prob, optsolve.NewtonRaphson(linear_solver=krylov))
+    assert sol.retcode == ReturnCode.SUCCESS, sol.message
+    np.testing.assert_array_almost_equal(sol.x, np.ones(4))
+
+
+@pytest.mark.parametrize("krylov", KRYLOV)
+def test_matrix_free_no_root_is_never_success(krylov):
+    sol = solve(RootProblem(lambda x, p: x ** 2 + 1, jnp.array([0.7, -0.3])),
+                optsolve.NewtonRaphson(linear_solver=krylov), maxiters=100)
+    assert sol.retcode in (ReturnCode.STALLED, ReturnCode.FAILURE, ReturnCode.MAXITERS)
+
+
+def _shapes_in(jaxpr) -> set[tuple[int, ...]]:
+    shapes = set()
+    for eqn in jaxpr.eqns:
+        shapes.update(tuple(v.aval.shape) for v in eqn.outvars if hasattr(v.aval, "shape"))
+        for value in eqn.params.values():  # the sub-programs: loop bodies, branches
+            for sub in value if isinstance(value, (tuple, list)) else (value,):
+                sub = getattr(sub, "jaxpr", sub)
+                if hasattr(sub, "eqns"):
+                    shapes |= _shapes_in(sub)
+    return shapes
+
+
+def test_above_the_threshold_no_jacobian_is_formed_and_the_root_is_the_dense_ones():
+    """n = 1000 > 256: "auto" is matrix-free. The compiled solve holds no n x n array (the
+    dense one does), and its root equals the dense Newton's to the tolerance, in as many
+    iterations (quadratic convergence kept by the inexact steps)."""
+    n = 1000
+    prob = RootProblem(broyden_tridiagonal, -jnp.ones(n), 2.0)
+    free = jax.make_jaxpr(lambda p: solve(prob.replace(p=p), optsolve.NewtonRaphson()).x)(2.0)
+    dense = jax.make_jaxpr(lambda p: solve(prob.replace(p=p), optsolve.NewtonRaphson(
+        linear_solver="dense")).x)(2.0)
+    assert (n, n) not in _shapes_in(free.jaxpr)
+    assert (n, n) in _shapes_in(dense.jaxpr)
+    sol = solve(prob, optsolve.NewtonRaphson())
+    reference = solve(prob, optsolve.NewtonRaphson(linear_solver="dense"))
+    assert sol.retcode == reference.retcode == ReturnCode.SUCCESS, sol.message
+    assert _max_abs(broyden_tridiagonal, sol.x, 2.0) <= 1e-8
+    np.testing.assert_allclose(sol.x, reference.x, atol=1e-8)
+    assert sol.stats.iterations <= reference.stats.iterations + 1
+
+
+def test_matrix_free_bratu_and_its_derivative_equal_the_dense_implicit_one():
+    """Bratu, n = 300 (> 256, condition number 4e4): BiCGStab converges where GMRES(50)
+    stagnates; dx*/dlam, matrix-free in both modes, equals -J^-1 dF/dlam formed densely."""
+    n, lam = 300, 1.0
+
+    def root(lam):
+        return solve(RootProblem(bratu, jnp.zeros(n), lam), optsolve.NewtonRaphson()).x
+
+    x = root(lam)
+    assert _max_abs(bratu, x, lam) <= 1e-8
+    J = jax.jacfwd(bratu)(x, lam)
+    exact = -np.linalg.solve(np.asarray(J), np.asarray(jax.jacfwd(bratu, argnums=1)(x, lam)))
+    np.testing.assert_allclose(jax.jacfwd(root)(lam), exact, rtol=1e-7)
+    np.testing.assert_allclose(jax.grad(lambda l: jnp.sum(root(l)))(lam), exact.sum(),
+                               rtol=1e-7)
+
+
+def test_matrix_free_under_vmap_equals_each_solve():
+    n = 300
+    ps = jnp.array([1.5, 2.0, 2.5])
+    batched = jax.vmap(lambda p: solve(RootProblem(broyden_tridiagonal, -jnp.ones(n), p),
+                                       optsolve.NewtonRaphson()).x)(ps)
+    for p, x in zip(ps, batched):
+        alone = solve(RootProblem(broyden_tridiagonal, -jnp.ones(n), p),
+                      optsolve.NewtonRaphson())
+        assert alone.retcode == ReturnCode.SUCCESS, alone.message
+        np.testing.assert_allclose(x, alone.x, rtol=1e-10, atol=1e-12)
+
+
+def test_matrix_free_float32():
+    sol = solve(RootProblem(broyden_tridiagonal, -jnp.ones(500, jnp.float32), 2.0),
+                optsolve.NewtonRaphson())
+    assert sol.retcode == ReturnCode.SUCCESS, sol.message
+    assert np.asarray(sol.x).dtype == np.float32
+    assert _max_abs(broyden_tridiagonal, sol.x, 2.0) <= 1e-5
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"linear_solver": "lu"}, r"`linear_solver` must be one of 'auto', 'dense', 'bicgstab', "
+                              r"'gmres', got 'lu'"),
+    ({"krylov_restart": 0}, r"`krylov_restart` must be an integer >= 1, got 0"),
+    ({"krylov_maxiter": 2.5}, r"`krylov_maxiter` must be an integer >= 1, got 2.5"),
+    ({"krylov_rtol": -1.0}, r"krylov_rtol"),
+])
+def test_matrix_free_construction_errors_name_the_argument(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        optsolve.NewtonRaphson(**kwargs)

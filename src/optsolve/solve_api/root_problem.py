@@ -24,6 +24,33 @@ from optsolve.solve_api.registry import algorithm_classes
 
 PyTree = Any
 
+# Above this many unknowns, Jacobians are products, never matrices: NewtonRaphson's
+# linear_solver="auto" and the implicit derivative of a root solve run a Krylov method on
+# J v products (a dense J would take n forward passes and n^2 memory).
+MATRIX_FREE_ABOVE = 256
+
+
+def krylov_solve(method: str, matvec: Callable[[jax.Array], jax.Array], b: jax.Array,
+                 rtol: Any, maxiter: int, restart: int = 50) -> jax.Array:
+    """An approximate solution of the nonsymmetric system ``A v = b`` from products
+    ``matvec(v) = A v``, from v = 0, to ``|A v - b| <= rtol |b|`` or ``maxiter`` products
+    (about; BiCGStab makes two an iteration).
+
+    ``method``: "gmres" (restarted GMRES(restart): Saad & Schultz, SIAM J. Sci. Stat.
+    Comput. 7, 1986), whose residual never grows but which stagnates on ill-conditioned
+    systems once restarted; "bicgstab" or "auto" (van der Vorst, SIAM J. Sci. Stat. Comput.
+    13, 1992), with short recurrences: no restart, so no stagnation from one, and memory of
+    a few vectors, but it can break down (a non-finite or useless iterate the caller must
+    check). "auto" is BiCGStab because on discretised PDEs (the typical large root
+    problem) GMRES(50) stagnates where it converges.
+    """
+    if method == "gmres":
+        restart = min(b.size, restart)
+        return jax.scipy.sparse.linalg.gmres(matvec, b, tol=rtol, restart=restart,
+                                             maxiter=max(1, -(-maxiter // restart)))[0]
+    return jax.scipy.sparse.linalg.bicgstab(matvec, b, tol=rtol,
+                                            maxiter=max(1, maxiter // 2))[0]
+
 
 def _as_root_problem_error(err: Exception) -> Exception:
     """An error of the shared validation helpers (worded for OptimizationProblem) in

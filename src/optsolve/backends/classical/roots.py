@@ -1,5 +1,5 @@
 """JAX-native root finders for square systems ``F(x, p) = 0``: Newton-Raphson (dense
-Jacobian) and Broyden's good method, each globalised by a backtracking line search on the
+Jacobian, or matrix-free with a Krylov solver) and Broyden's good method, each globalised by a backtracking line search on the
 merit ``0.5 |F|^2``.
 
 They run on the shared compiled driver (:mod:`optsolve.backends.native.driver`), on the
@@ -33,6 +33,8 @@ from optsolve.backends.classical.descent import (
 from optsolve.backends.native.objective import Objective
 from optsolve.backends.native.protocol import Step, SteppingSolver
 from optsolve.solve_api.least_squares import LeastSquaresProblem
+from optsolve.solve_api.linear_solve import cg
+from optsolve.solve_api.root_problem import MATRIX_FREE_ABOVE, krylov_solve
 from optsolve.solve_api.loops import inner_while_loop
 from optsolve.solve_api.pytree import pytree_dataclass, static_field
 
@@ -56,6 +58,12 @@ class _Field:
 
     def jacobian(self, x: Array) -> Array:
         return jax.jacfwd(self)(x)
+
+    def linearized(self, x: Array) -> tuple[Any, Any]:
+        """(v -> J v, u -> J^T u) at x, linearised once."""
+        _, jvp = jax.linearize(self, x)
+        vjp = jax.linear_transpose(jvp, x)
+        return jvp, lambda u: vjp(u)[0]
 
 
 def _merit(F: Array) -> Array:
@@ -220,6 +228,11 @@ class _RootSolver(SteppingSolver):
         and the Jacobian evaluations that cost."""
         return state.jac, state.fresh, jnp.zeros((), jnp.int32)
 
+    def direction(self, field: _Field, jac: Array, x: Array, F: Array,
+                  mu: Array) -> tuple[Array, Array]:
+        """The step of the model damped by mu, and the model's slope of the merit along it."""
+        return _model_step(jac, F, mu)
+
     def update(self, field: _Field, jac: Array, fresh: Array, x: Array, F: Array,
                x_new: Array, F_new: Array, accepted: Array) -> tuple[Array, Array, Array]:
         """The model at the next iterate, whether it is the true Jacobian there, and the
@@ -231,7 +244,7 @@ class _RootSolver(SteppingSolver):
         xf, unravel = ravel_pytree(x)
         Ff = ravel_pytree(g)[0].astype(self.dtype)  # the gradient field is F
         jac, fresh, jac_evals = self.model(field, state, xf)
-        d, slope = _model_step(jac, Ff, state.mu)
+        d, slope = self.direction(field, jac, xf, Ff, state.mu)
         found = _backtrack(field, xf, Ff, d, slope, self.alg.c1, self.alg.max_trials)
         accepted = found.accepted
         x_new = jnp.where(accepted, found.x, xf)
@@ -265,6 +278,52 @@ class _NewtonSolver(_RootSolver):
     def update(self, field, jac, fresh, x, F, x_new, F_new, accepted):
         jac_new = lax.cond(accepted, field.jacobian, lambda _: jac, x_new)
         return jac_new, fresh, accepted.astype(jnp.int32)
+
+
+class _MatrixFreeNewtonSolver(_RootSolver):
+    """Newton-Raphson on Jacobian products only: J is never formed, the state holds no
+    matrix (its ``jac`` is an empty placeholder) and each step linearises F at x."""
+
+    def init(self, objective: Objective, x, f, g) -> _RootState:
+        zero, true = jnp.zeros((), self.dtype), jnp.ones((), bool)
+        return _RootState(jnp.zeros((0,), self.dtype), true, ~true, zero, zero)
+
+    def model(self, field, state, x):
+        # the linearisation at x is the true Jacobian, evaluated as products in direction
+        return state.jac, jnp.ones((), bool), jnp.ones((), jnp.int32)
+
+    def direction(self, field, jac, x, F, mu):
+        jvp, vjp = field.linearized(x)
+        alg = self.alg
+        maxiter = alg.krylov_maxiter if alg.krylov_maxiter is not None else max(self.n, 20)
+        # inexact Newton (Dembo, Eisenstat & Steihaug 1982): J d = -F to krylov_rtol
+        d_newton = krylov_solve(alg.linear_solver, jvp, -F, alg.krylov_rtol, maxiter,
+                                alg.krylov_restart)
+        Jd = jvp(d_newton)
+        F_norm = jnp.linalg.norm(F)
+        # a Krylov step that barely lowers |F + J d| (a singular J, a stagnating or broken
+        # down Krylov method) is not worth a line search
+        usable = (mu == 0) & jnp.all(jnp.isfinite(Jd)) & (
+            jnp.linalg.norm(F + Jd) <= 0.9 * F_norm)
+
+        def damped():
+            # (J^T J + lambda I) d = -J^T F by CG; lambda = mu |J^T F|^2 / |F|^2, a lower
+            # bound of mu s_1^2 (the dense step's damping), at least _MU_FIRST's where mu is
+            # 0 and the Newton step failed
+            g = vjp(F)
+            scale = jnp.sum(jnp.square(g)) / jnp.where(F_norm > 0, F_norm ** 2, 1.0)
+            lam = jnp.maximum(mu, _MU_FIRST) * scale
+            d = cg(lambda v: vjp(jvp(v)) + lam * v, -g, rtol=alg.krylov_rtol,
+                   maxiter=maxiter).x
+            return d, jnp.dot(F, jvp(d))
+
+        return lax.cond(usable, lambda: (d_newton, jnp.dot(F, Jd)), damped)
+
+    def update(self, field, jac, fresh, x, F, x_new, F_new, accepted):
+        return jac, fresh, jnp.zeros((), jnp.int32)
+
+
+_NEWTON_LINEAR_SOLVERS = ("auto", "dense", "bicgstab", "gmres")
 
 
 class _RootAlgorithm(ClassicalAlgorithm):
@@ -311,6 +370,17 @@ class NewtonRaphson(_RootAlgorithm):
     root). Near a regular root the full Newton step is accepted and convergence is
     quadratic.
 
+    Above 256 unknowns (``linear_solver="auto"``) J is never formed: each iteration
+    linearises F at x (``jax.linearize``) and solves ``J d = -F`` to ``krylov_rtol`` by
+    BiCGStab (``"bicgstab"``) or restarted GMRES (``"gmres"``) on Jacobian-vector products,
+    an inexact Newton method (Dembo, Eisenstat & Steihaug, "Inexact Newton methods", SIAM J.
+    Numer. Anal. 19, 1982); where the Krylov step does not lower ``|F + J d|`` below 0.9
+    ``|F|`` (a singular J) or the line search found no decrease, the damped step
+    ``(J^T J + lambda I) d = -J^T F`` comes from CG on products with J and J^T
+    (``lambda = mu |J^T F|^2 / |F|^2``, a lower bound of the dense step's damping). The
+    variables are not scaled there. Memory is a few vectors of x's size, whatever n. The
+    implicit derivative of a root of more than 256 unknowns is matrix-free too.
+
     It stops with SUCCESS once ``max|F(x)| <= ftol`` (``solve``'s ``ftol``, default 1e-8 in
     float64, 1e-5 in float32), at ``maxiters`` (default 200) or with STALLED where the step
     no longer changes x beyond rounding. Counts: ``f_evals`` are evaluations of F (the line
@@ -320,6 +390,16 @@ class NewtonRaphson(_RootAlgorithm):
     Args:
       c1: the line search's sufficient-decrease constant (default 1e-4).
       max_trials: the most trial steps per line search (static; default 30).
+      linear_solver: "auto" (default: "dense" up to 256 unknowns, else "bicgstab"),
+        "dense" (J by ``jax.jacfwd``, LU or SVD), "bicgstab" or "gmres" (matrix-free)
+        (static).
+      krylov_rtol: the matrix-free solves' relative residual tolerance (default 1e-8).
+      krylov_maxiter: the most Jacobian products a matrix-free solve makes (static;
+        default None: n, at least 20).
+      krylov_restart: GMRES's restart length (static; default 50).
+
+    Counts: with a matrix-free solver ``grad_evals`` counts linearisations of F, one an
+    iteration; the products each solve makes are not counted.
 
     Example:
       >>> prob = optsolve.RootProblem(lambda x, p: x ** 3 - p, jnp.ones(2), p=8.0)
@@ -328,12 +408,38 @@ class NewtonRaphson(_RootAlgorithm):
 
     c1: Any = 1e-4
     max_trials: int = static_field(default=30)
+    linear_solver: str = static_field(default="auto")
+    krylov_rtol: Any = 1e-8
+    krylov_maxiter: int | None = static_field(default=None)
+    krylov_restart: int = static_field(default=50)
 
     def __post_init__(self):
         self._check()
+        if self.linear_solver not in _NEWTON_LINEAR_SOLVERS:
+            raise ValueError(
+                "NewtonRaphson: `linear_solver` must be one of "
+                f"{', '.join(map(repr, _NEWTON_LINEAR_SOLVERS))}, got {self.linear_solver!r}.")
+        check_positive("NewtonRaphson", "krylov_rtol", self.krylov_rtol)
+        for name in ("krylov_restart", "krylov_maxiter"):
+            value = getattr(self, name)
+            if value is None and name == "krylov_maxiter":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"NewtonRaphson: `{name}` must be an integer >= 1, "
+                                 f"got {value!r}.")
 
-    def make_solver(self, problem: LeastSquaresProblem) -> _NewtonSolver:
-        return _NewtonSolver(self, problem)
+    def capabilities(self) -> dict[str, Any]:
+        """The class's traits; with ``linear_solver="dense"`` the Jacobian and its
+        factorisations are dense at any size (``dense_matrices``: about three n x n ones)."""
+        caps = super().capabilities()
+        caps["dense_matrices"] = 3 if self.linear_solver == "dense" else 0
+        return caps
+
+    def make_solver(self, problem: LeastSquaresProblem) -> _RootSolver:
+        n = ravel_pytree(problem.x0)[0].size
+        dense = self.linear_solver == "dense" or (
+            self.linear_solver == "auto" and n <= MATRIX_FREE_ABOVE)
+        return (_NewtonSolver if dense else _MatrixFreeNewtonSolver)(self, problem)
 
 
 # ------------------------------------------------------------------------------ Broyden
