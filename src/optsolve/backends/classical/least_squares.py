@@ -377,8 +377,11 @@ class _LevenbergMarquardtSolver(SteppingSolver):
                 safe = d > 0
                 coef = jnp.where(safe, a / jnp.where(safe, d, 1.0), 0.0)
                 scaled = -(vt.T @ coef)
-                jp = _norm(s * (vt @ scaled))  # |J p| = |S V^T D p|
-                pnorm = _norm(scaled)
+                # V's columns are orthonormal: |J p| = |S V^T D p| = |S coef| and
+                # |D p| = |coef|, two reductions of one small vector (one kernel) rather than
+                # a second product with V and two reductions of their own
+                jp = _norm(s * coef)
+                pnorm = _norm(coef)
                 temp1, temp2 = jp / fnorm, _sqrt(par) * pnorm / fnorm
                 return (scaled / diag, pnorm, par, jnp.square(temp1) + 2 * jnp.square(temp2),
                         -(jnp.square(temp1) + jnp.square(temp2)), par == 0, gn_prered)
