@@ -13,6 +13,8 @@ Each runner is one ``jax.jit``-compiled function of x0 (as in the census), float
   (1, 1, 1, 1)), beside optimistix.Newton;
 - Bisection, Brentq: the root of x^3 - 7 in [0, 4]; Brent, GoldenSection: the minimum of
   (x - 1.5)^2 + sin(3x) on [-3, 3]; beside optimistix.Bisection and optimistix.GoldenSearch;
+- InteriorPoint: Hock & Schittkowski's problem 71 (4 variables, bounds, an inequality and
+  an equality constraint), from (1, 5, 5, 1); no peer (optimistix has no constrained solver);
 - Adam (1000 steps, learning rate 1e-2) beside a hand-written optax ``fori_loop``;
   Multistart(LBFGS(), 8 starts) in the box [-2, 2]^10.
 
@@ -29,12 +31,12 @@ profile:
 
 Beside them, the compile time: median [min-max] of 3 compilations (wall clock).
 
-Run: ``python benchmarks/program_size.py [method prefix ...]`` (or ``python benchmarks/run.py program_size``).
+Run: ``python benchmarks/run.py program_size`` (the docs' section), or
+``python benchmarks/program_size.py [method prefix ...]`` for some rows (e.g. "L-BFGS").
 """
 
 from __future__ import annotations
 
-import collections
 import gzip
 import json
 import re
@@ -84,6 +86,10 @@ def cubic(x, p):
 
 def wavy(x, p):
     return (x - p) ** 2 + jnp.sin(3.0 * x)
+
+
+def hs071(x, p):
+    return x[0] * x[3] * (x[0] + x[1] + x[2]) + x[2]
 
 
 class Runner(NamedTuple):
@@ -180,6 +186,16 @@ def runners() -> dict[str, Runner]:
                              gtol=1e-6, maxiters=1000)
         return sol.x, sol.stats.iterations
 
+    def constrained(alg):
+        cons = [optsolve.Constraint(lambda x, p: jnp.prod(x), lower=25.0),
+                optsolve.Constraint(lambda x, p: jnp.sum(x ** 2), lower=40.0, upper=40.0)]
+
+        def run(x):
+            prob = optsolve.OptimizationProblem(hs071, x, bounds=(1.0, 5.0), constraints=cons)
+            sol = optsolve.solve(prob, alg)
+            return sol.x, sol.stats.iterations
+        return Runner(run, jnp.array([1.0, 5.0, 5.0, 1.0]))
+
     bt, zoom = optsolve.Backtracking(), optsolve.Zoom()
     tol = {"rtol": 1e-9, "atol": 1e-9}
     return {
@@ -220,6 +236,7 @@ def runners() -> dict[str, Runner]:
         "optimistix.GoldenSearch": optimistix_min(
             optx.GoldenSearch(rtol=1e-8, atol=1e-8), wavy, 1.5, jnp.array(0.0),
             options={"lower": -3.0, "upper": 3.0}),
+        "optsolve.InteriorPoint": constrained(optsolve.InteriorPoint()),
     }
 
 
@@ -248,10 +265,75 @@ ROWS = [
     Row("Brent's minimiser", ("Brent",), "optsolve.Brent", None),
     Row("golden section", ("GoldenSection",), "optsolve.GoldenSection",
         "optimistix.GoldenSearch"),
+    Row("interior point (HS071)", ("InteriorPoint",), "optsolve.InteriorPoint", None),
 ]
 
-# What limits each optsolve count (from the HLO and the profile; see the notes below).
-LIMITS: dict[str, str] = {}
+# What limits each optsolve count, read in the loop's optimised HLO
+# (``jax.jit(fn).lower(x0).compile().as_text()``) and the profile's thunk names.
+_DRIVER = ("the driver's tests of every step (finiteness of f, g and x, the gradient norm, "
+           "the status and reason, the best-so-far and idle counters: about 12 kernels)")
+_TRIAL = ("the line search's first trial made before its loop (f, g and the tests twice in "
+          "the program): entering the loop every iteration instead measured 10 more "
+          "executed thunks per iteration")
+LIMITS: dict[str, str] = {
+    "optsolve.LBFGS(Backtracking)": (
+        f"{_TRIAL}; {_DRIVER}; the compact memory's products (5 reductions) and its update "
+        "(one select per model array). optimistix makes one trial per outer step, with no "
+        "inner loop and no per-step finiteness test"),
+    "optsolve.LBFGS(Zoom)": (
+        f"the zoom search's bracket and cubic (one loop, about 15 scalar kernels); {_DRIVER}"),
+    "optsolve.BFGS(Backtracking)": (
+        f"{_TRIAL}; {_DRIVER}. optimistix.BFGS's loop is one trial a step, its update behind "
+        "a conditional: a different structure, not more arithmetic"),
+    "optsolve.BFGS(Zoom)": f"the zoom search's bracket and cubic; {_DRIVER}",
+    "optsolve.NonlinearCG(Backtracking)": (
+        f"{_TRIAL}; {_DRIVER}; beta's four products. At maxiters here, as optimistix"),
+    "optsolve.NonlinearCG(Zoom)": f"the zoom search; {_DRIVER}",
+    "optsolve.GradientDescent": f"{_TRIAL}; {_DRIVER}. At maxiters on Rosenbrock",
+    "optsolve.Newton": (f"truncated CG's loop on Hessian products (forward over reverse), "
+                        f"inside each iteration; {_DRIVER}"),
+    "optsolve.TrustRegion": f"Steihaug-CG's loop and the radius update; {_DRIVER}",
+    "optsolve.AdaHessian": ("a Hutchinson probe (random vector, Hessian product) every step, "
+                            f"and {_DRIVER}"),
+    "optsolve.Adam": ("the driver's per-step tests and counts on optax's update, against a "
+                      "bare fori_loop with none"),
+    "optsolve.Multistart(LBFGS, 8)": "LBFGS's loop under vmap, and the pick of the best run",
+    "optsolve.GaussNewton": (f"the SVD least-squares solve of J d = -r, {_TRIAL}, and "
+                             f"{_DRIVER}; optimistix solves by QR, one trial a step"),
+    "optsolve.LevenbergMarquardt": (
+        "Moré's trial loop inside each iteration (the SVD of R D^-1, the secular equation's "
+        "loop, the trial's residuals and radius update), the QR of [J | r] behind a "
+        f"conditional on acceptance, and {_DRIVER}"),
+    "optsolve.NewtonRaphson": ("the scaled LU solve, its SVD (damped step) fallback, the "
+                              f"line search on |F|^2, and {_DRIVER}"),
+    "optsolve.Broyden": ("the solve with the secant matrix B and its rank-one update, the "
+                         "restart from the true Jacobian (LU and SVD), the line search on "
+                         f"|F|^2, and {_DRIVER}"),
+    "optsolve.Bisection": ("the bracket's midpoint and sign test; XLA runs the whole loop in "
+                           "a few thunks, as optimistix's"),
+    "optsolve.Brentq": "Brent's interpolation and bisection safeguards, and the driver's tests",
+    "optsolve.Brent": "the parabolic step and golden-section fallback, and the driver's tests",
+    "optsolve.GoldenSection": ("one evaluation a step and the driver's tests, each step "
+                               "executed thunk by thunk; XLA runs optimistix.GoldenSearch's "
+                               "whole loop in a few thunks (the peer's column)"),
+    "optsolve.InteriorPoint": ("the KKT system's factorisation with inertia correction, the "
+                               "filter line search and the restoration phase, in one loop"),
+}
+
+
+NOTES = (
+    "How to read it. A fused kernel is one `fusion` of XLA's optimised HLO; on the CPU "
+    "backend each runs as one thunk, as do copies, loops, conditionals, matrix products and "
+    "LAPACK calls. The loop's kernels are what compilation grows with; the executed thunks "
+    "are what a small solve's time follows (each costs about as much as the arithmetic of "
+    "a 10-variable iteration). Kernels come from reductions (each reduction of a vector "
+    "ends a kernel, though XLA fuses reductions of one operand into one), from every value "
+    "the loop carries (each carried array is written by its own kernel, one per pytree "
+    "leaf), and from divisions and square roots shared by several of them (XLA does not "
+    "duplicate them into their consumers). optimistix's quasi-Newton loops make one "
+    "line-search trial per outer step, with no inner loop, and test finiteness only at the "
+    "end; optsolve's driver tests every step (non-finite values, stalls, the status and "
+    "its reason), and its line searches are loops inside the iteration.")
 
 
 def check_every_class_has_a_row(fail: bool = True) -> None:
