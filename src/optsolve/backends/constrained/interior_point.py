@@ -124,6 +124,30 @@ class _Outcome(NamedTuple):
     ftol_met: Array
 
 
+class _Search(NamedTuple):
+    """The backtracking line search's carry: the next alpha, the accepted trial."""
+
+    alpha: Array
+    accepted: Array
+    h_type: Array      # the accepted step augments the filter
+    nonfinite: Array   # a trial point met non-finite values
+    trials: Array
+    v: Array
+    f: Array
+    c: Array
+    alpha_acc: Array
+
+
+def _alpha_min(slope: Array, theta: Array, theta_min: Array) -> Array:
+    """The shortest trial step before the restoration phase (eq. (23))."""
+    neg = jnp.where(slope < 0, -slope, 1.0)
+    by_filter = jnp.minimum(_GAMMA_THETA, _GAMMA_PHI * theta / neg)
+    switching = jnp.minimum(by_filter, _DELTA * theta ** _S_THETA / neg ** _S_PHI)
+    return jnp.where(slope < 0,
+                     _GAMMA_ALPHA * jnp.where(theta <= theta_min, switching, by_filter),
+                     _GAMMA_ALPHA * _GAMMA_THETA)
+
+
 def _fraction_to_boundary(nlp: NLP, v: Array, dv: Array, tau: Array) -> Array:
     """The largest alpha in (0, 1] with ``v + alpha dv`` at least ``(1 - tau)`` of its gaps
     inside the bounds (eq. (15))."""
@@ -224,8 +248,14 @@ class InteriorPointSolver(SteppingSolver):
     def step(self, objective: Objective, x: PyTree, f: Array, g: PyTree,
              state: IPState) -> Step:
         nlp = NLP(objective, self.problem)
-        out = lax.cond(state.resto, lambda st: self._restoration(nlp, st),
-                       lambda st: self._barrier_step(nlp, st), state)
+        if nlp.m:
+            out = lax.cond(state.resto, lambda st: self._restoration(nlp, st),
+                           lambda st: self._barrier_step(nlp, st), state)
+        else:
+            # Without constraints nothing is ever infeasible (a failed search fails the
+            # run): no restoration to compile. (Its zero-size arrays also make XLA on the
+            # CPU lose the FFI version of a host callback elsewhere in the program.)
+            out = self._barrier_step(nlp, state)
         st = out.state
         g_l = st.grad + st.jac.T @ st.y
         one = jnp.ones((), jnp.int32)
@@ -349,42 +379,22 @@ class InteriorPointSolver(SteppingSolver):
             h_type = jnp.where(ok_s, h_s, h_type)
             v_acc, f_acc, c_acc = v_s, f_s, c_s
 
-        if True:  # backtracking from alpha_max / 2 (A-5.10), down to alpha_min (eq. (23))
-            neg = jnp.where(slope < 0, -slope, 1.0)
-            alpha_min = jnp.where(
-                slope < 0,
-                _GAMMA_ALPHA * jnp.where(
-                    theta_k <= st.theta_min,
-                    jnp.minimum(jnp.minimum(_GAMMA_THETA, _GAMMA_PHI * theta_k / neg),
-                                _DELTA * theta_k ** _S_THETA / neg ** _S_PHI),
-                    jnp.minimum(_GAMMA_THETA, _GAMMA_PHI * theta_k / neg)),
-                _GAMMA_ALPHA * _GAMMA_THETA)
+        # backtracking from alpha_max / 2 (A-5.10), down to alpha_min (eq. (23))
+        alpha_min = _alpha_min(slope, theta_k, st.theta_min)
 
-            class Search(NamedTuple):
-                alpha: Array
-                accepted: Array
-                h_type: Array
-                nonfinite: Array
-                trials: Array
-                v: Array
-                f: Array
-                c: Array
-                alpha_acc: Array
+        def cond(s: _Search):
+            return ~s.accepted & (s.alpha >= alpha_min) & (s.trials < _MAX_TRIALS)
 
-            def cond(s: Search):
-                return ~s.accepted & (s.alpha >= alpha_min) & (s.trials < _MAX_TRIALS)
+        def body(s: _Search):
+            v_t, f_t, c_t = trial(s.alpha, dv)
+            ok, h, fin = judge(s.alpha, v_t, f_t, c_t)
+            keep = lambda new, old: jnp.where(ok, new, old)  # noqa: E731
+            return _Search(s.alpha / 2, ok, keep(h, s.h_type), s.nonfinite | ~fin,
+                           s.trials + 1, keep(v_t, s.v), keep(f_t, s.f), keep(c_t, s.c),
+                           keep(s.alpha, s.alpha_acc))
 
-            def body(s: Search):
-                v_t, f_t, c_t = trial(s.alpha, dv)
-                ok, h, fin = judge(s.alpha, v_t, f_t, c_t)
-                keep = lambda new, old: jnp.where(ok, new, old)  # noqa: E731
-                return Search(s.alpha / 2, ok, keep(h, s.h_type), s.nonfinite | ~fin,
-                              s.trials + 1, keep(v_t, s.v), keep(f_t, s.f), keep(c_t, s.c),
-                              keep(s.alpha, s.alpha_acc))
-
-            start = Search(alpha_max / 2, accepted, h_type, nonfinite, evals, v_acc, f_acc,
-                           c_acc, alpha_acc)
-            found = lax.while_loop(cond, body, start)
+        found = lax.while_loop(cond, body, _Search(alpha_max / 2, accepted, h_type, nonfinite,
+                                                   evals, v_acc, f_acc, c_acc, alpha_acc))
         accepted, evals = found.accepted, found.trials
         alpha = found.alpha_acc
         v_new, f_new, c_new = found.v, found.f, found.c
@@ -418,7 +428,7 @@ class InteriorPointSolver(SteppingSolver):
     # ------------------------------------------------------------- restoration
     def _restoration(self, nlp: NLP, st: IPState) -> _Outcome:
         """One Levenberg-Marquardt step on 1/2 |c(x) - s|^2 (the module docstring)."""
-        n, m, dtype = nlp.n, nlp.m, self.dtype
+        n, dtype = nlp.n, self.dtype
         v = jnp.concatenate([st.x, st.s])
         moves = jnp.concatenate([jnp.ones(n, bool), nlp.ineq])
         r = nlp.residual(st.c, st.s)
@@ -431,7 +441,9 @@ class InteriorPointSolver(SteppingSolver):
         # the exact Hessian of 1/2 |r|^2 (J^T J and the residuals' curvature): with
         # Gauss-Newton alone the iterates of a problem whose least violation is large
         # circle round its minimiser instead of converging to it
-        half_square = lambda w: 0.5 * jnp.sum(nlp.residual(nlp.cons(w[:n]), w[n:]) ** 2)  # noqa: E731
+        def half_square(w):
+            return 0.5 * jnp.sum(nlp.residual(nlp.cons(w[:n]), w[n:]) ** 2)
+
         hessian = jax.hessian(half_square)(v)
         both = moves[:, None] & moves[None, :]
         size = jnp.maximum(jnp.max(jnp.abs(jnp.diagonal(hessian)), initial=0.0), 1.0)
@@ -472,7 +484,6 @@ class InteriorPointSolver(SteppingSolver):
         still = st._replace(lm=lm, infeasible=infeasible)
         state = jax.tree_util.tree_map(lambda a, b: jnp.where(ok & ~hopeless, a, b), moved,
                                        still)
-        del m
         return _Outcome(state, jnp.ones((), jnp.int32), failed, infeasible, ~finite,
                         ok & ~hopeless & back & converged, jnp.zeros((), bool))
 
