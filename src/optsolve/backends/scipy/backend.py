@@ -31,7 +31,9 @@ iterate (never SUCCESS or MAXITERS, never an exception), and ``Solution.detail``
 often, under ``solve(nonfinite="fail")``; under ``"reject"``, the default of the methods
 that compare values (``MethodSpec.rejects_nonfinite``), the method sees +inf there and
 passes over the point, the count still in the message; a run that ends outside the constraints or bounds (by more than
-``FEASIBILITY_TOL``, relative, in :mod:`optsolve.backends.scipy.compiled`) is INFEASIBLE. ``Solution.detail`` is scipy's
+``FEASIBILITY_TOL``, relative, in :mod:`optsolve.backends.scipy.compiled`) is INFEASIBLE, its
+message stating the violation; trust-constr's success on its barrier subproblem while the
+barrier still keeps it short of the constrained optimum is STALLED. ``Solution.detail`` is scipy's
 message, then optsolve's notes where it stopped the run or changed the code. The run itself
 is in :mod:`optsolve.backends.scipy.run` (optsolve's per-iteration side in :mod:`optsolve.backends.scipy.monitor`), the
 method tables in :mod:`optsolve.backends.scipy.options` and :mod:`optsolve.backends.scipy.retcodes`.

@@ -31,6 +31,10 @@ from optsolve.solve_api.stationarity import stationarity
 if TYPE_CHECKING:
     from scipy.optimize import OptimizeResult
 
+# How far above the constrained optimum (in f, relative to 1 + |f|) trust-constr's barrier
+# subproblem may leave a run that it reports as a success (:func:`_barrier_left_open`).
+BARRIER_GAP_TOL = 1e-6
+
 
 def _flat(tree) -> np.ndarray:
     return np.concatenate([np.ravel(np.asarray(leaf, np.float64))
@@ -417,11 +421,17 @@ def _outcome(algorithm, result: OptimizeResult, monitor: Monitor, host: HostProb
 
     Rules on top of scipy's status, in order: a stop optsolve requested wins; a non-finite
     evaluation anywhere in the run turns SUCCESS / MAXITERS / STALLED into FAILURE (with
-    the last finite iterate); constraints violated at the end give INFEASIBLE; a success
-    on a test of scipy's own at a gradient above ``gtol`` (the user's, None where every
-    test scipy runs is one the user set) is STALLED.
+    the last finite iterate); constraints violated at the end give INFEASIBLE, the
+    violation in the message; trust-constr's success on its barrier subproblem short of
+    the constrained optimum is STALLED (:func:`_barrier_left_open`); a success on a test
+    of scipy's own at a gradient above ``gtol`` (the user's, None where every test scipy
+    runs is one the user set) is STALLED.
     """
     spec = algorithm.spec
+    if result.get("x") is None or result.get("fun") is None:
+        # shgo found no feasible point ("Failed to find a feasible minimizer point"): it
+        # returns none, so the run's own last point stands, and the rules below judge it
+        result.x, result.fun = monitor.last or host.last_finite or (host.x0, np.nan)
     x = np.asarray(result.x, dtype=np.float64)
     fun = float(np.asarray(result.fun))
     if monitor.reason is not None:
@@ -457,10 +467,16 @@ def _outcome(algorithm, result: OptimizeResult, monitor: Monitor, host: HostProb
         if code in (ReturnCode.SUCCESS, ReturnCode.MAXITERS, ReturnCode.STALLED):
             code = ReturnCode.FAILURE
     elif (bounds is not None or host.constraints) and code != ReturnCode.TERMINATED \
-            and host.violation(x, bounds) > FEASIBILITY_TOL:
+            and (violation := host.violation(x, bounds)) > FEASIBILITY_TOL:
         # Violated constraints at the end outrank why the method stopped (a failed line
-        # search on incompatible constraints is SLSQP's usual way to say it).
+        # search on incompatible constraints is SLSQP's usual way to say it), and the
+        # message says by how much: scipy's own words rarely do.
         code = ReturnCode.INFEASIBLE
+        notes.append(f"largest violation of the constraints and bounds at the returned point "
+                     f"{violation:.3g} (relative to max(1, |bound|)) > FEASIBILITY_TOL "
+                     f"{FEASIBILITY_TOL:g}")
+    elif code == ReturnCode.SUCCESS and _barrier_left_open(algorithm, result, notes):
+        code = ReturnCode.STALLED
     elif code == ReturnCode.SUCCESS and gtol is not None and monitor.reason is None \
             and not host.constraints and not stopped_by_own_gtol(spec.key, result):
         code = _gtol_holds(x, host, bounds, gtol, notes)
@@ -471,6 +487,35 @@ def _outcome(algorithm, result: OptimizeResult, monitor: Monitor, host: HostProb
                          f"raise it with {type(algorithm).__name__.split('(')[0]}("
                          f"{spec.name!r}, {option}=...)")
     return x, fun, code
+
+
+def _barrier_left_open(algorithm, result: OptimizeResult, notes: list[str]) -> bool:
+    """Whether trust-constr claimed success on its barrier subproblem, not on the problem.
+
+    With inequalities or bounds trust-constr runs an interior-point method
+    (``tr_interior_point``) whose ``gtol`` test (status 1) reads the optimality and the
+    violation of the current barrier subproblem, at whatever barrier parameter mu it has
+    reached (scipy 1.17, ``minimize_trustregion_constr``: only its ``xtol`` test, status
+    2, also requires mu < ``barrier_tol``). The subproblem's optimum lies inside the
+    feasible set, its objective above the constrained optimum's by about mu per active
+    inequality (HS35 at scipy's defaults: mu 3.2e-5, f 3.2e-5 above f*); in the
+    constrained census this made most of trust-constr's false SUCCESS. The success stands
+    where that gap is within the objective's share of the contract, mu <=
+    ``BARRIER_GAP_TOL`` (1 + |f|) (the census's "solved": within 1e-6 (1 + |f*|)), or
+    within a larger ``barrier_tol`` the user gave. Appends why where it does not."""
+    if algorithm.spec.key != "trust-constr" or result.get("status") != 1 \
+            or result.get("method") != "tr_interior_point":
+        return False
+    mu = result.get("barrier_parameter")
+    bar = max(BARRIER_GAP_TOL * (1 + abs(float(result.get("fun", 0.0)))),
+              algorithm.options.get("barrier_tol", 0.0))
+    if mu is None or mu <= bar:
+        return False
+    notes.append(f"trust-constr's gtol test held for its barrier subproblem with the barrier "
+                 f"parameter at {mu:.3g} > {bar:.3g}: the constrained optimum is not reached "
+                 f"(f is typically above it by about that much); a smaller gtol takes the "
+                 f"barrier further down, a larger barrier_tol accepts it")
+    return True
 
 
 def _gtol_holds(x: np.ndarray, host: HostProblem, bounds, gtol: float,
