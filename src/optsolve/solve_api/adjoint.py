@@ -321,20 +321,8 @@ class ImplicitAdjoint:
         if not is_traced(problem, algorithm):
             # Only traced inputs can be differentiated: concrete ones skip the rule's cost.
             return run(problem, algorithm, options)
-        side: dict[str, Any] = {}
 
-        def primal(problem, algorithm, options):
-            solution = run(problem, algorithm, options)
-            leaves, treedef = jax.tree_util.tree_flatten(solution)
-            side["objects"] = [None if _is_array_leaf(l) else l for l in leaves]
-            side["treedef"] = treedef
-            return [l if _is_array_leaf(l) else None for l in leaves]
-
-        differentiable = jax.custom_jvp(primal)
-
-        def jvp(primals, tangents):
-            problem, algorithm, options = primals
-            problem_dot, algorithm_dot, _ = tangents
+        def tangents(problem, algorithm, problem_dot, algorithm_dot, solution):
             if _perturbed(algorithm_dot):
                 raise ValueError(
                     "ImplicitAdjoint: the solution is being differentiated with respect to the "
@@ -343,10 +331,6 @@ class ImplicitAdjoint:
                     "to differentiate the iterate an algorithm actually returns (meta-learning "
                     "a learning rate, say), use solve(..., adjoint=UnrolledAdjoint())."
                 )
-            leaves = primal(problem, algorithm, options)
-            solution = jax.tree_util.tree_unflatten(side["treedef"], [
-                obj if obj is not None else leaf for leaf, obj in zip(leaves, side["objects"])
-            ])
             if solution.model_state is not None:
                 raise ValueError(
                     "ImplicitAdjoint: f changes the model's state in place (BatchNorm "
@@ -354,13 +338,7 @@ class ImplicitAdjoint:
                     "f(x, p) and has no implicit derivative; differentiate a model evaluated "
                     "in eval mode, or the iterations themselves with "
                     "solve(..., adjoint=UnrolledAdjoint()).")
-            code = solution.retcode
-            if isinstance(code, jax.core.Tracer):
-                jax.debug.callback(lambda c: [_warn_not_converged(ci) for ci in np.ravel(c)],
-                                   code)
-            else:
-                for ci in np.ravel(np.asarray(code)):
-                    _warn_not_converged(ci)
+            warn_each(_warn_not_converged, solution.retcode)
             p_dot = _instantiated(problem_dot.p, problem.p)
             bounds_dot = (None if problem.bounds is None
                           else _instantiated(problem_dot.bounds, problem.bounds))
@@ -368,19 +346,64 @@ class ImplicitAdjoint:
                 problem_dot.p, problem.p, always=True)
             constraints_dot = None if not problem.constraints else _instantiated(
                 problem_dot.constraints, problem.constraints)
-            dx, dobjective = _compiled_tangents(self, problem, algorithm, solution.x,
-                                                solution.state, p_dot, p_dot_or_zero,
-                                                bounds_dot, constraints_dot)
-            arrays_only = jax.tree_util.tree_unflatten(side["treedef"], leaves)
-            tangent = jax.tree_util.tree_map(_zero_tangent, arrays_only)
-            tangent = dataclasses.replace(tangent, x=dx, objective=dobjective)
-            return leaves, side["treedef"].flatten_up_to(tangent)
+            return _compiled_tangents(self, problem, algorithm, solution.x, solution.state,
+                                      p_dot, p_dot_or_zero, bounds_dot, constraints_dot)
 
-        differentiable.defjvp(jvp, symbolic_zeros=True)
-        leaves = differentiable(problem, algorithm, options)
+        return with_tangent_rule(run, problem, algorithm, options, tangents)
+
+
+def warn_each(warn: Callable[[Any], None], code: Any) -> None:
+    """``warn(c)`` for every return code c in ``code`` (one, or a batch's), at run time
+    where the codes are traced."""
+    if isinstance(code, jax.core.Tracer):
+        jax.debug.callback(lambda c: [warn(ci) for ci in np.ravel(c)], code)
+    else:
+        for ci in np.ravel(np.asarray(code)):
+            warn(ci)
+
+
+def with_tangent_rule(run: Run, problem: Any, algorithm: Any, options: Any,
+                      tangents: Callable[..., tuple[PyTree, jax.Array]], *,
+                      rule_differentiable: bool = False) -> Solution:
+    """``run(problem, algorithm, options)``, its Solution differentiable by a rule rather
+    than through the run: ``tangents(problem, algorithm, problem_dot, algorithm_dot,
+    solution)`` gives the tangents (dx, d objective) of x and the objective; every other
+    array of the Solution has a zero tangent. The Solution's leaves that are not arrays
+    (messages, the backend's own result) pass beside the rule.
+
+    ``rule_differentiable``: a derivative of the rule's output (a second derivative)
+    differentiates the rule again rather than the run (the run's iterations may not be
+    differentiable at all).
+    """
+    side: dict[str, Any] = {}
+
+    def primal(problem, algorithm, options):
+        solution = run(problem, algorithm, options)
+        leaves, treedef = jax.tree_util.tree_flatten(solution)
+        side["objects"] = [None if _is_array_leaf(l) else l for l in leaves]
+        side["treedef"] = treedef
+        return [l if _is_array_leaf(l) else None for l in leaves]
+
+    differentiable = jax.custom_jvp(primal)
+
+    def rebuilt(leaves):
         return jax.tree_util.tree_unflatten(side["treedef"], [
-            obj if obj is not None else leaf for leaf, obj in zip(leaves, side["objects"])
-        ])
+            obj if obj is not None else leaf for leaf, obj in zip(leaves, side["objects"])])
+
+    def jvp(primals, tangents_in):
+        problem, algorithm, options = primals
+        problem_dot, algorithm_dot, _ = tangents_in
+        leaves = (differentiable if rule_differentiable else primal)(problem, algorithm,
+                                                                     options)
+        dx, dobjective = tangents(problem, algorithm, problem_dot, algorithm_dot,
+                                  rebuilt(leaves))
+        arrays_only = jax.tree_util.tree_unflatten(side["treedef"], leaves)
+        tangent = jax.tree_util.tree_map(_zero_tangent, arrays_only)
+        tangent = dataclasses.replace(tangent, x=dx, objective=dobjective)
+        return leaves, side["treedef"].flatten_up_to(tangent)
+
+    differentiable.defjvp(jvp, symbolic_zeros=True)
+    return rebuilt(differentiable(problem, algorithm, options))
 
 
 @pytree_dataclass

@@ -32,7 +32,6 @@ algorithms that can be unrolled.
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import time
 import warnings
@@ -47,8 +46,8 @@ from jax.flatten_util import ravel_pytree
 
 from optsolve.solve_api import host
 from optsolve.solve_api.adjoint import (
-    ImplicitAdjoint, UnrolledAdjoint, _closes_over_tracers, _instantiated, _is_array_leaf,
-    _perturbed, _zero_tangent,
+    ImplicitAdjoint, UnrolledAdjoint, _closes_over_tracers, _instantiated, _perturbed,
+    warn_each, with_tangent_rule,
 )
 from optsolve.solve_api.capabilities import (
     check_capabilities, check_solves_roots, resume_point,
@@ -388,47 +387,19 @@ def _differentiated(adjoint: Any, run: Any, problem: RootProblem, algorithm: Any
     problem = _hoisted(problem)
     if not is_traced(problem, algorithm):
         return run(problem, algorithm, options)
-    side: dict[str, Any] = {}
 
-    def primal(problem, algorithm, options):
-        solution = run(problem, algorithm, options)
-        leaves, treedef = jax.tree_util.tree_flatten(solution)
-        side["objects"] = [None if _is_array_leaf(l) else l for l in leaves]
-        side["treedef"] = treedef
-        return [l if _is_array_leaf(l) else None for l in leaves]
-
-    differentiable = jax.custom_jvp(primal)
-
-    def rebuilt(leaves):
-        return jax.tree_util.tree_unflatten(side["treedef"], [
-            obj if obj is not None else leaf for leaf, obj in zip(leaves, side["objects"])])
-
-    def jvp(primals, tangents):
-        problem, algorithm, options = primals
-        problem_dot, algorithm_dot, _ = tangents
+    def tangents(problem, algorithm, problem_dot, algorithm_dot, solution):
         if _perturbed(algorithm_dot):
             raise ValueError(
                 "solve: a root is being differentiated with respect to the algorithm's own "
                 f"hyperparameters ({type(algorithm).__name__}); at a root x* does not depend "
                 "on them. Differentiate with respect to the problem's p.")
-        # the primal through the rule itself: a second derivative differentiates this rule
-        # again (not the iterations)
-        leaves = differentiable(problem, algorithm, options)
-        solution = rebuilt(leaves)
-        code = solution.retcode
-        if isinstance(code, jax.core.Tracer):
-            jax.debug.callback(lambda c: [_warn_not_a_root(ci) for ci in np.ravel(c)], code)
-        else:
-            for ci in np.ravel(np.asarray(code)):
-                _warn_not_a_root(ci)
+        warn_each(_warn_not_a_root, solution.retcode)
         p_dot = _instantiated(problem_dot.p, problem.p)
         p_dot_or_zero = p_dot if p_dot is not None else _instantiated(
             problem_dot.p, problem.p, always=True)
-        dx, dobjective = _compiled_tangents(problem, solution.x, p_dot, p_dot_or_zero)
-        arrays_only = jax.tree_util.tree_unflatten(side["treedef"], leaves)
-        tangent = jax.tree_util.tree_map(_zero_tangent, arrays_only)
-        tangent = dataclasses.replace(tangent, x=dx, objective=dobjective)
-        return leaves, side["treedef"].flatten_up_to(tangent)
+        return _compiled_tangents(problem, solution.x, p_dot, p_dot_or_zero)
 
-    differentiable.defjvp(jvp, symbolic_zeros=True)
-    return rebuilt(differentiable(problem, algorithm, options))
+    # a second derivative differentiates the rule again, not the iterations
+    return with_tangent_rule(run, problem, algorithm, options, tangents,
+                             rule_differentiable=True)
