@@ -363,6 +363,18 @@ def test_scipy_root_problem_root(method):
         assert _max_abs(F, sol.x) < 1e-2, problem
 
 
+def test_scipy_krylov_breakdown_is_failure_not_an_exception():
+    """A constant F (J = 0): scipy's Newton-Krylov raises ValueError("Jacobian inversion
+    yielded zero vector ...") inside its solve; the Solution is FAILURE with scipy's words,
+    x the last point where F was finite (a finite-difference probe next to x0). A ValueError raised by F itself still reaches the
+    caller (test_F_can_raise)."""
+    sol = solve(RootProblem(lambda x, p: jnp.ones(2), jnp.array([0.7, -0.3])),
+                optsolve.ScipyRoot("krylov"), maxiters=50)
+    assert sol.retcode == ReturnCode.FAILURE
+    assert "Jacobian inversion yielded zero vector" in sol.message
+    np.testing.assert_allclose(sol.x, [0.7, -0.3], rtol=1e-6)
+
+
 def test_scipy_root_options_solve_owns_are_refused():
     with pytest.raises(TypeError, match="`xtol` is not an option here"):
         optsolve.ScipyRoot("hybr", xtol=1e-3)

@@ -277,6 +277,8 @@ def _described(solution: Solution, problem: RootProblem, algorithm: Any, tol: An
         return replace(solution, reason=reason,
                        detail=f"max|F(x)| = {residual:.3g} <= ftol = {float(tol):.3g}")
     detail = f"max|F(x)| = {residual:.3g} > ftol = {float(tol):.3g}"
+    if form == "scipy" and solution.detail:  # scipy's own words on why it stopped
+        detail += f"; scipy: {solution.detail}"
     if solution.retcode == ReturnCode.STALLED and not solution.reason:
         detail += (f": {type(algorithm).__name__} converged by its own tests to a point that "
                    "is not a root (a local minimum of |F|^2, or ftol below what the dtype "

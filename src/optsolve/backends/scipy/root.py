@@ -208,6 +208,10 @@ def _scipy_options(algorithm: ScipyRoot, options: SolveOptions) -> dict[str, Any
     return out
 
 
+# scipy.optimize._nonlin's message where its Jacobian inversion breaks down
+_NONLIN_BREAKDOWN = "Jacobian inversion yielded zero vector"
+
+
 def _run_host(problem: LeastSquaresProblem, algorithm: ScipyRoot, options: SolveOptions):
     """scipy.optimize.root on concrete inputs: (x flat, F at x, code, nit, nfev, njev,
     result or None, detail)."""
@@ -248,9 +252,13 @@ def _run_host(problem: LeastSquaresProblem, algorithm: ScipyRoot, options: Solve
         return (last["x"], F, ReturnCode.FAILURE, last["nfev"], last["nfev"], last["njev"],
                 None, "F (or its Jacobian) was not finite at a point scipy evaluated; x is "
                       "the last point where F was finite")
-    except (ArithmeticError, np.linalg.LinAlgError) as err:
+    except (ArithmeticError, np.linalg.LinAlgError, ValueError) as err:
         # scipy's nonlin line search overflows on a diverging run (excitingmixing with its
-        # default alpha on a system whose Jacobian it has the wrong sign of)
+        # default alpha on a system whose Jacobian it has the wrong sign of); its Krylov
+        # inversion raises ValueError where J is zero (F constant). A user's own ValueError
+        # (raised from F, not scipy's) goes on unchanged.
+        if isinstance(err, ValueError) and _NONLIN_BREAKDOWN not in str(err):
+            raise
         F = last["F"] if last["F"] is not None else np.full_like(x0, np.nan)
         return (last["x"], F, ReturnCode.FAILURE, last["nfev"], last["nfev"], last["njev"],
                 None, f"scipy stopped with {type(err).__name__}: {err}; x is the last point "
