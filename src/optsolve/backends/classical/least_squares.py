@@ -63,10 +63,6 @@ class Residuals:
         return r, jvp, lambda u: vjp(u)[0]
 
 
-def _sum_squares(r: Array) -> Array:
-    return 0.5 * jnp.sum(jnp.square(r))
-
-
 def _check_linear_solver(owner: str, value: str) -> None:
     if value not in _LINEAR_SOLVERS:
         raise ValueError(f"{owner}: `linear_solver` must be one of "
@@ -299,7 +295,7 @@ class _Trial(NamedTuple):
 
 
 _TRIAL_SCALARS = ("k", "delta", "par", "accepted", "reduction_converged", "radius_converged",
-                  "stalled", "nonfinite", "done")
+                  "stalled", "nonfinite", "done", "sum_squares")
 
 
 def _pack(dtype: Any, **values: Array) -> Array:
@@ -403,7 +399,10 @@ class _LevenbergMarquardtSolver(SteppingSolver):
             delta = jnp.where(state.first, jnp.minimum(t_delta, pnorm), t_delta)
             x_trial = xf + p
             r_trial = residuals(x_trial)
-            fnorm1 = _norm(r_trial)
+            # |r|^2 is kept for the accepted point's value: a sum of m squares is three
+            # kernels on XLA's CPU backend (squares, partial sums, their sum)
+            sum_squares = jnp.sum(jnp.square(r_trial))
+            fnorm1 = _sqrt(sum_squares)
             finite = jnp.isfinite(fnorm1)
             actred = jnp.where(finite & (0.1 * fnorm1 < fnorm),
                                1 - jnp.square(fnorm1 / fnorm), -1.0)
@@ -433,14 +432,16 @@ class _LevenbergMarquardtSolver(SteppingSolver):
                 t.scalars.dtype, k=k, delta=delta, par=par, accepted=accepted,
                 reduction_converged=reduced, radius_converged=radius, stalled=stalled,
                 nonfinite=t.flag("nonfinite") | ~finite,
-                done=accepted | reduced | radius | stalled | (k >= alg.max_trials)))
+                done=accepted | reduced | radius | stalled | (k >= alg.max_trials),
+                sum_squares=sum_squares))
 
         false = jnp.zeros((), bool)
         t = inner_while_loop(cond, body, _Trial(
             xf, jnp.zeros((self.m,), jnp.result_type(f)), _pack(
                 jnp.result_type(delta0, state.par), k=0, delta=delta0, par=state.par,
                 accepted=False, reduction_converged=zero_residual, radius_converged=False,
-                stalled=False, nonfinite=False, done=zero_residual)), alg.max_trials)
+                stalled=False, nonfinite=False, done=zero_residual, sum_squares=0.0)),
+            alg.max_trials)
         accepted, trials = t.flag("accepted"), t.get("k").astype(jnp.int32)
         x_new = jnp.where(accepted, t.x, xf)
         if self.dense:
@@ -451,7 +452,7 @@ class _LevenbergMarquardtSolver(SteppingSolver):
         else:
             rfac, qtr = state.rfac, state.qtr
             g_new = jnp.where(accepted, jax.vjp(residuals, x_new)[1](t.r)[0], gf)
-        f_new = jnp.where(accepted, _sum_squares(t.r), f)
+        f_new = jnp.where(accepted, (0.5 * t.get("sum_squares")).astype(f.dtype), f)
         unravel = ravel_pytree(x)[1]
         nonfinite = state.nonfinite | t.flag("nonfinite")
         new_state = _LMState(rfac, qtr, diag, t.get("delta").astype(state.delta.dtype),
