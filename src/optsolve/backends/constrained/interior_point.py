@@ -332,16 +332,21 @@ class InteriorPointSolver(SteppingSolver):
                 theta_k <= st.theta_min)
 
         def judge(alpha, v_t, f_t, c_t):
-            """(accepted, h-type, finite) for the trial point v_t."""
+            """(accepted, h-type, finite) for the trial point v_t: f and c finite there
+            (a trial that rounding put on a bound, where the barrier is infinite, is
+            rejected without counting as a non-finite value of the problem's)."""
             theta_t = nlp.theta(c_t, v_t[n:])
             phi_t = nlp.barrier(f_t, v_t, mu)
-            finite = jnp.isfinite(theta_t) & jnp.isfinite(phi_t)
+            finite = jnp.isfinite(f_t) & jnp.isfinite(theta_t)
+            gl, gu = nlp.gaps(v_t)
+            inside = jnp.all((gl > 0) & (gu > 0)) & jnp.isfinite(phi_t)
             armijo = phi_t <= phi_k + _ETA_PHI * alpha * slope
             decrease = (theta_t <= (1 - _GAMMA_THETA) * theta_k) | (
                 phi_t <= phi_k - _GAMMA_PHI * theta_k)
             f_type = switching(alpha)
-            ok = finite & _filter_accepts(st, theta_t, phi_t) & jnp.where(f_type, armijo, decrease)
-            ok = ok | (tiny & finite)
+            ok = finite & inside & _filter_accepts(st, theta_t, phi_t) & jnp.where(
+                f_type, armijo, decrease)
+            ok = ok | (tiny & finite & inside)
             return ok, ~(f_type & armijo), finite
 
         def trial(alpha, dv_):
