@@ -75,7 +75,7 @@ import sif2jax  # noqa: E402
 from threadpoolctl import threadpool_limits  # noqa: E402
 
 import optsolve  # noqa: E402
-from common import block, machine_line, markdown_table  # noqa: E402
+from common import block, machine_line, markdown_table, performance_profile  # noqa: E402
 
 MAXITER = 1000
 FEAS_TOL, F_TOL = 1e-6, 1e-6
@@ -417,40 +417,6 @@ def false_success(record: dict, best: float) -> bool:
     return bool(record.get("claimed")) and not solved(record, best)
 
 
-def performance_profile(results: dict, names: list[str], key: str, title: str, path: Path):
-    """Dolan and Moré (2002), Benchmarking optimization software with performance profiles:
-    the fraction of problems each runner solves within a factor tau of the best runner on
-    that problem (unsolved runs count as never)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    ratios = {name: [] for name in names}
-    for records in results.values():
-        best = best_feasible(records)
-        costs = {n: max(float(records[n][key]), 1e-12) for n in names
-                 if n in records and solved(records[n], best)}
-        if not costs:
-            continue
-        least = min(costs.values())
-        for n in names:
-            ratios[n].append(costs[n] / least if n in costs else np.inf)
-    taus = np.logspace(0, 3, 300)
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    for i, n in enumerate(names):
-        r = np.asarray(ratios[n])
-        ax.step(taus, [(r <= t).mean() for t in taus], where="post", label=n,
-                lw=2.2 if "optsolve" in n else 1.3, ls="-" if i < 10 else "--")
-    ax.set_xscale("log")
-    ax.set_ylim(0, 1.02)
-    ax.set_xlabel("tau: within this factor of the best runner")
-    ax.set_ylabel("fraction of problems solved")
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=6.5, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
@@ -618,10 +584,13 @@ def census(results: dict, left_out: list[str], max_n: int, repeats: int, quick: 
     IMAGES.mkdir(parents=True, exist_ok=True)
     tag = "quick" if quick else f"n{max_n}"
     time_png, evals_png = f"constrained_profile_time_{tag}.png", f"constrained_profile_evals_{tag}.png"
+    def solved_by(records: dict, name: str) -> bool:
+        return solved(records[name], best_feasible(records))
+
     performance_profile(results, names, "steady", f"steady time, {len(results)} constrained "
-                        f"problems (n <= {max_n})", IMAGES / time_png)
+                        f"problems (n <= {max_n})", IMAGES / time_png, solved_by)
     performance_profile(results, names, "evals", "objective evaluations (slsqp-jax: steps)",
-                        IMAGES / evals_png)
+                        IMAGES / evals_png, solved_by)
     rows, n_common = summary(results, names)
     table = markdown_table(
         ["runner", "solved", "false SUCCESS", "time limit / raised",

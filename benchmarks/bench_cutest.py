@@ -54,7 +54,9 @@ import sif2jax  # noqa: E402
 from threadpoolctl import threadpool_limits  # noqa: E402
 
 import optsolve  # noqa: E402
-from common import block, machine_line, markdown_table, optax_lbfgs_loop  # noqa: E402
+from common import (  # noqa: E402
+    block, machine_line, markdown_table, optax_lbfgs_loop, performance_profile,
+)
 
 GTOL, MAXITER = 1e-6, 1000
 LBFGS_PEERS = ("optax.lbfgs", "optimistix.LBFGS", "scipy L-BFGS-B")
@@ -169,37 +171,6 @@ def _solved(record: dict, best: float) -> bool:
         record["f"] <= best + 1e-6 * (1 + abs(best))
 
 
-def performance_profile(results: dict, names: list[str], key: str, title: str, path: Path):
-    """Dolan and More (2002), Benchmarking optimization software with performance profiles:
-    the fraction of problems each runner solves within a factor tau of the best runner."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    ratios = {name: [] for name in names}
-    for records in results.values():
-        best_f = min(r["f"] for r in records.values() if "f" in r and np.isfinite(r["f"]))
-        costs = {n: max(records[n][key], 1e-12) for n in names
-                 if n in records and _solved(records[n], best_f)}
-        if not costs:
-            continue
-        least = min(costs.values())
-        for n in names:
-            ratios[n].append(costs[n] / least if n in costs else np.inf)
-    taus = np.logspace(0, 2, 200)
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for n in names:
-        r = np.asarray(ratios[n])
-        ax.step(taus, [(r <= t).mean() for t in taus], where="post", label=n)
-    ax.set_xscale("log")
-    ax.set_xlabel("within this factor of the best")
-    ax.set_ylabel("fraction of problems")
-    ax.set_title(title)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def summary(results: dict, bounded: bool) -> list[list[str]]:
     names = list(next(iter(results.values())))
     rows = []
@@ -266,10 +237,14 @@ def census(max_n: int, limit: int | None, bounded: bool, repeats: int) -> str:
     names = list(next(iter(results.values())))
     suffix = "bounded" if bounded else "unconstrained"
     IMAGES.mkdir(parents=True, exist_ok=True)
+    def solved_by(records: dict, name: str) -> bool:
+        best_f = min(r["f"] for r in records.values() if "f" in r and np.isfinite(r["f"]))
+        return _solved(records[name], best_f)
+
     performance_profile(results, names, "steady", f"steady time, {kind}",
-                        IMAGES / f"cutest_profile_time_{suffix}.png")
+                        IMAGES / f"cutest_profile_time_{suffix}.png", solved_by, max_tau=1e2)
     performance_profile(results, names, "evals", f"gradient evaluations, {kind}",
-                        IMAGES / f"cutest_profile_evals_{suffix}.png")
+                        IMAGES / f"cutest_profile_evals_{suffix}.png", solved_by, max_tau=1e2)
     table = markdown_table(
         ["runner", "solved", "false SUCCESS", "median steady / fastest L-BFGS peer",
          "median steady / like peer", "median gradient evaluations / fewest",

@@ -90,3 +90,40 @@ def optax_lbfgs_loop(fun: Callable, x0, gtol: float, maxiter: int):
 
     params, state = jax.lax.while_loop(keep_going, step, (x0, opt.init(x0)))
     return params, otu.tree_get(state, "count")
+
+
+def performance_profile(results: dict, names: list[str], key: str, title: str, path,
+                        solved: Callable[[dict, str], bool], max_tau: float = 1e3) -> None:
+    """Dolan and Moré (2002), Benchmarking optimization software with performance profiles:
+    the fraction of problems each runner solves within a factor tau of the best runner on
+    that problem (unsolved runs count as never). ``results``: problem -> runner -> record;
+    ``key``: the record's cost; ``solved(records, name)``: whether that runner solved the
+    problem whose records are ``records``. Saved as a PNG at ``path``."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    ratios = {name: [] for name in names}
+    for records in results.values():
+        costs = {n: max(float(records[n][key]), 1e-12) for n in names
+                 if n in records and solved(records, n)}
+        if not costs:
+            continue
+        least = min(costs.values())
+        for n in names:
+            ratios[n].append(costs[n] / least if n in costs else np.inf)
+    taus = np.logspace(0, np.log10(max_tau), 300)
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for i, n in enumerate(names):
+        r = np.asarray(ratios[n])
+        ax.step(taus, [(r <= t).mean() for t in taus], where="post", label=n,
+                lw=2.2 if "optsolve" in n else 1.3, ls="-" if i < 10 else "--")
+    ax.set_xscale("log")
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel("tau: within this factor of the best runner")
+    ax.set_ylabel("fraction of problems solved")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=6.5, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -75,6 +75,19 @@ def _uses_dense(alg: Any, m: int, n: int) -> bool:
     return alg.linear_solver == "dense"
 
 
+class DenseWhenAsked:
+    """The ``capabilities`` of a class whose ``linear_solver`` picks dense matrices or
+    products: with ``"dense"`` the Jacobian and its factorisation are dense at any size
+    (``dense_matrices``: about three of the Jacobian's size); otherwise they are dense only
+    below the class's own size threshold, or not at all."""
+
+    def capabilities(self) -> dict[str, Any]:
+        """The class's traits, ``dense_matrices`` as ``linear_solver`` says."""
+        caps = super().capabilities()  # type: ignore[misc]
+        caps["dense_matrices"] = 3 if self.linear_solver == "dense" else 0  # type: ignore
+        return caps
+
+
 def _check_problem(owner: str, problem: Any) -> None:
     if not isinstance(problem, LeastSquaresProblem):  # solve checks first; a direct caller
         raise TypeError(f"{owner} needs an optsolve.LeastSquaresProblem, got "
@@ -136,7 +149,7 @@ class _GaussNewtonSolver(DescentSolver):
 
 @register
 @pytree_dataclass
-class GaussNewton(ClassicalAlgorithm):
+class GaussNewton(DenseWhenAsked, ClassicalAlgorithm):
     """Gauss-Newton with a backtracking line search, for least-squares problems.
 
     Each iteration solves the linearised problem ``min_d |J d + r|`` (the least-norm
@@ -181,13 +194,6 @@ class GaussNewton(ClassicalAlgorithm):
         _check_linear_solver("GaussNewton", self.linear_solver)
         check_positive("GaussNewton", "cg_rtol", self.cg_rtol)
         _default_linesearch(self, Backtracking())
-
-    def capabilities(self) -> dict[str, Any]:
-        """The class's traits; with ``linear_solver="dense"`` the Jacobian and its
-        factorisation are dense at any size (``dense_matrices``: about three m x n ones)."""
-        caps = super().capabilities()
-        caps["dense_matrices"] = 3 if self.linear_solver == "dense" else 0
-        return caps
 
     def make_solver(self, problem: LeastSquaresProblem) -> _GaussNewtonSolver:
         return _GaussNewtonSolver(self, problem)
@@ -465,7 +471,7 @@ class _LevenbergMarquardtSolver(SteppingSolver):
 
 @register
 @pytree_dataclass
-class LevenbergMarquardt(ClassicalAlgorithm):
+class LevenbergMarquardt(DenseWhenAsked, ClassicalAlgorithm):
     """Levenberg-Marquardt as implemented by Moré: a trust region in the norm scaled by the
     Jacobian's column norms, with the damping parameter found for each radius (Moré, "The
     Levenberg-Marquardt algorithm: implementation and theory", Lecture Notes in
@@ -520,13 +526,6 @@ class LevenbergMarquardt(ClassicalAlgorithm):
             raise ValueError("LevenbergMarquardt: `max_trials` must be an integer >= 1, got "
                              f"{self.max_trials!r}.")
         _check_linear_solver("LevenbergMarquardt", self.linear_solver)
-
-    def capabilities(self) -> dict[str, Any]:
-        """The class's traits; with ``linear_solver="dense"`` the Jacobian and its
-        factorisation are dense at any size (``dense_matrices``: about three m x n ones)."""
-        caps = super().capabilities()
-        caps["dense_matrices"] = 3 if self.linear_solver == "dense" else 0
-        return caps
 
     def make_solver(self, problem: LeastSquaresProblem) -> _LevenbergMarquardtSolver:
         return _LevenbergMarquardtSolver(self, problem)

@@ -30,6 +30,7 @@ from jax.flatten_util import ravel_pytree
 from optsolve.backends.classical.descent import (
     ClassicalAlgorithm, check_positive, default_gtol, register,
 )
+from optsolve.backends.classical.least_squares import DenseWhenAsked
 from optsolve.backends.native.objective import Objective
 from optsolve.backends.native.protocol import Step, SteppingSolver
 from optsolve.solve_api.least_squares import LeastSquaresProblem
@@ -350,7 +351,7 @@ class _RootAlgorithm(ClassicalAlgorithm):
 
 @register
 @pytree_dataclass
-class NewtonRaphson(_RootAlgorithm):
+class NewtonRaphson(DenseWhenAsked, _RootAlgorithm):
     """Newton-Raphson for square systems ``F(x, p) = 0`` (an
     :class:`~optsolve.RootProblem`), with a dense Jacobian and a backtracking line search on
     the merit ``0.5 |F|^2`` for global convergence.
@@ -427,13 +428,6 @@ class NewtonRaphson(_RootAlgorithm):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"NewtonRaphson: `{name}` must be an integer >= 1, "
                                  f"got {value!r}.")
-
-    def capabilities(self) -> dict[str, Any]:
-        """The class's traits; with ``linear_solver="dense"`` the Jacobian and its
-        factorisations are dense at any size (``dense_matrices``: about three n x n ones)."""
-        caps = super().capabilities()
-        caps["dense_matrices"] = 3 if self.linear_solver == "dense" else 0
-        return caps
 
     def make_solver(self, problem: LeastSquaresProblem) -> _RootSolver:
         n = ravel_pytree(problem.x0)[0].size
