@@ -103,6 +103,10 @@ def algorithm_defaults() -> list[dict[str, Any]]:
         elif t["family"] == "native":
             # a wrapper (Multistart): each run stops as its inner algorithm does
             row.update(gtol="inner", maxiters="inner")
+        elif t["family"] == "constrained":
+            # its own KKT test, E_0 <= tol (by x's dtype), not a gradient test
+            row.update(gtol={_WIDTHS[size]: tol for size, tol in cls.default_tol.items()},
+                       tolerance="kkt", maxiters=cls.default_maxiters)
         elif t["family"] == "classical":
             # the solvers' own: default_gtol(x's dtype) and the class's default_maxiters
             row.update(gtol={_WIDTHS[size]: tol for size, tol in DEFAULT_GTOL.items()},
@@ -128,6 +132,10 @@ def defaults_markdown() -> str:
             gtol = "ftol on max abs F: " + ", ".join(
                 f"{_number(tol)} ({width})" for width, tol in d["gtol"].items())
             maxiters = "scipy's own" if d["maxiters"] == "scipy" else str(d["maxiters"])
+        elif d.get("tolerance") == "kkt":  # a constrained method: its KKT error, not gtol
+            gtol = "none: KKT error E_0 <= tol, " + ", ".join(
+                f"{_number(tol)} ({width})" for width, tol in d["gtol"].items())
+            maxiters = str(d["maxiters"])
         elif d["gtol"] == "scipy":
             gtol, maxiters = "scipy's own", "scipy's own"
         elif d["gtol"] == "inner":
