@@ -298,14 +298,21 @@ class _MatrixFreeNewtonSolver(_RootSolver):
         alg = self.alg
         maxiter = alg.krylov_maxiter if alg.krylov_maxiter is not None else max(self.n, 20)
         # inexact Newton (Dembo, Eisenstat & Steihaug 1982): J d = -F to krylov_rtol
-        d_newton = krylov_solve(alg.linear_solver, jvp, -F, alg.krylov_rtol, maxiter,
-                                alg.krylov_restart)
-        Jd = jvp(d_newton)
         F_norm = jnp.linalg.norm(F)
-        # a Krylov step that barely lowers |F + J d| (a singular J, a stagnating or broken
-        # down Krylov method) is not worth a line search
-        usable = (mu == 0) & jnp.all(jnp.isfinite(Jd)) & (
-            jnp.linalg.norm(F + Jd) <= 0.9 * F_norm)
+
+        def newton():
+            d = krylov_solve(alg.linear_solver, jvp, -F, alg.krylov_rtol, maxiter,
+                             alg.krylov_restart)
+            Jd = jvp(d)
+            # a Krylov step that barely lowers |F + J d| (a singular J, a stagnating or
+            # broken down Krylov method) is not worth a line search
+            usable = jnp.all(jnp.isfinite(Jd)) & (jnp.linalg.norm(F + Jd) <= 0.9 * F_norm)
+            return d, jnp.dot(F, Jd), usable
+
+        # the Krylov solve only where the step is undamped (a damped one does without it)
+        d_newton, slope_newton, usable = lax.cond(
+            mu == 0, newton, lambda: (jnp.zeros_like(F), jnp.zeros((), F.dtype),
+                                      jnp.zeros((), bool)))
 
         def damped():
             # (J^T J + lambda I) d = -J^T F by CG; lambda = mu |J^T F|^2 / |F|^2, a lower
@@ -318,7 +325,7 @@ class _MatrixFreeNewtonSolver(_RootSolver):
                    maxiter=maxiter).x
             return d, jnp.dot(F, jvp(d))
 
-        return lax.cond(usable, lambda: (d_newton, jnp.dot(F, Jd)), damped)
+        return lax.cond(usable, lambda: (d_newton, slope_newton), damped)
 
     def update(self, field, jac, fresh, x, F, x_new, F_new, accepted):
         return jac, fresh, jnp.zeros((), jnp.int32)
