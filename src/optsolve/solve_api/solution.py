@@ -51,15 +51,22 @@ class History:
       evaluation: with ``solve(..., evaluate=fn, eval_every=k)``, ``fn(x, p)`` at
         iterates 0, k, 2k, ... (NaN at the others), leaves as in ``metrics``; None
         otherwise.
+      violation: for the methods that honour constraints (the JAX-native constrained
+        family, InteriorPoint and the like, and the scipy methods that take constraints),
+        the largest violation of the bounds and constraints at the same iterates,
+        relative to max(1, |bound|) (the measure of the INFEASIBLE verdict); NaN past the
+        last. None for the other methods.
     """
 
     objective: Any
     grad_norm: Any
     metrics: Any = None
     evaluation: Any = None
+    violation: Any = None
 
     def plot(self, ax=None, log: bool = True):
-        """Plot objective and gradient norm against the iteration (needs matplotlib)."""
+        """Plot objective and gradient norm (and the constraint violation, where
+        recorded) against the iteration (needs matplotlib)."""
         import matplotlib.pyplot as plt
         import numpy as np
 
@@ -69,6 +76,8 @@ class History:
         steps = np.arange(objective.shape[-1])
         ax.plot(steps, objective, label="objective")
         ax.plot(steps, grad_norm, label="gradient inf-norm")
+        if self.violation is not None:
+            ax.plot(steps, np.asarray(self.violation), label="constraint violation")
         if log:
             ax.set_yscale("log")
         ax.set_xlabel("iteration")

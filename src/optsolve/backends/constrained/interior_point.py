@@ -32,6 +32,8 @@ The driver's protocol (:class:`~optsolve.backends.native.protocol.SteppingSolver
   restoration's own numbers, so that ``resume=`` continues the run exactly. Its x is x0
   pushed inside the bounds from ``init`` on, while the driver's x0 stays the user's (so
   ``maxiters=0`` returns it unchanged);
+- the history's ``violation`` column: :meth:`InteriorPointSolver.violation` at the driver's
+  x0, then ``Step.violation`` from the c the state holds at each new x;
 - ``Step.g`` is the Lagrangian's gradient ``grad f + J^T y`` (the box's multipliers left to
   the driver's projection, as for every bounded method): the history's gradient norm, and
   what ``solve``'s ``gtol`` (if given) tests;
@@ -204,9 +206,11 @@ class InteriorPointSolver(SteppingSolver):
         self.default_maxiters = type(algorithm).default_maxiters
         self.default_gtol = None  # the method's own KKT test decides (module docstring)
         self.ftol = None
+        self.history = False
 
     def bind_options(self, options: SolveOptions) -> None:
         self.ftol = options.ftol
+        self.history = bool(options.history)  # Step.violation is recorded only then
 
     def _h(self, name: str) -> Array:
         return jnp.asarray(getattr(self.alg, name), self.dtype)
@@ -260,7 +264,14 @@ class InteriorPointSolver(SteppingSolver):
         g_l = st.grad + st.jac.T @ st.y
         one = jnp.ones((), jnp.int32)
         return Step(nlp.unravel(st.x), st.f, nlp.unravel(g_l), st, out.f_evals, one,
-                    out.failed, out.stalled, out.nonfinite, out.converged, out.ftol_met)
+                    out.failed, out.stalled, out.nonfinite, out.converged, out.ftol_met,
+                    violation=nlp.violation_of(st.x, st.c) if self.history else None)
+
+    def violation(self, objective: Objective, x: PyTree, state: IPState) -> Array:
+        """The violation at the driver's first iterate ``x`` (the user's x0, not the
+        state's x pushed inside the bounds): one evaluation of c, outside the loop. Later
+        iterates' come with each step, from the c the state holds."""
+        return NLP(objective, self.problem).violation(ravel_pytree(x)[0].astype(self.dtype))
 
     def _converged(self, nlp: NLP, st: IPState, f_old: Array, moved: Array):
         """E_0 <= tol (or acceptable_tol at 15 iterates in a row); ftol where given, at a

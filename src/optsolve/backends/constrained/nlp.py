@@ -213,9 +213,14 @@ class NLP:
     def violation(self, x: Array) -> Array:
         """The largest violation of the bounds and constraints at flat x, relative to
         max(1, |bound|) (the scipy backend's FEASIBILITY_TOL measure)."""
+        return self.violation_of(x, None)
+
+    def violation_of(self, x: Array, c: Array | None) -> Array:
+        """:meth:`violation` at flat x where ``c = c(x)`` is known (no evaluation; None:
+        evaluated here)."""
         pairs = [(x, self.lower[:self.n], self.upper[:self.n])]
         if self.m:
-            pairs.append((self.cons(x), self.c_lower, self.c_upper))
+            pairs.append((self.cons(x) if c is None else c, self.c_lower, self.c_upper))
         worst = jnp.zeros((), self.dtype)
         for value, lo, up in pairs:
             below = jnp.where(jnp.isfinite(lo), (lo - value) / jnp.maximum(1.0, jnp.abs(lo)), 0.0)

@@ -12,10 +12,11 @@ A backend supplies a *solver*, an instance of one of two abstract shapes:
 The driver owns everything else, once for all of them: the loop, the non-finite check that
 keeps the last finite iterate, the stopping tests (maxiters, gtol, ftol, xtol, maxtime; the
 projected gradient where the problem has bounds), the user's callback and progress bar,
-the history, resuming, the reason a run stopped and evaluation counts. Each loop is built
-as its parts (a first carry, a body, the Solution of a carry), so that the same body runs
-as one ``lax.while_loop`` under the caller's transformations, in interruptible chunks for an
-eager call (:mod:`optsolve.backends.native.chunked`), or in the loop the adjoint hands over
+the history (with the constraint violation where a stepping solver reports it), resuming,
+the reason a run stopped and evaluation counts. Each loop is built as its parts (a first
+carry, a body, the Solution of a carry), so that the same body runs as one
+``lax.while_loop`` under the caller's transformations, in interruptible chunks for an eager
+call (:mod:`optsolve.backends.native.chunked`), or in the loop the adjoint hands over
 (:mod:`optsolve.solve_api.loops`: a checkpointed scan when the solution is differentiated by
 unrolling).
 """
@@ -105,11 +106,14 @@ def _stepping_loop(solver: SteppingSolver, objective: Objective, problem: Optimi
         status, reason = checks.verdict()
         ok0 = checks.ok
         evaluation, score = tracker.evaluation_at(objective, x0, ok0, f0.dtype)
+        # the constraint violation, where the solver reports it (SteppingSolver.violation)
+        violation0 = solver.violation(objective, x0, state0) if options.history else None
         record0 = record_at(empty_record(options, f0.dtype,
-                                         specs=tracker.specs(objective, x0, f0.dtype)),
+                                         specs=tracker.specs(objective, x0, f0.dtype),
+                                         violation=violation0 is not None),
                             0, f0, rules.grad_norm(x0, g0),
                             metrics=tracker.metrics_at(objective, x0, f0.dtype),
-                            evaluation=evaluation, evaluated=ok0)
+                            evaluation=evaluation, evaluated=ok0, violation=violation0)
         zero, one = jnp.zeros((), INT), jnp.ones((), INT)
         best = tracker.update_best(tracker.first_best(x0, state0, None, f0.dtype), ok0, x0,
                                    state0, None, f0, score, zero)
@@ -149,7 +153,7 @@ def _stepping_loop(solver: SteppingSolver, objective: Objective, problem: Optimi
         evaluation, score = tracker.evaluation_at(objective, x, due, f.dtype)
         record = record_at(carry.record, iteration, f, rules.grad_norm(x, g), keep=ok,
                            metrics=tracker.metrics_at(objective, x, f.dtype),
-                           evaluation=evaluation, evaluated=due)
+                           evaluation=evaluation, evaluated=due, violation=step.violation)
         best = tracker.update_best(carry.best, ok, x, state, None, f, score, iteration)
         return _Carry(x, f, g, state, iteration, carry.f_evals + step.f_evals.astype(INT),
                       carry.grad_evals + step.grad_evals.astype(INT), status, reason,

@@ -34,6 +34,11 @@ class Step(NamedTuple):
     # None means never.
     reduction_converged: jax.Array | None = None
     radius_converged: jax.Array | None = None
+    # The largest violation of the bounds and constraints at the new x, relative to
+    # max(1, |bound|), for the history (``History.violation``): set by the solvers whose
+    # ``violation`` method reports one (then on every step of a run with a history), else
+    # None. Last in the tuple, so that positional constructions keep working.
+    violation: jax.Array | None = None
 
 
 class NativeSolver(abc.ABC):
@@ -63,7 +68,14 @@ class NativeSolver(abc.ABC):
 
 
 class SteppingSolver(NativeSolver):
-    """A solver whose step returns the new iterate's value and gradient."""
+    """A solver whose step returns the new iterate's value and gradient.
+
+    A constrained method reports the constraint violation for the history
+    (``History.violation``) in two places: :meth:`violation` at the first iterate, and
+    ``Step.violation`` at every new one. Both measure the largest violation of the bounds
+    and constraints, relative to max(1, |bound|). Solvers that report none leave both
+    alone (the defaults, None), and their program has nothing added.
+    """
 
     @abc.abstractmethod
     def init(self, objective: Objective, x: PyTree, f: jax.Array, g: PyTree) -> PyTree:
@@ -73,6 +85,21 @@ class SteppingSolver(NativeSolver):
     def step(self, objective: Objective, x: PyTree, f: jax.Array, g: PyTree,
              state: PyTree) -> Step:
         """One iteration from ``x``."""
+
+    def violation(self, objective: Objective, x: PyTree, state: PyTree) -> jax.Array | None:
+        """The largest violation of the bounds and constraints at the first iterate ``x``
+        (``state``: the solver's state there, from ``init`` or a resumed run), relative to
+        max(1, |bound|): the first entry of the history's ``violation`` column.
+
+        None (this default): the solver reports no violation; the record has no such
+        column and ``History.violation`` is None, and the driver adds nothing to the
+        program. A solver that returns a scalar here (a constrained method) reports the
+        violation at every new iterate too, in ``Step.violation``. The driver calls it only
+        when it records a history (``options.history``), once, outside the loop, and reads
+        ``Step.violation`` only then: a solver may leave it None without a history (read
+        ``options.history`` in :meth:`bind_options`), so that its program is unchanged.
+        """
+        return None
 
 
 class GradientStepSolver(NativeSolver):

@@ -226,21 +226,26 @@ def base_counts(start: StartPoint) -> BaseCounts:
 
 class Record(NamedTuple):
     """The history: the value and gradient norm at iterates ``first``, ``first + 1``, ...
-    (``first`` is not 0 in the chunk of a run on data that records only its own steps), and
-    the metrics and evaluations where asked for (pytrees of such records, or None)."""
+    (``first`` is not 0 in the chunk of a run on data that records only its own steps), the
+    metrics and evaluations where asked for (pytrees of such records, or None), and the
+    constraint violation where the solver reports it (``SteppingSolver.violation``; else
+    None)."""
 
     objective: jax.Array
     grad_norm: jax.Array
     first: jax.Array | None = None  # None: 0
     metrics: PyTree = None
     evaluation: PyTree = None
+    violation: jax.Array | None = None
 
 
 def empty_record(options: SolveOptions, dtype, length: int | None = None,
-                 first: jax.Array | None = None, specs: tuple = (None, None)) -> Record | None:
+                 first: jax.Array | None = None, specs: tuple = (None, None),
+                 violation: bool = False) -> Record | None:
     """An all-NaN record of ``length`` entries (default ``options.history``), or None
     without a history. ``specs``: the shapes of one metrics value and one evaluation (see
-    :mod:`optsolve.backends.native.tracking`), or None for those not recorded."""
+    :mod:`optsolve.backends.native.tracking`), or None for those not recorded;
+    ``violation``: whether it has a column for the constraint violation."""
     if not options.history:
         return None
     length = options.history if length is None else length
@@ -250,7 +255,8 @@ def empty_record(options: SolveOptions, dtype, length: int | None = None,
         return None if spec is None else jax.tree_util.tree_map(
             lambda s: jnp.full((length,) + s.shape, jnp.nan, _float(s.dtype, dtype)), spec)
 
-    return Record(empty, empty, first, fill(specs[0]), fill(specs[1]))
+    return Record(empty, empty, first, fill(specs[0]), fill(specs[1]),
+                  empty if violation else None)
 
 
 def _float(dtype, default):
@@ -259,9 +265,10 @@ def _float(dtype, default):
 
 
 def record_at(record: Record | None, index, f, gnorm, keep=True, metrics=None,
-              evaluation=None, evaluated=True) -> Record | None:
+              evaluation=None, evaluated=True, violation=None) -> Record | None:
     """``record`` with iterate ``index``'s entries; ``keep`` False drops them all,
-    ``evaluated`` False the evaluation's."""
+    ``evaluated`` False the evaluation's. ``violation``: the constraint violation, for a
+    record with that column (which then needs it)."""
     if record is None:
         return None
     if record.first is not None:
@@ -276,13 +283,18 @@ def record_at(record: Record | None, index, f, gnorm, keep=True, metrics=None,
             lambda r, v: r.at[where].set(jnp.asarray(v).astype(r.dtype), mode="drop"),
             rows, values)
 
+    if record.violation is not None and violation is None:
+        raise TypeError("optsolve: a solver whose `violation` method reports the constraint "
+                        "violation must set `Step.violation` on every step too.")
     return Record(record.objective.at[at].set(f, mode="drop"),
                   record.grad_norm.at[at].set(gnorm.astype(f.dtype), mode="drop"),
                   record.first, put(record.metrics, metrics, at),
                   put(record.evaluation, evaluation,
-                      jnp.where(evaluated, at, out_of_range)))
+                      jnp.where(evaluated, at, out_of_range)),
+                  put(record.violation, violation, at))
 
 
 def history_of(record: Record | None) -> History | None:
     return None if record is None else History(record.objective, record.grad_norm,
-                                               record.metrics, record.evaluation)
+                                               record.metrics, record.evaluation,
+                                               record.violation)

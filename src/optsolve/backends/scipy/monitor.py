@@ -68,6 +68,8 @@ class Monitor:
         each iterate) when ``options["history"]``, else None.
       metrics, evaluations: the history's metrics and evaluations (NaN where not due), one
         value per entry of ``objectives``, where asked for; else None.
+      violations: the history's constraint violation (relative, as the INFEASIBLE
+        verdict's) at the same iterates, for methods that take constraints; else None.
       best: (x, f, score) of the lowest-scoring iterate with ``keep="best"``, else None.
     """
 
@@ -109,6 +111,8 @@ class Monitor:
         self.metrics: list | None = [] if self.metrics_fn is not None else None
         self.evaluations: list | None = [] if history and self.evaluate_fn is not None \
             else None
+        self.violations: list[float] | None = [] if history and spec.takes_constraints \
+            else None
         self.best: tuple[np.ndarray, float, float] | None = None
         self._not_evaluated = None  # evaluate's value with NaN leaves (iterates not due)
         if history or self.keep_best:
@@ -116,6 +120,7 @@ class Monitor:
             if history:
                 self.objectives = [f0]
                 self.grad_norms = [self._norm_of(host.x0, g0)]
+                self._record_violation(host.x0)
             self._track(host.x0, f0, 0)
         if spec.first_iteration and (history or self.keep_best):
             # the initial simplex's evaluations: its best vertex is iteration 1's iterate
@@ -144,6 +149,7 @@ class Monitor:
             grad_norm = self.grad_norm(x)
             self.objectives.append(float(f))
             self.grad_norms.append(grad_norm)
+            self._record_violation(x)
         if self.objectives is not None or self.keep_best:
             self._track(x, float(f), self.k)
         if self.progress and self.spec.callback_per_iteration \
@@ -189,8 +195,13 @@ class Monitor:
         if self.objectives is not None:
             self.objectives.append(f)
             self.grad_norms.append(self.grad_norm(x))
+            self._record_violation(x)
         if self.objectives is not None or self.keep_best:
             self._track(x, f, self.k)
+
+    def _record_violation(self, x: np.ndarray) -> None:
+        if self.violations is not None:
+            self.violations.append(self.host.violation(np.asarray(x, np.float64), self.bounds))
 
     def _track(self, x: np.ndarray, f: float, k: int) -> None:
         """Metrics, the evaluation where due, and the best iterate, at iterate ``k``."""
@@ -253,17 +264,22 @@ class Monitor:
         return self.host.violation(x, self.bounds) <= self.feasibility_bar
 
     def history(self, x: np.ndarray, fun: float) -> tuple:
-        """(objectives, grad_norms, metrics, evaluations) as float64 arrays (metrics and
-        evaluations pytrees of them, or None), the last entry at the returned point
+        """(objectives, grad_norms, metrics, evaluations, violations) as float64 arrays
+        (metrics and evaluations pytrees of them; those three None where not recorded),
+        the last entry at the returned point
         (x, fun): differential_evolution's polish, direct's and basinhopping's best point
         and SLSQP's accepted iterate at maxiters differ from the last point the callback
         saw."""
         objectives = np.asarray(self.objectives, np.float64)
         grad_norms = np.asarray(self.grad_norms, np.float64)
         metrics, evaluations = self.metrics, self.evaluations
+        violations = None if self.violations is None else np.asarray(self.violations,
+                                                                     np.float64)
         if self.k > 0 and (self.last is None or not np.array_equal(self.last[0], x)):
             objectives[-1] = fun
             grad_norms[-1] = self.grad_norm(x)
+            if violations is not None:
+                violations[-1] = self.host.violation(x, self.bounds)
             point = self.host.unravel_numpy(x)
             if metrics:
                 metrics = metrics[:-1] + [self.metrics_fn(point, self.host.p)]
@@ -271,7 +287,7 @@ class Monitor:
                 evaluations = evaluations[:-1] + [self.evaluate_fn(point, self.host.p)]
         stack = lambda values: None if values is None else jax.tree_util.tree_map(
             lambda *v: np.stack(v), *values)
-        return objectives, grad_norms, stack(metrics), stack(evaluations)
+        return objectives, grad_norms, stack(metrics), stack(evaluations), violations
 
     def finish(self, iterations: int, objective: float) -> None:
         """The bar's last update, to the run's final iteration count."""

@@ -301,7 +301,8 @@ class HostRun:
       code: the ReturnCode; nit, nfev, njev: iterations and evaluations (njev None for
         derivative-free methods).
       result: scipy's OptimizeResult; host: the HostProblem (to unravel x).
-      history: (objectives, grad_norms, metrics, evaluations) (Monitor.history), or None.
+      history: (objectives, grad_norms, metrics, evaluations, violations)
+        (Monitor.history), or None.
       detail: scipy's message, then optsolve's notes where it stopped the run or changed
         the code.
       multipliers: the constraints' multipliers that the method computed at ``x``, flat
