@@ -20,7 +20,8 @@ Runners (each with a 1000-iteration budget and otherwise its own default toleran
     tol 1e-8 (its default); Solve_Succeeded and Solved_To_Acceptable_Level count as
     claimed success;
   * slsqp-jax's SLSQP through ``optimistix.minimise``, jitted, ``max_steps`` 1000;
-  * optsolve.InteriorPoint(), jitted, when ``optsolve`` has it.
+  * optsolve.InteriorPoint() and optsolve.AugmentedLagrangian(), jitted (the latter with its
+    own budget of 100 outer iterations, each an inner L-BFGS run of up to 1000).
 
 Per problem and runner: compile + first solve, the steady median of the solves after the
 first (up to ``--repeats``, fewer once they pass ``STEADY_BUDGET`` seconds), the objective
@@ -232,7 +233,9 @@ def scipy_trust_constr(case: Case):
     return run
 
 
-def optsolve_method(make_alg: Callable[[], object], jitted: bool):
+def optsolve_method(make_alg: Callable[[], object], jitted: bool, maxiters: int = None):
+    maxiters = MAXITER if maxiters is None else maxiters
+
     def make(case: Case):
         constraints = []
         if case.m_eq:
@@ -249,7 +252,7 @@ def optsolve_method(make_alg: Callable[[], object], jitted: bool):
             prob = optsolve.OptimizationProblem(objective, x0, None, bounds=bounds,
                                                 constraints=constraints or None)
             opts = {} if jitted else {"maxtime": TIME_LIMIT}
-            sol = optsolve.solve(prob, alg, maxiters=MAXITER, **opts)
+            sol = optsolve.solve(prob, alg, maxiters=maxiters, **opts)
             return sol.x, sol.retcode == optsolve.ReturnCode.SUCCESS, sol.stats.f_evals, \
                 sol.retcode == optsolve.ReturnCode.MAXTIME
 
@@ -370,6 +373,11 @@ def constrained_runners() -> dict:
     if hasattr(optsolve, "InteriorPoint"):
         out["optsolve.InteriorPoint"] = optsolve_method(lambda: optsolve.InteriorPoint(),
                                                         jitted=True)
+    if hasattr(optsolve, "AugmentedLagrangian"):
+        # its iterations are outer ones, each a whole inner run: its own budget of 100
+        out["optsolve.AugmentedLagrangian"] = optsolve_method(
+            lambda: optsolve.AugmentedLagrangian(), jitted=True,
+            maxiters=optsolve.AugmentedLagrangian.default_maxiters)
     return out
 
 

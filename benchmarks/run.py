@@ -1,6 +1,6 @@
 """Run every benchmark side by side with its peers and write docs/benchmarks.md.
 
-Usage: ``python benchmarks/run.py [name ...]`` (names: optax, classical, scipy, hypergradient, training, least_squares, models, overhead, vmap, program_size, cutest, data_compiled, first_result, vectorised_de, multistart, interrupt, roots, constrained, constrained_vmap); ``make bench``
+Usage: ``python benchmarks/run.py [name ...]`` (names: optax, classical, scipy, hypergradient, training, least_squares, models, overhead, vmap, program_size, cutest, data_compiled, first_result, vectorised_de, multistart, interrupt, roots, constrained, constrained_vmap, constrained_large); ``make bench``
 runs them all and writes the page anew; a list of names replaces only their own sections. Each benchmark runs in a fresh Python process, so none inherits another's
 compiled executables, threads or memory. BLAS is pinned to one thread (threadpoolctl):
 OpenBLAS's default threads stall small BLAS calls on 2-core VMs (see shared/PEERS.md); JAX's
@@ -33,7 +33,8 @@ BENCHMARKS = {"optax": "bench_optax", "classical": "bench_classical", "scipy": "
               "vectorised_de": "bench_vectorised_de", "multistart": "bench_multistart",
               "interrupt": "bench_interrupt", "roots": "bench_roots",
               "constrained": "bench_constrained",
-              "constrained_vmap": "bench_constrained_vmap"}
+              "constrained_vmap": "bench_constrained_vmap",
+              "constrained_large": "bench_constrained_large"}
 
 
 def table_rows(markdown: str):

@@ -103,6 +103,11 @@ def algorithm_defaults() -> list[dict[str, Any]]:
         elif t["family"] == "native":
             # a wrapper (Multistart): each run stops as its inner algorithm does
             row.update(gtol="inner", maxiters="inner")
+        elif t["family"] == "constrained" and hasattr(cls, "default_tols"):
+            # AugmentedLagrangian: |V| <= feasibility_tol and the projected Lagrangian
+            # gradient <= optimality_tol (by x's dtype), not solve's gtol
+            row.update(gtol={_WIDTHS[size]: tols[:2] for size, tols in cls.default_tols.items()},
+                       tolerance="feasibility-optimality", maxiters=cls.default_maxiters)
         elif t["family"] == "constrained":
             # its own KKT test, E_0 <= tol (by x's dtype), not a gradient test
             row.update(gtol={_WIDTHS[size]: tol for size, tol in cls.default_tol.items()},
@@ -136,6 +141,11 @@ def defaults_markdown() -> str:
             gtol = "none: KKT error E_0 <= tol, " + ", ".join(
                 f"{_number(tol)} ({width})" for width, tol in d["gtol"].items())
             maxiters = str(d["maxiters"])
+        elif d.get("tolerance") == "feasibility-optimality":
+            gtol = "none: feasibility_tol / optimality_tol, " + ", ".join(
+                f"{_number(feas)} / {_number(opt)} ({width})"
+                for width, (feas, opt) in d["gtol"].items())
+            maxiters = f"{d['maxiters']} outer"
         elif d["gtol"] == "scipy":
             gtol, maxiters = "scipy's own", "scipy's own"
         elif d["gtol"] == "inner":

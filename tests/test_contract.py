@@ -131,6 +131,9 @@ def _cases() -> dict[type, Case]:
     for cls in (optsolve.GaussNewton, optsolve.LevenbergMarquardt):
         cases[cls] = Case(cls, iterations=3, least_squares=True)
     cases[optsolve.InteriorPoint] = Case(optsolve.InteriorPoint, iterations=3)
+    # outer iterations of 5 inner steps: a run of a few of them is still on its way
+    cases[optsolve.AugmentedLagrangian] = Case(
+        lambda: optsolve.AugmentedLagrangian(inner_maxiters=5), iterations=3)
     for cls in (optsolve.NewtonRaphson, optsolve.Broyden, optsolve.Bisection, optsolve.Brentq):
         cases[cls] = Case(cls, roots=True)
     for cls in algorithm_classes():

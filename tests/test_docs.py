@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).parent.parent
@@ -109,6 +110,12 @@ def test_defaults_table_is_what_the_solvers_use(dtype):
     assert defaults["Adam"]["maxiters"] is None and solver.default_maxiters is None
     lbfgs = _table_rows(_hooks().defaults_markdown())["LBFGS"]
     assert lbfgs[1] == "1e-8 (float64), 1e-5 (float32), 1e-2 (16-bit floats)"
+    if dtype != "bfloat16":  # the constrained family: float32 and float64 only
+        al = optsolve.AugmentedLagrangian().make_solver(quadratic)
+        feasibility, optimality, _, _ = (float(v) for v in al._tolerances())
+        np.testing.assert_allclose(defaults["AugmentedLagrangian"]["gtol"][width],
+                                   (feasibility, optimality), rtol=1e-6)
+        assert defaults["AugmentedLagrangian"]["maxiters"] == al.default_maxiters
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from optsolve.solve_api.root_problem import RootProblem
 from optsolve.backends.classical.scalar import Brent, GoldenSection
 from optsolve.backends.classical.bracketing import Bisection, Brentq
 from optsolve.backends.native.multistart import Multistart
-from optsolve.backends.constrained.algorithms import InteriorPoint
+from optsolve.backends.constrained.algorithms import AugmentedLagrangian, InteriorPoint
 from optsolve.backends.scipy.backend import ScipyGlobal, ScipyMinimize
 from optsolve.backends.scipy.least_squares import ScipyLeastSquares
 from optsolve.backends.scipy.root import ScipyRoot
@@ -44,5 +44,5 @@ __all__ = [
     "ScipyGlobal", "ScipyLeastSquares", "ScipyMinimize",
     "covariance", "curve_fit", "curve_fit_problem", "schedules", "RecompilationWarning",
     "RootProblem", "NewtonRaphson", "Broyden", "ScipyRoot", "Bisection", "Brentq",
-    "InteriorPoint",
+    "InteriorPoint", "AugmentedLagrangian",
 ]

@@ -165,6 +165,9 @@ class Algorithm(metaclass=_Checked):
     float_dtypes: ClassVar[tuple[str, ...]] = ("bfloat16", "float16", "float32", "float64")
     solves_roots: ClassVar[str | None] = None
     roots_only: ClassVar[bool] = False
+    # Its backend returns a multiplier for every constraint component (never NaN), so
+    # solve computes the least-squares KKT multipliers only for their derivative.
+    gives_multipliers: ClassVar[bool] = False
     conditional_traits: ClassVar[dict[str, str]] = {}
 
     @classmethod

@@ -218,9 +218,13 @@ def check_dense_memory(problem: OptimizationProblem, algorithm: Algorithm,
     needed = matrices * itemsize * n * rows
     where = "this device's" if on_device else "this machine's"
     if needed > memory:
-        fix = ("linear_solver='cg' (matrix-free), or optsolve.LBFGS()" if caps["needs_residuals"]
-               else "optsolve.LBFGS() (limited memory), or Newton() / TrustRegion() (Hessian "
-               "products)")
+        if getattr(problem, "constraints", None):
+            fix = "optsolve.AugmentedLagrangian() (matrix-free, an inner L-BFGS)"
+        elif caps["needs_residuals"]:
+            fix = "linear_solver='cg' (matrix-free), or optsolve.LBFGS()"
+        else:
+            fix = ("optsolve.LBFGS() (limited memory), or Newton() / TrustRegion() (Hessian "
+                   "products)")
         raise MemoryError(
             f"solve: {type(algorithm).__name__} keeps {matrices} dense {rows} x {n} matrices: "
             f"about {needed / 2 ** 30:,.0f} GiB for n = {n}, more than {where} "

@@ -161,10 +161,14 @@ class Multipliers(Stage):
     constraint, where the problem has general constraints: the backend's own (flat, in
     ``solution.multipliers``, NaN where it gave none) where it computed them, else the
     least-squares KKT multipliers; under differentiation the least-squares ones' derivative
-    (the backend's carry none)."""
+    (the backend's carry none). For a method whose multipliers are complete
+    (``gives_multipliers``: never NaN) that derivative is computed only where something is
+    differentiated: the least-squares problem forms the dense Hessian and Jacobian, which a
+    large problem's run never needs."""
 
     def enter(self, call: Call) -> Call:
         self.problem = call.problem
+        self.complete = type(call.algorithm).gives_multipliers
         return call
 
     def leave(self, solution: Solution) -> Solution:
@@ -175,6 +179,9 @@ class Multipliers(Stage):
         if own is not None and not is_traced(problem, solution.x) and \
                 bool(jnp.all(jnp.isfinite(own))):
             return replace(solution, multipliers=per_constraint(problem, problem.x0, own))
+        if own is not None and self.complete and np.ndim(solution.retcode) == 0:
+            flat = _with_least_squares_derivative(problem, solution.x, own)
+            return replace(solution, multipliers=per_constraint(problem, problem.x0, flat))
         if np.ndim(solution.retcode) != 0:  # a batch solved eagerly under vmap
             lam = jax.vmap(_multipliers, in_axes=(None, 0))(problem, solution.x)
         else:
@@ -186,6 +193,31 @@ class Multipliers(Stage):
         flat = jnp.where(jnp.isnan(own), least_squares,
                          own + least_squares - lax.stop_gradient(least_squares))
         return replace(solution, multipliers=per_constraint(problem, problem.x0, flat))
+
+
+def _with_least_squares_derivative(problem: OptimizationProblem, x: Any,
+                                   own: jax.Array) -> jax.Array:
+    """``own`` (flat multipliers), whose tangent is its own plus the least-squares KKT
+    multipliers' at x: the value of ``own + ls - stop_gradient(ls)`` without computing ls
+    unless a derivative is taken."""
+    leaves, treedef = jax.tree_util.tree_flatten(problem)
+
+    def least_squares(leaves_, x_):
+        lam = multipliers(jax.tree_util.tree_unflatten(treedef, leaves_), x_)
+        return jnp.concatenate([jnp.ravel(l) for l in lam])
+
+    @jax.custom_jvp
+    def value(leaves_, x_, own_):
+        return own_
+
+    @value.defjvp
+    def _tangent(primals, tangents):
+        leaves_, x_, own_ = primals
+        d_leaves, d_x, d_own = tangents
+        _, d_ls = jax.jvp(least_squares, (leaves_, x_), (d_leaves, d_x))
+        return own_, d_own + d_ls.astype(own_.dtype)
+
+    return value(leaves, x, own)
 
 
 def enter(stages: list[Stage], call: Call) -> Call:

@@ -7,23 +7,29 @@ from typing import Any, ClassVar
 import jax
 import jax.numpy as jnp
 
+from optsolve.backends.constrained.augmented_lagrangian import (
+    DEFAULT_TOLS, ALSolver, solve_augmented_lagrangian,
+)
 from optsolve.backends.constrained.interior_point import (
     DEFAULT_TOL, InteriorPointSolver, solve_interior_point,
 )
 from optsolve.solve_api.algorithm import Algorithm
 from optsolve.solve_api.problem import OptimizationProblem
 from optsolve.solve_api.pytree import pytree_dataclass, static_field
-from optsolve.solve_api.registry import register_algorithm, register_backend
+from optsolve.solve_api.registry import (
+    algorithm_classes, as_algorithm, register_algorithm, register_backend,
+)
 
 
-def _check(name: str, value: Any, low: float, high: float | None = None) -> None:
+def _check(name: str, value: Any, low: float, high: float | None = None,
+           owner: str = "InteriorPoint") -> None:
     """A concrete hyperparameter in (low, high) (open), else a ValueError naming it."""
     if value is None or isinstance(value, jax.core.Tracer) or jnp.ndim(value) != 0:
         return
     v = float(value)
     if not (v > low and (high is None or v < high)):
         span = f"> {low:g}" if high is None else f"in ({low:g}, {high:g})"
-        raise ValueError(f"InteriorPoint: `{name}` must be {span}, got {value!r}.")
+        raise ValueError(f"{owner}: `{name}` must be {span}, got {value!r}.")
 
 
 @pytree_dataclass
@@ -84,6 +90,8 @@ class InteriorPoint(Algorithm):
     needs_hessian: ClassVar[bool] = True
     takes_bounds: ClassVar[bool] = True
     takes_constraints: ClassVar[bool] = True
+    # its own y for every constraint row (solve's Multipliers stage trusts them)
+    gives_multipliers: ClassVar[bool] = True
     stops_by_itself: ClassVar[bool] = True
     default_maxiters: ClassVar[int] = 3000
     resumable: ClassVar[bool] = True
@@ -122,3 +130,145 @@ class InteriorPoint(Algorithm):
 
 register_algorithm(InteriorPoint)
 register_backend(InteriorPoint, solve_interior_point)
+
+
+def _default_inner() -> Algorithm:
+    # families never import each other: the default inner method comes from the registry
+    for cls in algorithm_classes():
+        if cls.__name__ == "LBFGS":
+            return cls()
+    raise RuntimeError("AugmentedLagrangian: no LBFGS is registered (import optsolve).")
+
+
+def _bounded_native(cls: type) -> bool:
+    """A JAX-native method on f that iterates from a start and takes bounds."""
+    traits = cls.traits()
+    return bool(cls.compiled_driver and traits["takes_bounds"] and not traits["needs_residuals"]
+                and not traits["takes_constraints"] and not traits.get("scalar_only"))
+
+
+@pytree_dataclass
+class AugmentedLagrangian(Algorithm):
+    """An augmented Lagrangian method (Powell-Hestenes-Rockafellar) with ALGENCAN's
+    safeguards, JAX-native and matrix-free: each outer iteration minimises the augmented
+    Lagrangian over the bounds with a JAX-native bounded method (``LBFGS()`` by default),
+    then updates the multipliers and the penalty. It runs under ``jax.jit`` and
+    ``jax.vmap`` on the shared compiled driver, and ``jax.grad`` differentiates its
+    solution through the KKT conditions.
+
+    Minimises ``f(x)`` subject to box bounds (kept by the inner method) and general
+    constraints ``lower <= g(x, p) <= upper`` (equalities where ``lower == upper``) in the
+    penalty ``rho/2 |t - P(t)|^2``, ``t = g + lam / rho``, ``P`` the projection onto
+    ``[lower, upper]``. Nothing larger than a vector is formed (the penalty's gradient is
+    one vector-Jacobian product), so it suits problems with many variables; for small
+    dense problems :class:`InteriorPoint` converges in fewer evaluations. See Andreani,
+    Birgin, Martínez & Schuverdt, SIAM J. Optim. 18 (2007), 1286-1309 (ALGENCAN), and Conn,
+    Gould & Toint, SIAM J. Numer. Anal. 28 (1991), 545-572;
+    :mod:`optsolve.backends.constrained.augmented_lagrangian` says what is built.
+
+    One iteration of ``solve`` is one outer iteration (a whole inner run). The run
+    converges when ALGENCAN's feasibility-complementarity measure ``|V|_inf`` is at most
+    ``feasibility_tol`` and the projected gradient of the Lagrangian at most
+    ``optimality_tol`` times ``max(1, |grad f|_inf)``; ``ftol`` ends it only at a feasible
+    point. Where the penalty passes ``rho_max`` with the constraints still violated, the
+    run ends ``INFEASIBLE`` at the least violation it reached (the message says it); any
+    run that ends outside the constraints by more than 1e-6 (relative) is ``INFEASIBLE``.
+    ``sol.multipliers`` are the run's own, with optsolve's sign.
+
+    Args:
+      inner: the method for the subproblems: any JAX-native algorithm that takes bounds
+        (``LBFGS()`` with its own line search or memory, ``GradientDescent()``; default
+        ``LBFGS()``). Its defaults hold, but for gtol (the outer iteration's inner
+        tolerance) and maxiters (``inner_maxiters``).
+      feasibility_tol: the tolerance on |V|_inf (default 1e-8 in float64, 1e-5 in float32).
+      optimality_tol: the tolerance on the projected Lagrangian gradient's infinity norm
+        relative to max(1, |grad f|_inf), and the inner runs' last gtol (likewise)
+        (default 1e-8 in float64, 1e-3 in float32).
+      rho_init: the first penalty (default ALGENCAN's: 10 max(1, |f(x0)|) / max(1, 1/2
+        |V(x0)|^2), clipped to [1e-8, 10]; ALGENCAN's upper clip is 1e8, for a Newton
+        inner method).
+      penalty_increase: gamma, rho's factor when |V| fell too little (default 10).
+      infeasibility_decrease: tau, the fall of |V| that keeps rho (default 0.5).
+      multiplier_bound: the safeguard, the shift's largest magnitude (default 1e20).
+      acceptable_tol: the tolerance on the same scaled gradient that ends the run
+        where the inner method can make no further progress (it stalls where it started),
+        at a feasible point (default 1e-6 in float64, 1e-2 in float32).
+      rho_max: the penalty past which a still-violated problem is infeasible (default
+        1e12 in float64, 1e6 in float32).
+      inner_maxiters: the inner runs' iteration budget (default 1000).
+
+    Example:
+      >>> cons = [optsolve.Constraint(lambda x, p: jnp.prod(x), lower=25.0),
+      ...         optsolve.Constraint(lambda x, p: jnp.sum(x ** 2), lower=40.0, upper=40.0)]
+      >>> prob = optsolve.OptimizationProblem(hs071, jnp.array([1.0, 5.0, 5.0, 1.0]),
+      ...                                     bounds=(1.0, 5.0), constraints=cons)
+      >>> sol = optsolve.solve(prob, optsolve.AugmentedLagrangian())   # f* = 17.0140173
+    """
+
+    family: ClassVar[str] = "constrained"
+    takes_bounds: ClassVar[bool] = True
+    takes_constraints: ClassVar[bool] = True
+    gives_multipliers: ClassVar[bool] = True
+    stops_by_itself: ClassVar[bool] = True
+    default_maxiters: ClassVar[int] = 100
+    resumable: ClassVar[bool] = True
+    records_history: ClassVar[bool] = True
+    compiled_driver: ClassVar[bool] = True
+    default_tols: ClassVar[dict[int, tuple]] = DEFAULT_TOLS
+    float_dtypes: ClassVar[tuple[str, ...]] = ("float32", "float64")
+    conditional_traits: ClassVar[dict[str, str]] = {
+        "needs_hessian": "with an inner algorithm that needs Hessian products",
+        "dense_matrices": "with an inner algorithm that holds dense matrices",
+        "float_dtypes": "with an inner algorithm that takes them (float32, float64 at most)"}
+
+    inner: Any = None
+    feasibility_tol: Any = None
+    optimality_tol: Any = None
+    rho_init: Any = None
+    penalty_increase: Any = 10.0
+    infeasibility_decrease: Any = 0.5
+    multiplier_bound: Any = 1e20
+    rho_max: Any = None
+    acceptable_tol: Any = None
+    inner_maxiters: Any = 1000
+
+    def __post_init__(self):
+        if self.inner is not None:
+            inner = as_algorithm(self.inner)
+            if not _bounded_native(type(inner)):
+                allowed = ", ".join(c.__name__ for c in algorithm_classes()
+                                    if _bounded_native(c))
+                raise TypeError(
+                    f"AugmentedLagrangian: `inner` must be a JAX-native algorithm that takes "
+                    f"bounds, got {type(inner).__name__}. Use one of: {allowed}.")
+            object.__setattr__(self, "inner", inner)
+        for name in ("feasibility_tol", "optimality_tol", "rho_init", "multiplier_bound",
+                     "rho_max", "acceptable_tol"):
+            _check(name, getattr(self, name), 0.0, owner="AugmentedLagrangian")
+        _check("penalty_increase", self.penalty_increase, 1.0, owner="AugmentedLagrangian")
+        _check("infeasibility_decrease", self.infeasibility_decrease, 0.0, 1.0,
+               owner="AugmentedLagrangian")
+        _check("inner_maxiters", self.inner_maxiters, 0.0, owner="AugmentedLagrangian")
+
+    def inner_algorithm(self) -> Algorithm:
+        """The subproblems' method (``LBFGS()`` unless given)."""
+        return _default_inner() if self.inner is None else self.inner
+
+    def capabilities(self) -> dict[str, Any]:
+        """The class's traits, with the inner method's Hessian products, dense matrices
+        and dtypes."""
+        caps = dict(type(self).traits())
+        inner = self.inner_algorithm().capabilities()
+        for trait in ("needs_hessian", "dense_matrices"):
+            caps[trait] = inner[trait]
+        # its tolerances and penalties are set for float32 and float64
+        caps["float_dtypes"] = tuple(d for d in inner["float_dtypes"]
+                                     if d in ("float32", "float64"))
+        return caps
+
+    def make_solver(self, problem: OptimizationProblem) -> ALSolver:
+        return ALSolver(self, problem)
+
+
+register_algorithm(AugmentedLagrangian)
+register_backend(AugmentedLagrangian, solve_augmented_lagrangian)

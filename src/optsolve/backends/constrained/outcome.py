@@ -1,17 +1,19 @@
-"""An interior-point run's Solution in the method's own terms: its multipliers, INFEASIBLE
-for a run that ends outside the constraints, and the reason in words.
+"""A constrained run's Solution (InteriorPoint, AugmentedLagrangian) in the method's own
+terms: its multipliers, INFEASIBLE for a run that ends outside the constraints, and the
+reason in words.
 
 - ``Solution.multipliers``: the run's own y (flat, optsolve's sign; the ``Multipliers``
   stage of ``solve`` makes them one array per constraint).
 - A run that ends with the constraints or bounds violated by more than 1e-6 (relative to
   max(1, |bound|), the scipy backend's ``FEASIBILITY_TOL``) is INFEASIBLE whatever stopped
   it (a failure on non-finite values stays FAILURE, a callback's stop TERMINATED): the
-  restoration's verdict of local infeasibility, a budget spent before feasibility, or a
+  method's verdict of local infeasibility, a budget spent before feasibility, or a
   stop by ``gtol`` (the driver's test on the Lagrangian's gradient alone).
 - The driver's reason codes for the method's own tests (``Step.reduction_converged``,
   ``Step.radius_converged``: words of Levenberg-Marquardt there) become "no reason" and
   ``FTOL``; for an eager run, ``Solution.detail`` says the KKT error, the violation and,
-  for INFEASIBLE, that the point is the least violation found.
+  for INFEASIBLE, that the point is the least violation found (each method's own
+  ``describe_*`` words it).
 """
 
 from __future__ import annotations
@@ -42,8 +44,10 @@ def relative_violation(problem: OptimizationProblem, x: Any) -> jax.Array:
     return nlp.violation(ravel_pytree(x)[0])
 
 
-def finished(problem: OptimizationProblem, algorithm: Any, solution: Solution) -> Solution:
-    """The Solution of a run, in the method's terms (module docstring)."""
+def finished(problem: OptimizationProblem, algorithm: Any, solution: Solution,
+             describe: Any = None) -> Solution:
+    """The Solution of a run, in the method's terms (module docstring); ``describe(code,
+    violation, state, reason)`` words an eager run's detail (default: the interior point's)."""
     state = solution.state
     batched = np.ndim(solution.retcode) != 0
     if batched:  # a batch solved eagerly under vmap: one verdict per member
@@ -67,13 +71,16 @@ def finished(problem: OptimizationProblem, algorithm: Any, solution: Solution) -
     concrete = not batched and not is_traced(code, violation, state)
     if concrete:
         code_now = ReturnCode(int(code))
-        detail = _detail(code_now, float(violation), state, int(solution.reason or 0))
+        describe = describe_interior_point if describe is None else describe
+        detail = describe(code_now, float(violation), state, int(solution.reason or 0))
         code, reason = code_now, int(reason)
     return replace(solution, retcode=code, reason=reason, multipliers=multipliers,
                    detail=detail)
 
 
-def _detail(code: ReturnCode, violation: float, state: Any, reason: int) -> str:
+def describe_interior_point(code: ReturnCode, violation: float, state: Any,
+                            reason: int) -> str:
+    """An interior-point run's detail: its KKT error, violation and barrier parameter."""
     error, mu = float(state.error), float(state.mu)
     measures = (f"KKT error E_0 = {error:.2e}, constraint violation {violation:.2e} "
                 f"(relative), barrier parameter mu = {mu:.1e}")
@@ -85,4 +92,24 @@ def _detail(code: ReturnCode, violation: float, state: Any, reason: int) -> str:
         return f"{why}; the largest violation is {violation:.6e}; {measures}"
     if code == ReturnCode.SUCCESS and reason == REDUCTION_TOL:
         return f"the scaled KKT error E_0 is <= tol (IPOPT's test); {measures}"
+    return measures
+
+
+def describe_augmented_lagrangian(code: ReturnCode, violation: float, state: Any,
+                                  reason: int) -> str:
+    """An augmented Lagrangian run's detail: its errors, penalty and inner iterations."""
+    measures = (f"infeasibility-complementarity |V| = {float(state.infeasibility):.2e}, "
+                f"KKT error {float(state.error):.2e}, constraint violation {violation:.2e} "
+                f"(relative), penalty rho = {float(state.rho):.1e}, "
+                f"{int(state.inner_iterations)} inner iterations")
+    if code == ReturnCode.INFEASIBLE:
+        why = ("the penalty passed rho_max with the violation above tolerance: the "
+               "constraints are locally infeasible, and this is the penalised problem's "
+               "minimiser, the least violation reached" if bool(state.infeasible) else
+               "the run stopped before reaching a feasible point")
+        return f"{why}; the largest violation is {violation:.6e}; {measures}"
+    if code == ReturnCode.SUCCESS and reason == REDUCTION_TOL:
+        return ("|V| <= feasibility_tol and the scaled projected Lagrangian gradient <= "
+                f"optimality_tol (acceptable_tol where the inner method could go no further); "
+                f"{measures}")
     return measures
