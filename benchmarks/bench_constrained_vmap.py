@@ -165,14 +165,16 @@ def _us(seconds: float) -> str:
     return f"{seconds * 1e6:.0f}"
 
 
-def _batched_eigh_cost(count: int) -> tuple[float, float]:
-    """Fastest of 21 timings (the least disturbed by other processes) of one eigendecomposition of ``count`` 6x6 symmetric matrices under
-    jit(vmap) (the size of HS071's condensed Newton matrix: 4 variables, 2 constraints), and
-    of one jitted 6x6 decomposition called alone."""
+def _batched_factorisation_cost(count: int) -> tuple[float, float]:
+    """Fastest of 21 timings (the least disturbed by other processes) of one L D L^T
+    factorisation (InteriorPoint's, ``newton_system.ldl``) of ``count`` 6x6 symmetric
+    matrices under jit(vmap) (the size of HS071's condensed Newton matrix: 4 variables, 2
+    constraints), and of one jitted 6x6 factorisation called alone."""
+    from optsolve.backends.constrained.newton_system import ldl
     rng = np.random.default_rng(1)
     a = rng.standard_normal((count, 6, 6))
     a = jnp.asarray(a + np.swapaxes(a, 1, 2))
-    batched, single = jax.jit(jax.vmap(jnp.linalg.eigh)), jax.jit(jnp.linalg.eigh)
+    batched, single = jax.jit(jax.vmap(ldl)), jax.jit(ldl)
     block(batched(a))
     block(single(a[0]))
     times = interleaved_times({"batched": lambda: batched(a), "single": lambda: single(a[0])},
@@ -279,7 +281,7 @@ def measure(count: int, subset: int, repeats: int) -> str:
 
     loop_ratio = statistics.median(b / a for a, b in zip(per_problem[VMAP], per_problem[LOOP]))
     scipy_ratio = statistics.median(b / a for a, b in zip(per_problem[VMAP], per_problem[SCIPY]))
-    eigh_batched, eigh_single = _batched_eigh_cost(count)
+    fact_batched, fact_single = _batched_factorisation_cost(count)
     vmap_steady = statistics.median(times[VMAP])
     max_its = int(out[VMAP]["its"].max())
     lines = [
@@ -302,14 +304,14 @@ def measure(count: int, subset: int, repeats: int) -> str:
         f"every problem. The batch ran {max_its} iterations (its slowest problem's): "
         f"{vmap_steady / max_its * 1e3:.1f} ms per batched iteration, "
         f"{vmap_steady / max_its / count * 1e6:.0f} us per problem and iteration. Each "
-        "step takes a symmetric eigendecomposition of the 6x6 condensed Newton matrix (one "
-        "or more, with the inertia correction): under jit(vmap) one over the "
-        f"{count} problems costs {eigh_batched * 1e3:.2f} ms "
-        f"({eigh_batched / count * 1e6:.1f} us a matrix; fastest of 21), "
-        f"{eigh_batched / (vmap_steady / max_its):.0%} of a batched iteration at one a step, "
-        f"and a jitted single 6x6 one {eigh_single * 1e6:.0f} us with its dispatch: XLA's "
-        "CPU eigh goes through LAPACK one matrix at a time, so batching saves the dispatch "
-        "but not the per-matrix work.",
+        "step factorises the 6x6 condensed Newton matrix as L D L^T (one or more times, "
+        "with the inertia correction): under jit(vmap) one over the "
+        f"{count} problems costs {fact_batched * 1e3:.3f} ms "
+        f"({fact_batched / count * 1e6:.2f} us a matrix; fastest of 21), "
+        f"{fact_batched / (vmap_steady / max_its):.0%} of a batched iteration at one a step, "
+        f"and a jitted single one {fact_single * 1e6:.0f} us with its dispatch. The rest of "
+        "a batched iteration is the Hessian, the line search's trial points, the restoration "
+        "branch and the bookkeeping, all elementwise over the batch.",
         "",
         "Compile + first: the vmapped function's first call (compile and the whole batch); "
         "for the others, their first problem (the loop: compiling its jitted solve; scipy: "

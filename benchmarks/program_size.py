@@ -13,8 +13,9 @@ Each runner is one ``jax.jit``-compiled function of x0 (as in the census), float
   (1, 1, 1, 1)), beside optimistix.Newton;
 - Bisection, Brentq: the root of x^3 - 7 in [0, 4]; Brent, GoldenSection: the minimum of
   (x - 1.5)^2 + sin(3x) on [-3, 3]; beside optimistix.Bisection and optimistix.GoldenSearch;
-- InteriorPoint: Hock & Schittkowski's problem 71 (4 variables, bounds, an inequality and
-  an equality constraint), from (1, 5, 5, 1); no peer (optimistix has no constrained solver);
+- InteriorPoint and AugmentedLagrangian: Hock & Schittkowski's problem 71 (4 variables,
+  bounds, an inequality and an equality constraint), from (1, 5, 5, 1); no peer
+  (optimistix has no constrained solver);
 - Adam (1000 steps, learning rate 1e-2) beside a hand-written optax ``fori_loop``;
   Multistart(LBFGS(), 8 starts) in the box [-2, 2]^10.
 
@@ -237,6 +238,7 @@ def runners() -> dict[str, Runner]:
             optx.GoldenSearch(rtol=1e-8, atol=1e-8), wavy, 1.5, jnp.array(0.0),
             options={"lower": -3.0, "upper": 3.0}),
         "optsolve.InteriorPoint": constrained(optsolve.InteriorPoint()),
+        "optsolve.AugmentedLagrangian": constrained(optsolve.AugmentedLagrangian()),
     }
 
 
@@ -266,6 +268,8 @@ ROWS = [
     Row("golden section", ("GoldenSection",), "optsolve.GoldenSection",
         "optimistix.GoldenSearch"),
     Row("interior point (HS071)", ("InteriorPoint",), "optsolve.InteriorPoint", None),
+    Row("augmented Lagrangian (HS071)", ("AugmentedLagrangian",),
+        "optsolve.AugmentedLagrangian", None),
 ]
 
 # What limits each optsolve count, read in the loop's optimised HLO
@@ -318,6 +322,9 @@ LIMITS: dict[str, str] = {
                                "whole loop in a few thunks (the peer's column)"),
     "optsolve.InteriorPoint": ("the KKT system's factorisation with inertia correction, the "
                                "filter line search and the restoration phase, in one loop"),
+    "optsolve.AugmentedLagrangian": ("a whole inner L-BFGS run (its own loop and line "
+                                     "search) inside each outer step, and the multiplier and "
+                                     "penalty updates"),
 }
 
 

@@ -97,9 +97,9 @@ class InteriorPoint(Algorithm):
     resumable: ClassVar[bool] = True
     records_history: ClassVar[bool] = True
     compiled_driver: ClassVar[bool] = True
-    # the Hessian, the Newton system and its eigenvectors (n + m square each)
+    # the Hessian, the Newton system and its L D L^T factor (n + m square each)
     dense_matrices: ClassVar[int] = 3
-    # eigendecompositions: LAPACK has no 16-bit kernels
+    # the barrier terms and the factorisation's pivots span more than 16-bit floats resolve
     float_dtypes: ClassVar[tuple[str, ...]] = ("float32", "float64")
     # the KKT tolerance ``tol`` defaults to, by itemsize of x's dtype (for the docs' table)
     default_tol: ClassVar[dict[int, float]] = DEFAULT_TOL
