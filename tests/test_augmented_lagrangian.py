@@ -15,33 +15,12 @@ import pytest
 
 import optsolve
 from optsolve import Constraint, OptimizationProblem, ReturnCode, solve
+from constrained_problems import HS071_X, hs071
 
 jax.config.update("jax_enable_x64", True)
 
 AL = optsolve.AugmentedLagrangian()
 
-
-def _hs071(x, p):
-    return x[0] * x[3] * (x[0] + x[1] + x[2]) + x[2]
-
-
-def _product(x, p):
-    return jnp.prod(x)
-
-
-def _squares(x, p):
-    return jnp.sum(x ** 2)
-
-
-def hs071(product=25.0, dtype=jnp.float64):
-    """HS071: f* = 17.0140173 at (1, 4.7429994, 3.8211503, 1.3794082)."""
-    return OptimizationProblem(
-        _hs071, jnp.array([1.0, 5.0, 5.0, 1.0], dtype), bounds=(1.0, 5.0),
-        constraints=[Constraint(_product, lower=jnp.asarray(product, dtype)),
-                     Constraint(_squares, lower=40.0, upper=40.0)])
-
-
-HS071_X = np.array([1.0, 4.7429994, 3.8211503, 1.3794082])
 
 # HS035: a convex quadratic, one linear inequality, x >= 0 (f* = 1/9 at (4/3, 7/9, 4/9)).
 HS035 = OptimizationProblem(

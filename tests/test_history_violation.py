@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import optsolve
-from optsolve import Constraint, OptimizationProblem, solve
+from optsolve import OptimizationProblem, solve
+from constrained_problems import hs071, hs071_objective
 
 jax.config.update("jax_enable_x64", True)
 
@@ -18,23 +19,9 @@ IP = optsolve.InteriorPoint(tol=1e-8)
 X0 = np.array([1.0, 5.0, 5.0, 1.0])
 
 
-def _hs071(x, p):
-    return x[0] * x[3] * (x[0] + x[1] + x[2]) + x[2]
-
-
-def _product(x, p):
-    return jnp.prod(x)
-
-
-def _squares(x, p):
-    return jnp.sum(x ** 2)
-
-
 # HS071: 1 <= x <= 5, prod(x) >= 25, sum(x^2) == 40; x0 violates the equality by 12 (0.3
 # relative to 40).
-HS071 = OptimizationProblem(
-    _hs071, jnp.asarray(X0), bounds=(1.0, 5.0),
-    constraints=[Constraint(_product, lower=25.0), Constraint(_squares, lower=40.0, upper=40.0)])
+HS071 = hs071()
 
 
 def violation(x) -> float:
@@ -64,7 +51,7 @@ def test_interior_point_records_the_violation_at_every_iterate():
     for j in (1, 3):
         x_j = solve(HS071, IP, maxiters=j).x
         np.testing.assert_allclose(v[j], violation(x_j), rtol=1e-10, atol=1e-15)
-        np.testing.assert_allclose(h.objective[j], _hs071(x_j, None), rtol=1e-14)
+        np.testing.assert_allclose(h.objective[j], hs071_objective(x_j, None), rtol=1e-14)
 
 
 def test_interior_point_violation_under_jit_and_after_resume():

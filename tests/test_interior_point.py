@@ -13,6 +13,7 @@ import pytest
 
 import optsolve
 from optsolve import Constraint, OptimizationProblem, ReturnCode, solve
+from constrained_problems import hs071, hs071_objective, hs071_product, hs071_squares
 
 jax.config.update("jax_enable_x64", True)
 
@@ -20,28 +21,6 @@ jax.config.update("jax_enable_x64", True)
 # they share the compiled loop
 IP = optsolve.InteriorPoint(tol=1e-8)
 TIGHT = optsolve.InteriorPoint(tol=1e-12)
-
-
-def _hs071(x, p):
-    return x[0] * x[3] * (x[0] + x[1] + x[2]) + x[2]
-
-
-def _product(x, p):
-    return jnp.prod(x)
-
-
-def _squares(x, p):
-    return jnp.sum(x ** 2)
-
-
-def hs071(product=25.0, dtype=jnp.float64):
-    """HS071: f* = 17.0140173 at (1, 4.7429994, 3.8211503, 1.3794082); the product bound
-    (25) is a leaf, the sum of squares an equality. Module-level functions: every variant
-    shares one compiled loop."""
-    return OptimizationProblem(
-        _hs071, jnp.array([1.0, 5.0, 5.0, 1.0], dtype), bounds=(1.0, 5.0),
-        constraints=[Constraint(_product, lower=jnp.asarray(product, dtype)),
-                     Constraint(_squares, lower=40.0, upper=40.0)])
 
 
 # HS035: a convex quadratic, one linear inequality, x >= 0 (f* = 1/9 at (4/3, 7/9, 4/9)).
@@ -136,7 +115,7 @@ def test_agrees_with_ipopt_itself():
     """cyipopt (IPOPT 3.x, exact Hessians) on HS071: the same point, multipliers and a
     similar iteration count (IPOPT takes 8)."""
     cyipopt = pytest.importorskip("cyipopt")
-    fun = jax.jit(lambda x: _hs071(x, None))
+    fun = jax.jit(lambda x: hs071_objective(x, None))
 
     def constraint(g, bound):
         value = jax.jit(lambda x: g(x, None) - bound)
@@ -147,8 +126,8 @@ def test_agrees_with_ipopt_itself():
         res = cyipopt.minimize_ipopt(
             fun, np.array([1.0, 5.0, 5.0, 1.0]), jac=jax.jit(jax.grad(fun)),
             hess=jax.jit(jax.hessian(fun)), bounds=[(1.0, 5.0)] * 4,
-            constraints=[{"type": "ineq", **constraint(_product, 25.0)},
-                         {"type": "eq", **constraint(_squares, 40.0)}],
+            constraints=[{"type": "ineq", **constraint(hs071_product, 25.0)},
+                         {"type": "eq", **constraint(hs071_squares, 40.0)}],
             options={"tol": 1e-8, "print_level": 0})
     assert res.success, res.message
     sol = solve(hs071(), IP)

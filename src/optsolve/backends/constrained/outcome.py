@@ -78,21 +78,29 @@ def finished(problem: OptimizationProblem, algorithm: Any, solution: Solution,
                    detail=detail)
 
 
+def _detail(code: ReturnCode, violation: float, state: Any, reason: int, measures: str,
+            infeasible_why: str, converged_why: str) -> str:
+    """A run's detail in its method's words: why it is INFEASIBLE (the method's own verdict
+    where ``state.infeasible``), or which test it converged by, then its measures."""
+    if code == ReturnCode.INFEASIBLE:
+        why = infeasible_why if bool(state.infeasible) else \
+            "the run stopped before reaching a feasible point"
+        return f"{why}; the largest violation is {violation:.6e}; {measures}"
+    if code == ReturnCode.SUCCESS and reason == REDUCTION_TOL:
+        return f"{converged_why}; {measures}"
+    return measures
+
+
 def describe_interior_point(code: ReturnCode, violation: float, state: Any,
                             reason: int) -> str:
     """An interior-point run's detail: its KKT error, violation and barrier parameter."""
-    error, mu = float(state.error), float(state.mu)
-    measures = (f"KKT error E_0 = {error:.2e}, constraint violation {violation:.2e} "
-                f"(relative), barrier parameter mu = {mu:.1e}")
-    if code == ReturnCode.INFEASIBLE:
-        why = ("the feasibility restoration converged to a stationary point of the violation: "
-               "the constraints are locally infeasible, and this is the least violation it "
-               "found" if bool(state.infeasible) else
-               "the run stopped before reaching a feasible point")
-        return f"{why}; the largest violation is {violation:.6e}; {measures}"
-    if code == ReturnCode.SUCCESS and reason == REDUCTION_TOL:
-        return f"the scaled KKT error E_0 is <= tol (IPOPT's test); {measures}"
-    return measures
+    measures = (f"KKT error E_0 = {float(state.error):.2e}, constraint violation "
+                f"{violation:.2e} (relative), barrier parameter mu = {float(state.mu):.1e}")
+    return _detail(code, violation, state, reason, measures,
+                   "the feasibility restoration converged to a stationary point of the "
+                   "violation: the constraints are locally infeasible, and this is the least "
+                   "violation it found",
+                   "the scaled KKT error E_0 is <= tol (IPOPT's test)")
 
 
 def describe_augmented_lagrangian(code: ReturnCode, violation: float, state: Any,
@@ -102,14 +110,9 @@ def describe_augmented_lagrangian(code: ReturnCode, violation: float, state: Any
                 f"KKT error {float(state.error):.2e}, constraint violation {violation:.2e} "
                 f"(relative), penalty rho = {float(state.rho):.1e}, "
                 f"{int(state.inner_iterations)} inner iterations")
-    if code == ReturnCode.INFEASIBLE:
-        why = ("the penalty passed rho_max with the violation above tolerance: the "
-               "constraints are locally infeasible, and this is the penalised problem's "
-               "minimiser, the least violation reached" if bool(state.infeasible) else
-               "the run stopped before reaching a feasible point")
-        return f"{why}; the largest violation is {violation:.6e}; {measures}"
-    if code == ReturnCode.SUCCESS and reason == REDUCTION_TOL:
-        return ("|V| <= feasibility_tol and the scaled projected Lagrangian gradient <= "
-                f"optimality_tol (acceptable_tol where the inner method could go no further); "
-                f"{measures}")
-    return measures
+    return _detail(code, violation, state, reason, measures,
+                   "the penalty passed rho_max with the violation above tolerance: the "
+                   "constraints are locally infeasible, and this is the penalised problem's "
+                   "minimiser, the least violation reached",
+                   "|V| <= feasibility_tol and the scaled projected Lagrangian gradient <= "
+                   "optimality_tol (acceptable_tol where the inner method could go no further)")
