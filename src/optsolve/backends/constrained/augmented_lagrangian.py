@@ -264,8 +264,8 @@ class ALSolver(SteppingSolver):
                       state.inner_iterations + jnp.asarray(run.stats.iterations, jnp.int32))
         ftol_met = jnp.zeros((), bool)
         if self.ftol is not None:
-            scale = jnp.maximum(jnp.maximum(jnp.abs(f), jnp.abs(f_new)), 1.0)
-            ftol_met = (infeasibility <= feas_tol) & (jnp.abs(f - f_new) <= self.ftol * scale)
+            f_scale = jnp.maximum(jnp.maximum(jnp.abs(f), jnp.abs(f_new)), 1.0)
+            ftol_met = (infeasibility <= feas_tol) & (jnp.abs(f - f_new) <= self.ftol * f_scale)
         evals = lambda n: jnp.asarray(n, jnp.int32) + 1  # noqa: E731  (the outer evaluation)
         failed = ~all_finite(f_new) | ~all_finite(g_l) | inner_failed
         violation = self._violation(objective, x_new, c) if self.history else None
