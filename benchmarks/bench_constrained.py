@@ -37,17 +37,21 @@ objective is within 1e-6 (1 + |f*|) of f*, the lowest objective any runner reach
 feasible point. A *false SUCCESS* claims success at a point that is not solved (infeasible,
 or feasible but not at f*). Steady times are compared on the problems every runner solved.
 A runner gets ``TIME_LIMIT`` seconds per solve where it can be told (scipy's callback,
-IPOPT's max_wall_time, optsolve's maxtime); past it the run counts as unsolved.
+IPOPT's max_wall_time, optsolve's maxtime); past it the run counts as unsolved. Every
+runner's whole measurement of a problem (compile, first solve and repeats) also runs in a
+child process that is killed after ``--runner-timeout`` seconds (``RUNNER_TIMEOUT``, 300 by
+default), the same kind of time-limit record: the jitted runners cannot be told a limit.
 
 sif2jax's inequalities are taken as its documentation states them, ">= 0"; a few of its
 problems write a "<=" row as LHS - RHS (HS76: pycutest's convention), so those problems
 differ from CUTEst's, the same for every runner.
 
 Problems are dealt to ``--jobs`` processes (2 by default), each measuring all runners of a
-problem in turn. ``--only`` keeps the runners whose names contain one of its words, ``--raw``
-writes every record (and each worker's records as it goes, ``RAW.SET.I.jsonl``), and
-``--from-raw`` makes the sections from such files without running anything, merging the
-runners of separate runs per problem.
+problem in turn (through one measuring child process, replaced after a kill). ``--only``
+keeps the runners whose names contain one of its words, ``--raw`` writes every record (and
+each worker's records as it goes, ``RAW.SET.I.jsonl``), and ``--from-raw`` makes the
+sections from such files without running anything, merging the runners of separate runs per
+problem; ``--images`` names the profiles' folder (docs/images by default).
 
 Run: ``python benchmarks/bench_constrained.py [--max-n 20] [--quick] [--limit K]
 [--set both] [--jobs 2]`` or ``python benchmarks/run.py constrained``.
@@ -82,6 +86,7 @@ MAXITER = 1000
 FEAS_TOL, F_TOL = 1e-6, 1e-6
 TIME_LIMIT = 10.0      # seconds a single solve may take where the runner can be told
 STEADY_BUDGET = 0.5    # seconds of repeated solves per runner and problem
+RUNNER_TIMEOUT = 300.0  # seconds a runner's whole measurement of a problem may take (killed)
 IMAGES = Path(__file__).parent.parent / "docs" / "images"
 # A smoke subset for --quick: Hock-Schittkowski problems with equalities, inequalities,
 # bounds, and one infeasible start each.
@@ -408,6 +413,76 @@ def measure_runner(case: Case, make, repeats: int) -> dict:
             "f": fx, "viol": violation(case, x), "claimed": claimed, "evals": evals}
 
 
+def _serve(conn, kind: str, repeats: int) -> None:
+    """A measuring process: answers each (problem name, runner name) sent on ``conn`` with
+    that runner's record, until it is sent None; a problem's Case is kept for its runners."""
+    from sif2jax.cutest import get_problem
+
+    case = None
+    with threadpool_limits(1), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        conn.send("ready")
+        while (task := conn.recv()) is not None:
+            name, runner = task
+            try:
+                if case is None or case.name != name:
+                    case = None
+                    case = _prepare(get_problem(name), kind)
+                record = measure_runner(case, _makers(kind, case)[runner], repeats)
+            except Exception as err:
+                record = {"error": f"{type(err).__name__}: {str(err)[:100]}"}
+            conn.send(record)
+
+
+class Measurer:
+    """Measures one runner on one problem at a time in a child process (started on first use,
+    'spawn'), which is killed once a measurement passes ``timeout`` seconds: that measurement
+    is a time-limit record and the next one starts a fresh process."""
+
+    def __init__(self, kind: str, repeats: int, timeout: float):
+        self.kind, self.repeats, self.timeout = kind, repeats, timeout
+        self.proc = self.conn = None
+
+    def _start(self) -> None:
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")  # not fork: JAX runs threads here
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_serve, args=(child, self.kind, self.repeats),
+                                daemon=True)
+        self.proc.start()
+        child.close()
+        self.conn.recv()  # "ready": its imports (sif2jax's take half a minute) are not timed
+
+    def _kill(self) -> None:
+        self.proc.kill()
+        self.proc.join()
+        self.conn.close()
+        self.proc = self.conn = None
+
+    def measure(self, name: str, runner: str) -> dict:
+        # a child process: a jitted runner can be neither told a time limit nor interrupted
+        if self.proc is None:
+            self._start()
+        start = time.perf_counter()
+        self.conn.send((name, runner))
+        try:
+            if self.conn.poll(self.timeout):
+                return self.conn.recv()
+            record = {"timeout": True, "first": time.perf_counter() - start}
+        except EOFError:  # it died (a crash in a runner's native code)
+            self.proc.join()
+            record = {"error": f"its process died (exit code {self.proc.exitcode})"}
+        self._kill()
+        return record
+
+    def close(self) -> None:
+        if self.proc is not None:
+            self.conn.send(None)
+            self.proc.join(30)
+            self._kill()
+
+
 def feasible(record: dict) -> bool:
     return "f" in record and np.isfinite(record["f"]) and record["viol"] <= FEAS_TOL
 
@@ -525,9 +600,21 @@ def _makers(kind: str, case: Case) -> dict:
 
 
 def collect(kind: str, problems: list, repeats: int, only: str | None = None,
-            log: str | None = None) -> tuple[dict, list[str]]:
-    """Every runner's record on every problem, and the problems left out (with why)."""
+            log: str | None = None, runner_timeout: float = RUNNER_TIMEOUT
+            ) -> tuple[dict, list[str]]:
+    """Every runner's record on every problem (each measured in a child process, see
+    :class:`Measurer`), and the problems left out (with why)."""
     results, left_out = {}, []
+    measurer = Measurer(kind, repeats, runner_timeout)
+    try:
+        _collect(kind, problems, only, log, measurer, results, left_out)
+    finally:
+        measurer.close()
+    return results, left_out
+
+
+def _collect(kind: str, problems: list, only: str | None, log: str | None,
+             measurer: Measurer, results: dict, left_out: list) -> None:
     for problem in problems:
         try:
             case = _prepare(problem, kind)
@@ -539,18 +626,18 @@ def collect(kind: str, problems: list, repeats: int, only: str | None = None,
             continue
         makers = {n: m for n, m in _makers(kind, case).items()
                   if only is None or any(part in n for part in only.split(","))}
-        results[case.name] = {n: measure_runner(case, m, repeats) for n, m in makers.items()}
+        results[case.name] = {n: measurer.measure(case.name, n) for n in makers}
         _progress(case, results[case.name])
         if log is not None:  # each problem as it is measured, so that a cut run keeps them
             import json
             with open(log, "a") as out:
                 out.write(json.dumps({case.name: results[case.name]}, default=_plain) + "\n")
-    return results, left_out
 
 
 def collect_in_workers(kind: str, max_n: int, limit: int | None, repeats: int, quick: bool,
                        jobs: int, only: str | None, raw: str | None = None,
-                       names: str | None = None) -> tuple[dict, list[str]]:
+                       names: str | None = None, runner_timeout: float = RUNNER_TIMEOUT
+                       ) -> tuple[dict, list[str]]:
     """:func:`collect` over the set, its problems dealt round-robin to ``jobs`` fresh
     processes (each problem's runners stay together in one process, measured in turn)."""
     import json
@@ -563,7 +650,8 @@ def collect_in_workers(kind: str, max_n: int, limit: int | None, repeats: int, q
     else:
         pool = _pool(kind, max_n, limit, quick)
     if jobs <= 1:
-        return collect(kind, pool, repeats, only)
+        return collect(kind, pool, repeats, only,
+                       f"{raw}.{kind}.0.jsonl" if raw else None, runner_timeout)
     order = [q.name for q in pool]
     with tempfile.TemporaryDirectory() as tmp:
         procs = []
@@ -571,7 +659,8 @@ def collect_in_workers(kind: str, max_n: int, limit: int | None, repeats: int, q
             out = Path(tmp) / f"{i}.json"
             # the worker is told its problems by name (listing a set evaluates every problem)
             cmd = [sys.executable, __file__, "--worker", ",".join(order[i::jobs]), str(out),
-                   "--set", kind, "--repeats", str(repeats)] + (["--only", only] if only else [])
+                   "--set", kind, "--repeats", str(repeats),
+                   "--runner-timeout", str(runner_timeout)] + (["--only", only] if only else [])
             if raw:  # each problem's records as measured, beside the final file
                 cmd += ["--log", f"{raw}.{kind}.{i}.jsonl"]
             procs.append((subprocess.Popen(cmd), out))
@@ -586,19 +675,21 @@ def collect_in_workers(kind: str, max_n: int, limit: int | None, repeats: int, q
 
 
 def census(results: dict, left_out: list[str], max_n: int, repeats: int, quick: bool,
-           jobs: int) -> str:
-    """The constrained census's section: table, profiles and how it was measured."""
+           jobs: int, runner_timeout: float = RUNNER_TIMEOUT, images: Path = IMAGES) -> str:
+    """The constrained census's section: table, profiles (written to ``images``) and how it
+    was measured."""
     names = list(next(iter(results.values())))
-    IMAGES.mkdir(parents=True, exist_ok=True)
+    images = Path(images)
+    images.mkdir(parents=True, exist_ok=True)
     tag = "quick" if quick else f"n{max_n}"
     time_png, evals_png = f"constrained_profile_time_{tag}.png", f"constrained_profile_evals_{tag}.png"
     def solved_by(records: dict, name: str) -> bool:
         return solved(records[name], best_feasible(records))
 
     performance_profile(results, names, "steady", f"steady time, {len(results)} constrained "
-                        f"problems (n <= {max_n})", IMAGES / time_png, solved_by)
+                        f"problems (n <= {max_n})", images / time_png, solved_by)
     performance_profile(results, names, "evals", "objective evaluations (slsqp-jax: steps)",
-                        IMAGES / evals_png, solved_by)
+                        images / evals_png, solved_by)
     rows, n_common = summary(results, names)
     table = markdown_table(
         ["runner", "solved", "false SUCCESS", "time limit / raised",
@@ -614,7 +705,9 @@ def census(results: dict, left_out: list[str], max_n: int, repeats: int, quick: 
         f"within {F_TOL:g} (1 + |f*|) of the best feasible objective any runner reached; false "
         "SUCCESS: success claimed at a point not solved. 1000 iterations, each runner's default "
         f"tolerances, {TIME_LIMIT:g} s per solve where the runner can be told (IPOPT, scipy, "
-        "optsolve's scipy path). Evaluations: objective evaluations (slsqp-jax: SQP steps, it "
+        f"optsolve's scipy path), and {runner_timeout:g} s for a runner's whole measurement "
+        "of a problem, in a process killed past it (the jitted runners). Evaluations: "
+        "objective evaluations (slsqp-jax: SQP steps, it "
         "counts no evaluations). Steady: median of up to "
         f"{repeats} solves after the first; {jobs} problems measured at a time (one process "
         "each, all runners of a problem in one process), so absolute times carry the other "
@@ -659,9 +752,11 @@ def _wrap_cutest(make_fp):
 def main(max_n: int = 20, limit: int | None = None, sets: tuple[str, ...] = (
         "constrained", "bounded"), repeats: int = 3, quick: bool = False,
         bounded_max_n: int = 100, jobs: int = 2, only: str | None = None,
-        raw: str | None = None, names: str | None = None) -> str:
+        raw: str | None = None, names: str | None = None,
+        runner_timeout: float = RUNNER_TIMEOUT, images: Path = IMAGES) -> str:
     """The sections of both sets (``raw``: also write every record there as JSON;
-    ``names``: these constrained problems, comma-separated, instead of the set's)."""
+    ``names``: these constrained problems, comma-separated, instead of the set's;
+    ``runner_timeout``: seconds per runner and problem; ``images``: the profiles' folder)."""
     import json
 
     sections, dump = [], {}
@@ -669,12 +764,14 @@ def main(max_n: int = 20, limit: int | None = None, sets: tuple[str, ...] = (
         warnings.simplefilter("ignore")
         if "constrained" in sets:
             results, left_out = collect_in_workers("constrained", max_n, limit, repeats, quick,
-                                                   jobs, only, raw, names)
+                                                   jobs, only, raw, names, runner_timeout)
             dump["constrained"] = {"results": results, "left_out": left_out}
-            sections.append(census(results, left_out, max_n, repeats, quick, jobs))
+            sections.append(census(results, left_out, max_n, repeats, quick, jobs,
+                                   runner_timeout, images))
         if "bounded" in sets:
             results, left_out = collect_in_workers("bounded", bounded_max_n, limit, repeats,
-                                                   quick, jobs, only, raw)
+                                                   quick, jobs, only, raw,
+                                                   runner_timeout=runner_timeout)
             dump["bounded"] = {"results": results, "left_out": left_out}
             sections.append(bounds_census(results, left_out, bounded_max_n, quick))
     if raw:
@@ -683,7 +780,8 @@ def main(max_n: int = 20, limit: int | None = None, sets: tuple[str, ...] = (
 
 
 def from_raw(paths: list[str], max_n: int, bounded_max_n: int, repeats: int, jobs: int,
-             note: str = "") -> str:
+             note: str = "", runner_timeout: float = RUNNER_TIMEOUT,
+             images: Path = IMAGES) -> str:
     """The sections from records written by earlier runs (``--raw``; a cut run's
     ``RAW.SET.I.jsonl`` logs serve too), the runners of all of them merged per problem:
     for runners measured in separate runs (``--only``), whose times then carry each run's
@@ -712,7 +810,8 @@ def from_raw(paths: list[str], max_n: int, bounded_max_n: int, repeats: int, job
         names = {n for records in results.values() for n in records}
         results = {p: r for p, r in results.items() if set(r) == names}
         if kind == "constrained":
-            sections.append(census(results, left_out, max_n, repeats, False, jobs))
+            sections.append(census(results, left_out, max_n, repeats, False, jobs,
+                                   runner_timeout, images))
         else:
             sections.append(bounds_census(results, left_out, bounded_max_n, False))
     return "\n\n".join(sections) + (f"\n\n{note}" if note else "")
@@ -732,7 +831,7 @@ def _worker(names: str, out: str, args) -> None:
     with threadpool_limits(1), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         results, left_out = collect(args.set, pool, args.repeats, args.only,
-                                    args.log)
+                                    args.log, args.runner_timeout)
     Path(out).write_text(json.dumps({"results": results, "left_out": left_out}, default=_plain))
 
 
@@ -750,6 +849,11 @@ if __name__ == "__main__":
     parser.add_argument("--raw", default=None, help="write every record to this JSON file")
     parser.add_argument("--names", default=None,
                         help="these constrained problems (comma-separated) instead of the set")
+    parser.add_argument("--runner-timeout", type=float, default=RUNNER_TIMEOUT,
+                        help="seconds a runner's measurement of one problem may take (its "
+                             "process is killed past it; a time-limit record)")
+    parser.add_argument("--images", type=Path, default=IMAGES,
+                        help="the folder the profile PNGs are written to")
     parser.add_argument("--from-raw", nargs="+", default=None,
                         help="no runs: the sections from these --raw files (runners merged)")
     parser.add_argument("--log", default=None, help=argparse.SUPPRESS)  # a worker's JSONL
@@ -759,9 +863,11 @@ if __name__ == "__main__":
         _worker(args.worker[0], args.worker[1], args)
         sys.exit(0)
     if args.from_raw:
-        print(from_raw(args.from_raw, args.max_n, args.bounded_max_n, args.repeats, args.jobs))
+        print(from_raw(args.from_raw, args.max_n, args.bounded_max_n, args.repeats, args.jobs,
+                       runner_timeout=args.runner_timeout, images=args.images))
         sys.exit(0)
     sets = ("constrained", "bounded") if args.set == "both" else (args.set,)
     print(machine_line())
     print(main(args.max_n, args.limit, sets, 1 if args.quick else args.repeats, args.quick,
-               args.bounded_max_n, args.jobs, args.only, args.raw, args.names))
+               args.bounded_max_n, args.jobs, args.only, args.raw, args.names,
+               args.runner_timeout, args.images))
