@@ -8,7 +8,9 @@ the products it makes, because on data-bound objectives each costs about a gradi
 
 It lives in ``solve_api`` so that the adjoint (which must not import a backend) and the
 backends share it. :func:`cgls` beside it gives the minimum-norm least-squares solution of a
-singular system, where CG breaks down (the implicit adjoint's fallback).
+singular system, where CG breaks down (the implicit adjoint's fallback), and :func:`minres`
+solves symmetric indefinite systems (an interior-point method's KKT system), where CG's
+``d.Hd`` may vanish.
 """
 
 from __future__ import annotations
@@ -325,6 +327,149 @@ def cgls(matvec: Callable[[PyTree], PyTree], b: PyTree, *, rtol: Any,
         jnp.zeros((), jnp.int32), zero, b, zero, jnp.zeros((), dtype), jnp.zeros((), dtype),
         empty), maxiter)
     return CGLSResult(c.x, 2 * c.k, c.done)
+
+
+class MINRESResult(NamedTuple):
+    """What :func:`minres` returns.
+
+    Attributes:
+      x: the solution (an array like ``b``).
+      matvecs: products with A made (int32). Every loop iteration makes exactly one; the
+        zero start costs none (a zero ``b`` costs none at all).
+      residual: the final residual-norm estimate relative to ``|b|``, both in the norm of the
+        preconditioner (``|r|_M = sqrt(r.M r)`` with M the preconditioner's operator, the
+        2-norm without one): Paige and Saunders' ``phibar / beta_1``, which equals the true
+        relative residual up to rounding; 0 for a zero ``b`` (NaN for a NaN one).
+      converged: whether ``residual <= rtol`` was met (bool).
+    """
+
+    x: Array
+    matvecs: Array
+    residual: Array
+    converged: Array
+
+
+class _MINRESCarry(NamedTuple):
+    k: Array           # products made
+    x: Array
+    r1: Array          # the Lanczos vector before r2, unscaled, in b's space
+    r2: Array          # the newest Lanczos vector, unscaled: M r2 = beta v_{k+1}
+    y: Array           # M r2, so that beta^2 = r2.y
+    w: Array           # the last two columns of V R^-1, the directions x moves along
+    w2: Array
+    beta: Array        # beta_{k+1}, the Lanczos off-diagonal
+    oldb: Array        # beta_k
+    dbar: Array        # the rotated tridiagonal entries carried to the next column
+    epsln: Array
+    cs: Array          # the last Givens rotation
+    sn: Array
+    phibar: Array      # the residual-norm estimate |r_k|_M
+    done: Array
+
+
+def minres(matvec: Callable[[Array], Array], b: Array, *, maxiter: int, rtol: Any,
+           preconditioner: Callable[[Array], Array] | None = None) -> MINRESResult:
+    """MINRES for ``A x = b`` with A symmetric, possibly indefinite or singular, from x = 0:
+    the iterate minimising ``|b - A x|`` over the Krylov space (Paige & Saunders, "Solution
+    of sparse indefinite systems of linear equations", SIAM J. Numer. Anal. 12, 1975; the
+    preconditioned form of Choi, Paige & Saunders, SIAM J. Sci. Comput. 33, 2011, Table 3.1,
+    which ``scipy.sparse.linalg.minres`` also follows).
+
+    Each iteration makes one product: a Lanczos step on A (in the preconditioner's inner
+    product) extends the tridiagonal T_k, a Givens rotation updates its QR factorisation, and
+    x moves along the new column of ``V_k R_k^-1``. The rotations give the residual norm
+    ``phibar`` without forming the residual. MINRES stops once
+    ``phibar <= rtol |b|`` (both in the preconditioner's norm), after ``maxiter`` products, or
+    when Lanczos breaks down (``beta = 0``: the Krylov space is invariant under A, so the
+    current x is the minimum-residual solution over all of it; converged if ``phibar`` meets
+    the tolerance, as it does for a consistent system). Unlike CG it needs no positive
+    curvature: a KKT matrix ``[[H, J^T], [J, -D]]`` is fine. On a consistent singular
+    system the iterates stay in A's range and tend to the minimum-norm solution; on an
+    inconsistent one rounding rarely makes beta exactly 0, and the iterates can grow without
+    bound while ``phibar`` stalls above the tolerance (MINRES-QLP, Choi, Paige & Saunders
+    2011, is the remedy; :func:`cgls` gives the minimum-norm least-squares solution).
+
+    Args:
+      matvec: ``v -> A v`` on 1-D arrays shaped like ``b``; A symmetric.
+      b: the right-hand side, a 1-D float array; its dtype is the computation's.
+      maxiter: the most products (a static Python int, so that the loop also runs as a
+        bounded scan under :class:`~optsolve.solve_api.loops.CheckpointedScan`).
+      rtol: the tolerance on the residual norm relative to ``|b|`` (may be traced).
+      preconditioner: ``r -> M r`` with M symmetric positive definite, an approximation of
+        |A|^-1 (a diagonal scaling, say). A must still be symmetric: MINRES then works in the
+        M^-1 inner product, and the norms of ``residual`` and the stopping test are
+        ``|r|_M = sqrt(r.M r)``.
+
+    Returns:
+      A :class:`MINRESResult`: the solution, products made, the relative residual estimate,
+      whether it converged.
+
+    Example:
+      >>> a = jnp.array([[1.0, 2.0], [2.0, -1.0]])
+      >>> res = minres(lambda v: a @ v, jnp.array([3.0, 1.0]), rtol=1e-6, maxiter=10)
+      >>> int(res.matvecs), bool(res.converged)
+      (2, True)
+    """
+    precondition = preconditioner if preconditioner is not None else (lambda r: r)
+    dtype = b.dtype
+    zero = jnp.zeros_like(b)
+    scalar_zero = jnp.zeros((), dtype)
+
+    y = precondition(b)
+    # M is positive definite: a negative b.M b is rounding, and 0 means b = 0
+    beta1 = jnp.sqrt(jnp.maximum(jnp.vdot(b, y).real.astype(dtype), 0.0))
+    tol = jnp.asarray(rtol, dtype) * beta1
+
+    def safe(d):
+        # Divisors that are 0 only where the loop has stopped (or never starts: b = 0), and
+        # where a vmapped row still runs the body for the others; 1 keeps those rows finite.
+        return jnp.where(d > 0, d, jnp.ones_like(d))
+
+    def cond(c: _MINRESCarry):
+        return ~c.done & (c.k < maxiter)
+
+    def body(c: _MINRESCarry) -> _MINRESCarry:
+        # Lanczos: beta_{k+1} v_{k+1} = A v_k - alpha_k v_k - beta_k v_{k-1}, in the M^-1
+        # inner product (v = M r / beta lives in x's space, r in b's).
+        v = c.y / safe(c.beta)
+        y = matvec(v) - (c.oldb > 0).astype(dtype) * (c.beta / safe(c.oldb)) * c.r1
+        alfa = jnp.vdot(v, y).real.astype(dtype)
+        y = y - (alfa / safe(c.beta)) * c.r2
+        r1, r2 = c.r2, y
+        y = precondition(r2)
+        beta = jnp.sqrt(jnp.maximum(jnp.vdot(r2, y).real.astype(dtype), 0.0))
+
+        # The previous rotation on the new column (0 above beta_k, alpha_k, beta_{k+1}).
+        delta = c.cs * c.dbar + c.sn * alfa
+        gbar = c.sn * c.dbar - c.cs * alfa
+        epsln = c.sn * beta
+        dbar = -c.cs * beta
+
+        # The new rotation zeroes beta_{k+1}. gamma = 0 needs beta_{k+1} = 0 and T_k
+        # singular (b not in A's range): the minimum residual is then the last one, so x
+        # stays (cs = 0) and phibar keeps its value (sn = 1); the breakdown stops the loop.
+        gamma = jnp.hypot(gbar, beta)
+        singular = ~(gamma > 0)
+        cs = jnp.where(singular, 0.0, gbar / safe(gamma)).astype(dtype)
+        sn = jnp.where(singular, 1.0, beta / safe(gamma)).astype(dtype)
+        phi = cs * c.phibar
+        phibar = sn * c.phibar
+
+        w = (v - c.epsln * c.w2 - delta * c.w) / safe(gamma)
+        x = c.x + phi * w
+        # ~(phibar > tol) also stops on a NaN estimate; ~(beta > 0) is the breakdown
+        done = ~(phibar > tol) | ~(beta > 0)
+        return _MINRESCarry(c.k + 1, x, r1, r2, y, w, c.w, beta, c.beta, dbar, epsln, cs,
+                            sn, phibar, done)
+
+    # cs = -1 makes the first column's "previous rotation" give gbar = alpha_1, delta = 0.
+    c = inner_while_loop(cond, body, _MINRESCarry(
+        jnp.zeros((), jnp.int32), zero, b, b, y, zero, zero, beta1, scalar_zero,
+        scalar_zero, scalar_zero, -jnp.ones((), dtype), scalar_zero, beta1,
+        ~(beta1 > tol)), maxiter)
+    empty = beta1 == 0
+    residual = jnp.where(empty, scalar_zero, c.phibar / jnp.where(empty, 1.0, beta1))
+    return MINRESResult(c.x, c.k, residual, c.phibar <= tol)
 
 
 SINGULAR_MESSAGE = (
