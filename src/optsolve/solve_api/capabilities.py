@@ -219,7 +219,8 @@ def check_dense_memory(problem: OptimizationProblem, algorithm: Algorithm,
     where = "this device's" if on_device else "this machine's"
     if needed > memory:
         if getattr(problem, "constraints", None):
-            fix = "optsolve.AugmentedLagrangian() (matrix-free, an inner L-BFGS)"
+            fix = ("optsolve.InteriorPoint(linear_solver='minres') or "
+                   "optsolve.AugmentedLagrangian() (both matrix-free)")
         elif caps["needs_residuals"]:
             fix = "linear_solver='cg' (matrix-free), or optsolve.LBFGS()"
         else:

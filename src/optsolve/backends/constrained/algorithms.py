@@ -32,6 +32,9 @@ def _check(name: str, value: Any, low: float, high: float | None = None,
         raise ValueError(f"{owner}: `{name}` must be {span}, got {value!r}.")
 
 
+_IP_LINEAR_SOLVERS = ("auto", "dense", "minres")
+
+
 @pytree_dataclass
 class InteriorPoint(Algorithm):
     """A primal-dual interior-point method with a filter line search, in the design of
@@ -64,7 +67,10 @@ class InteriorPoint(Algorithm):
     that ends outside the constraints by more than 1e-6 (relative) is ``INFEASIBLE``.
     ``sol.multipliers`` are the run's own, with optsolve's sign (``-multipliers[j]`` is the
     derivative of f* with respect to constraint j's active bound). The Newton system is
-    dense: the method suits up to a few hundred variables and constraints.
+    dense up to 256 variables and constraint rows together; above that it is never formed:
+    MINRES solves it on Hessian-vector and Jacobian products, and a curvature test along
+    the step (Chiang & Zavala, Comput. Optim. Appl. 64 (2016), 327-354) stands in for the
+    factorisation's inertia.
 
     Args:
       tol: the KKT tolerance (default 1e-8 in float64, 1e-5 in float32).
@@ -77,6 +83,9 @@ class InteriorPoint(Algorithm):
         absolute (times max(1, |bound|)) and as a fraction of the interval (default 1e-2).
       second_order_correction: try one second-order correction when the first trial step
         raises the violation (static; default True).
+      linear_solver: the Newton system's solver (static): "dense" (an ``L D L^T``
+        factorisation with IPOPT's inertia correction), "minres" (matrix-free), or "auto"
+        (default: dense while n + m <= 256).
 
     Example:
       >>> cons = [optsolve.Constraint(lambda x, p: jnp.prod(x), lower=25.0),
@@ -97,7 +106,8 @@ class InteriorPoint(Algorithm):
     resumable: ClassVar[bool] = True
     records_history: ClassVar[bool] = True
     compiled_driver: ClassVar[bool] = True
-    # the Hessian, the Newton system and its L D L^T factor (n + m square each)
+    # the Hessian, the Newton system and its L D L^T factor (n + m square each), unless
+    # linear_solver says matrix-free (capabilities below)
     dense_matrices: ClassVar[int] = 3
     # the barrier terms and the factorisation's pivots span more than 16-bit floats resolve
     float_dtypes: ClassVar[tuple[str, ...]] = ("float32", "float64")
@@ -113,8 +123,13 @@ class InteriorPoint(Algorithm):
     bound_push: Any = 1e-2
     bound_frac: Any = 1e-2
     second_order_correction: bool = static_field(default=True)
+    linear_solver: str = static_field(default="auto")
 
     def __post_init__(self):
+        if self.linear_solver not in _IP_LINEAR_SOLVERS:
+            raise ValueError("InteriorPoint: `linear_solver` must be one of "
+                             f"{', '.join(map(repr, _IP_LINEAR_SOLVERS))}, got "
+                             f"{self.linear_solver!r}.")
         _check("tol", self.tol, 0.0)
         _check("acceptable_tol", self.acceptable_tol, 0.0)
         _check("mu_init", self.mu_init, 0.0)
@@ -126,6 +141,13 @@ class InteriorPoint(Algorithm):
 
     def make_solver(self, problem: OptimizationProblem) -> InteriorPointSolver:
         return InteriorPointSolver(self, problem)
+
+    def capabilities(self) -> dict[str, Any]:
+        """The class's traits, ``dense_matrices`` as ``linear_solver`` says ("auto": dense
+        only below its size threshold, so no dense matrix grows with the problem)."""
+        caps = super().capabilities()
+        caps["dense_matrices"] = 3 if self.linear_solver == "dense" else 0
+        return caps
 
 
 register_algorithm(InteriorPoint)

@@ -14,7 +14,11 @@ here, by section of the paper:
   condition, Armijo on the barrier function for f-type steps, one second-order correction
   (static ``second_order_correction``) and the minimum step alpha_min (eq. (23));
 - §3.1 the inertia correction (delta_w, delta_c) of the Newton system
-  (:mod:`~optsolve.backends.constrained.newton_system`);
+  (:mod:`~optsolve.backends.constrained.newton_system`); above ``DENSE_KKT_SIZE`` variables
+  and rows (``linear_solver="auto"``) the system is matrix-free instead
+  (:mod:`~optsolve.backends.constrained.newton_krylov`: MINRES, and Chiang & Zavala's
+  curvature test for delta_w), the state holds no Jacobian, and the restoration's
+  Levenberg-Marquardt step is MINRES on Hessian products too;
 - §3.6 the start: x0 pushed inside its bounds (bound_push, bound_frac), slacks likewise,
   z = 1, y from the least-squares estimate (0 where it exceeds 1e3);
 - §3.3 feasibility restoration, simplified: not IPOPT's own interior-point problem in
@@ -53,11 +57,12 @@ import jax.numpy as jnp
 from jax import lax
 from jax.flatten_util import ravel_pytree
 
-from optsolve.backends.constrained import newton_system
-from optsolve.backends.constrained.nlp import NLP
+from optsolve.backends.constrained import newton_krylov, newton_system
+from optsolve.backends.constrained.nlp import NLP, flat_problem_size
 from optsolve.backends.native.chunked import run_iterative
 from optsolve.backends.native.objective import Objective
 from optsolve.backends.native.protocol import Step, SteppingSolver
+from optsolve.solve_api.linear_solve import minres
 from optsolve.solve_api.options import SolveOptions
 from optsolve.solve_api.problem import OptimizationProblem
 
@@ -84,6 +89,12 @@ _BLOCKED_STEPS = 5
 # Default KKT tolerance by itemsize: IPOPT's 1e-8 in float64; float32 resolves the scaled
 # errors to about 100 eps.
 DEFAULT_TOL = {8: 1e-8, 4: 1e-5}
+
+# ``linear_solver="auto"``: the Newton system dense up to this size (n + m); above it, the
+# column-by-column factorisation's (n + m)^3 work outgrows MINRES's products.
+DENSE_KKT_SIZE = 256
+# MINRES's most products per solve in the matrix-free form (static: the loop's bound)
+_KRYLOV_MAXITER = 1000
 
 
 class IPState(NamedTuple):
@@ -207,6 +218,19 @@ class InteriorPointSolver(SteppingSolver):
         self.default_gtol = None  # the method's own KKT test decides (module docstring)
         self.ftol = None
         self.history = False
+        n, m = flat_problem_size(problem)
+        kind = getattr(algorithm, "linear_solver", "dense")
+        self.dense = kind == "dense" or (kind == "auto" and n + m <= DENSE_KKT_SIZE)
+        self.krylov_maxiter = min(2 * (n + m) + 10, _KRYLOV_MAXITER)
+
+    def _nlp(self, objective: Objective) -> NLP:
+        return NLP(objective, self.problem, self.dense)
+
+    def _krylov_rtol(self, error: Array) -> Array:
+        """MINRES's tolerance: tighter as the KKT error falls (an inexact Newton step whose
+        error stays below the method's own)."""
+        eps = jnp.finfo(self.dtype).eps
+        return jnp.clip(1e-2 * error, 10 * eps, 1e-2).astype(self.dtype)
 
     def bind_options(self, options: SolveOptions) -> None:
         self.ftol = options.ftol
@@ -222,7 +246,7 @@ class InteriorPointSolver(SteppingSolver):
 
     # ------------------------------------------------------------------- the start
     def init(self, objective: Objective, x: PyTree, f: Array, g: PyTree) -> IPState:
-        nlp = NLP(objective, self.problem)
+        nlp = self._nlp(objective)
         n, m, dtype = nlp.n, nlp.m, self.dtype
         push, frac = self._h("bound_push"), self._h("bound_frac")
         x0 = nlp.push(jnp.concatenate([ravel_pytree(x)[0], jnp.zeros(m, dtype)]), push,
@@ -234,7 +258,8 @@ class InteriorPointSolver(SteppingSolver):
         f0, grad0, jac0 = nlp.value(x0), nlp.grad(x0), nlp.jac(x0)
         z_l = jnp.where(nlp.has_lower, 1.0, 0.0).astype(dtype)
         z_u = jnp.where(nlp.has_upper, 1.0, 0.0).astype(dtype)
-        y0 = nlp.least_squares_y(grad0, jac0, z_l, z_u)
+        jacobian0 = nlp.jacobian(x0, jac0)
+        y0 = nlp.least_squares_y(grad0, jacobian0, z_l, z_u)
         y0 = jnp.where(jnp.max(jnp.abs(y0), initial=0.0) > 1e3, 0.0, y0)
         y0 = jnp.where(jnp.isfinite(y0), y0, 0.0)
         theta0 = nlp.theta(c0, s0)
@@ -242,7 +267,7 @@ class InteriorPointSolver(SteppingSolver):
         filter_theta, filter_phi, filter_next = _filter_reset(theta_max, dtype)
         mu = self._h("mu_init")
         false, zero = jnp.zeros((), bool), jnp.zeros((), dtype)
-        error = nlp.errors(grad0, c0, jac0, v0, y0, z_l, z_u, zero)[0]
+        error = nlp.errors(grad0, c0, jacobian0.rmv(y0), v0, y0, z_l, z_u, zero)[0]
         return IPState(x0, s0, y0, z_l, z_u, f0, grad0, c0, jac0, mu, zero, filter_theta,
                        filter_phi, filter_next, theta_max, 1e-4 * jnp.maximum(1.0, theta0),
                        false, zero, jnp.asarray(1e-3, dtype), false,
@@ -251,7 +276,7 @@ class InteriorPointSolver(SteppingSolver):
     # ------------------------------------------------------------------ one step
     def step(self, objective: Objective, x: PyTree, f: Array, g: PyTree,
              state: IPState) -> Step:
-        nlp = NLP(objective, self.problem)
+        nlp = self._nlp(objective)
         if nlp.m:
             out = lax.cond(state.resto, lambda st: self._restoration(nlp, st),
                            lambda st: self._barrier_step(nlp, st), state)
@@ -261,7 +286,7 @@ class InteriorPointSolver(SteppingSolver):
             # CPU lose the FFI version of a host callback elsewhere in the program.)
             out = self._barrier_step(nlp, state)
         st = out.state
-        g_l = st.grad + st.jac.T @ st.y
+        g_l = st.grad + nlp.jacobian(st.x, st.jac).rmv(st.y)
         one = jnp.ones((), jnp.int32)
         return Step(nlp.unravel(st.x), st.f, nlp.unravel(g_l), st, out.f_evals, one,
                     out.failed, out.stalled, out.nonfinite, out.converged, out.ftol_met,
@@ -271,13 +296,14 @@ class InteriorPointSolver(SteppingSolver):
         """The violation at the driver's first iterate ``x`` (the user's x0, not the
         state's x pushed inside the bounds): one evaluation of c, outside the loop. Later
         iterates' come with each step, from the c the state holds."""
-        return NLP(objective, self.problem).violation(ravel_pytree(x)[0].astype(self.dtype))
+        return self._nlp(objective).violation(ravel_pytree(x)[0].astype(self.dtype))
 
     def _converged(self, nlp: NLP, st: IPState, f_old: Array, moved: Array):
         """E_0 <= tol (or acceptable_tol at 15 iterates in a row); ftol where given, at a
         feasible point."""
         zero = jnp.zeros((), self.dtype)
-        error = nlp.errors(st.grad, st.c, st.jac, jnp.concatenate([st.x, st.s]), st.y,
+        jty = nlp.jacobian(st.x, st.jac).rmv(st.y)
+        error = nlp.errors(st.grad, st.c, jty, jnp.concatenate([st.x, st.s]), st.y,
                            st.z_l, st.z_u, zero)[0]
         acceptable = jnp.where(error <= self._h("acceptable_tol"), st.acceptable + 1,
                                0).astype(jnp.int32)
@@ -296,9 +322,10 @@ class InteriorPointSolver(SteppingSolver):
         v = jnp.concatenate([st.x, st.s])
         mu_min = self.tol() / 11.0
         kappa, power = self._h("mu_linear_decrease"), self._h("mu_superlinear_power")
+        jty = nlp.jacobian(st.x, st.jac).rmv(st.y)
 
         def error(mu):
-            return nlp.errors(st.grad, st.c, st.jac, v, st.y, st.z_l, st.z_u, mu)[0]
+            return nlp.errors(st.grad, st.c, jty, v, st.y, st.z_l, st.z_u, mu)[0]
 
         def cond(mu):
             return (error(mu) <= _KAPPA_EPS * mu) & (mu > mu_min)
@@ -319,12 +346,28 @@ class InteriorPointSolver(SteppingSolver):
         mu = st.mu
         tau = jnp.maximum(self._h("tau_min"), 1.0 - mu)
         v = jnp.concatenate([st.x, st.s])
-        hessian = nlp.lagrangian_hessian(st.x, st.y)
         sigma = nlp.sigma(v, st.z_l, st.z_u)
-        fact = newton_system.factorise(nlp, hessian, st.jac, sigma, mu, st.delta_w)
         grad_phi = nlp.barrier_grad(st.grad, v, mu)
         residual = nlp.residual(st.c, st.s)
-        dx, ds, dy = newton_system.direction(nlp, fact, grad_phi, st.jac, st.y, residual)
+        if nlp.dense:
+            hessian = nlp.lagrangian_hessian(st.x, st.y)
+            fact = newton_system.factorise(nlp, hessian, st.jac, sigma, mu, st.delta_w)
+            dx, ds, dy = newton_system.direction(nlp, fact, grad_phi, st.jac, st.y, residual)
+
+            def resolve(rhs_residual):
+                return newton_system.direction(nlp, fact, grad_phi, st.jac, st.y,
+                                               rhs_residual)
+        else:
+            rtol = self._krylov_rtol(st.error)
+            jacobian = nlp.jacobian(st.x, st.jac)
+            system = newton_krylov.KrylovSystem(nlp, nlp.lagrangian_hvp(st.x, st.y),
+                                                jacobian, sigma, self.krylov_maxiter)
+            fact, (dx, ds, dy) = newton_krylov.corrected_direction(
+                system, grad_phi, st.y, residual, mu, st.delta_w, rtol)
+
+            def resolve(rhs_residual):
+                return newton_krylov.direction(system, fact, grad_phi, st.y, rhs_residual,
+                                               rtol)
         dv = jnp.concatenate([dx, ds])
         gl, gu = nlp.gaps(v)
         dz_l = jnp.where(nlp.has_lower, (mu - st.z_l * dv) / gl - st.z_l, 0.0)
@@ -379,7 +422,7 @@ class InteriorPointSolver(SteppingSolver):
 
             def soc():
                 c_soc = alpha_max * residual + nlp.residual(c1, v1[n:])
-                sx, ss, _ = newton_system.direction(nlp, fact, grad_phi, st.jac, st.y, c_soc)
+                sx, ss, _ = resolve(c_soc)
                 d_soc = jnp.concatenate([sx, ss])
                 a_soc = _fraction_to_boundary(nlp, v, d_soc, tau)
                 v_s, f_s, c_s = trial(a_soc, d_soc)
@@ -448,24 +491,38 @@ class InteriorPointSolver(SteppingSolver):
         v = jnp.concatenate([st.x, st.s])
         moves = jnp.concatenate([jnp.ones(n, bool), nlp.ineq])
         r = nlp.residual(st.c, st.s)
-        jv = nlp.jac_v(st.jac)
         gl, gu = nlp.gaps(v)
         inf = jnp.asarray(jnp.inf, dtype)
         gap = jnp.minimum(jnp.where(nlp.has_lower, gl, inf), jnp.where(nlp.has_upper, gu, inf))
         scale = jnp.minimum(1.0, gap)  # affine scaling: small near a bound
-        gradient = jnp.where(moves, jv.T @ r, 0.0)
+        gradient = jnp.where(moves, nlp.jac_v_rmv(nlp.jacobian(st.x, st.jac), r), 0.0)
         # the exact Hessian of 1/2 |r|^2 (J^T J and the residuals' curvature): with
         # Gauss-Newton alone the iterates of a problem whose least violation is large
         # circle round its minimiser instead of converging to it
         def half_square(w):
             return 0.5 * jnp.sum(nlp.residual(nlp.cons(w[:n]), w[n:]) ** 2)
 
-        hessian = jax.hessian(half_square)(v)
-        both = moves[:, None] & moves[None, :]
-        size = jnp.maximum(jnp.max(jnp.abs(jnp.diagonal(hessian)), initial=0.0), 1.0)
-        damping = jnp.where(moves, st.lm * size / scale ** 2, 1.0)
-        matrix = jnp.where(both, hessian, 0.0) + jnp.diag(damping)
-        d = jnp.where(moves, jnp.linalg.solve(matrix, -gradient), 0.0)
+        if nlp.dense:
+            hessian = jnp.where(moves[:, None] & moves[None, :],
+                                jax.hessian(half_square)(v), 0.0)
+            size = jnp.maximum(jnp.max(jnp.abs(jnp.diagonal(hessian)), initial=0.0), 1.0)
+            damping = jnp.where(moves, st.lm * size / scale ** 2, 1.0)
+            d = jnp.linalg.solve(hessian + jnp.diag(damping), -gradient)
+
+            def model(u):
+                return hessian @ u
+        else:
+            hvp = jax.linearize(jax.grad(half_square), v)[1]
+
+            def model(u):
+                return jnp.where(moves, hvp(jnp.where(moves, u, 0.0)), 0.0)
+
+            size = jnp.maximum(jnp.max(jnp.abs(model(jnp.ones_like(v))), initial=0.0), 1.0)
+            damping = jnp.where(moves, st.lm * size / scale ** 2, 1.0)
+            d = minres(lambda u: model(u) + damping * u, -gradient,
+                       maxiter=self.krylov_maxiter, rtol=self._krylov_rtol(st.error),
+                       preconditioner=lambda u: u / (damping + size)).x
+        d = jnp.where(moves, d, 0.0)
         tau = jnp.maximum(self._h("tau_min"), 1.0 - st.mu)
         alpha = _fraction_to_boundary(nlp, v, d, tau)
         v_t = v + alpha * d
@@ -474,8 +531,7 @@ class InteriorPointSolver(SteppingSolver):
         r_t = nlp.residual(c_t, v_t[n:])
         finite = jnp.isfinite(f_t) & jnp.all(jnp.isfinite(c_t))
         rr = jnp.vdot(r, r)
-        model = jnp.where(both, hessian, 0.0)
-        predicted = -2 * (alpha * jnp.vdot(gradient, d) + 0.5 * alpha ** 2 * jnp.vdot(d, model @ d))
+        predicted = -2 * (alpha * jnp.vdot(gradient, d) + 0.5 * alpha ** 2 * jnp.vdot(d, model(d)))
         actual = rr - jnp.vdot(r_t, r_t)
         ok = finite & (predicted > 0) & (actual >= 1e-4 * predicted)
         lm = jnp.where(ok, jnp.maximum(st.lm / 3, 1e-12), st.lm * 10).astype(dtype)
@@ -491,7 +547,8 @@ class InteriorPointSolver(SteppingSolver):
         back = ok & (theta_t <= _KAPPA_RESTO * st.resto_theta) & _filter_accepts(
             st, theta_t, nlp.barrier(f_t, v_t, st.mu))
         z_l, z_u = _safeguard_z(nlp, v_t, st.z_l, st.z_u, st.mu)
-        y_t = jnp.where(back, nlp.least_squares_y(grad_t, jac_t, z_l, z_u), st.y)
+        y_t = jnp.where(back, nlp.least_squares_y(grad_t, nlp.jacobian(x_t, jac_t), z_l, z_u),
+                        st.y)
         y_t = jnp.where(jnp.isfinite(y_t) & (jnp.max(jnp.abs(y_t), initial=0.0) <= 1e3),
                         y_t, 0.0)
         moved = st._replace(x=x_t, s=v_t[n:], y=y_t, z_l=z_l, z_u=z_u, f=f_t, grad=grad_t,

@@ -28,6 +28,7 @@ from jax.flatten_util import ravel_pytree
 
 from optsolve.backends.native.objective import Objective
 from optsolve.solve_api.kkt import _stacked, constraint_size, constraint_values
+from optsolve.solve_api.linear_solve import cg
 from optsolve.solve_api.problem import OptimizationProblem
 
 Array = jax.Array
@@ -37,6 +38,8 @@ _S_MAX = 100.0
 # IPOPT's kappa_d: a small linear term on variables bounded on one side only, so that the
 # barrier problem has a minimiser along directions the log barrier alone leaves unbounded.
 _KAPPA_D = 1e-5
+# CG iterations of the matrix-free multiplier estimate (it is a starting guess only)
+_ESTIMATE_ITERATIONS = 100
 
 
 class NLP:
@@ -49,10 +52,15 @@ class NLP:
       has_lower, has_upper: where they are finite.
       eq: equality rows; ineq: inequality rows with a slack; rows: rows that constrain.
       c_lower: the rows' lower bounds (the equality rows' value).
+      dense: whether c's Jacobian and the Lagrangian's Hessian are formed as matrices; if
+        not (the matrix-free form), only their products are, and the state's Jacobian is
+        an empty placeholder (:meth:`jacobian` linearises c where a product is needed).
     """
 
-    def __init__(self, objective: Objective, problem: OptimizationProblem):
+    def __init__(self, objective: Objective, problem: OptimizationProblem,
+                 dense: bool = True):
         flat, self.unravel = ravel_pytree(problem.x0)
+        self.dense = dense
         self.objective, self.problem = objective, problem
         self.dtype = flat.dtype
         self.n = flat.size
@@ -94,21 +102,34 @@ class NLP:
                                  self.dtype)
 
     def jac(self, x: Array) -> Array:
-        """The (m, n) Jacobian of c."""
-        if not self.m:
+        """The (m, n) Jacobian of c; in the matrix-free form an empty (0, n) placeholder."""
+        if not self.m or not self.dense:
             return jnp.zeros((0, self.n), self.dtype)
         return jax.jacfwd(self.cons)(x)
+
+    def jacobian(self, x: Array, jac: Array) -> "Jacobian":
+        """c's Jacobian at x as products: from the stored matrix ``jac = self.jac(x)``, or,
+        in the matrix-free form, from c linearised at x."""
+        return Jacobian(self, x, jac)
 
     def lagrangian_hessian(self, x: Array, y: Array) -> Array:
         """The dense Hessian of ``f + y.c`` at x: forward differentiation of its gradient
         (the user's gradient where given), n products, symmetrised."""
+        w = jax.jacfwd(self._lagrangian_grad(y))(x)
+        return 0.5 * (w + w.T)
+
+    def lagrangian_hvp(self, x: Array, y: Array):
+        """``u -> W u``, the Hessian of ``f + y.c`` at x times u: its gradient linearised
+        once at x (forward over reverse), for the matrix-free form."""
+        return jax.linearize(self._lagrangian_grad(y), x)[1]
+
+    def _lagrangian_grad(self, y: Array):
         def grad_l(v):
             g = self.grad(v)
             if self.m:
                 g = g + jax.vjp(self.cons, v)[1](y)[0]
             return g
-        w = jax.jacfwd(grad_l)(x)
-        return 0.5 * (w + w.T)
+        return grad_l
 
     # ----------------------------------------------------- the slack formulation
     def residual(self, c: Array, s: Array) -> Array:
@@ -150,20 +171,21 @@ class NLP:
         gl, gu = self.gaps(v)
         return jnp.where(self.has_lower, z_l / gl, 0.0) + jnp.where(self.has_upper, z_u / gu, 0.0)
 
-    def dual_residual(self, grad_f: Array, jac: Array, y: Array, z_l: Array,
+    def dual_residual(self, grad_f: Array, jty: Array, y: Array, z_l: Array,
                       z_u: Array) -> Array:
-        """grad_v L: ``grad f + J^T y - z_L + z_U`` on x, ``-y - z_L + z_U`` on the slacks of
-        inequality rows (0 on the others)."""
-        on_x = grad_f + jac.T @ y
+        """grad_v L: ``grad f + J^T y - z_L + z_U`` on x (``jty = J^T y``), ``-y - z_L + z_U``
+        on the slacks of inequality rows (0 on the others)."""
+        on_x = grad_f + jty
         on_s = jnp.where(self.ineq, -y, 0.0)
         return jnp.concatenate([on_x, on_s]) - z_l + z_u
 
-    def errors(self, grad_f: Array, c: Array, jac: Array, v: Array, y: Array, z_l: Array,
+    def errors(self, grad_f: Array, c: Array, jty: Array, v: Array, y: Array, z_l: Array,
                z_u: Array, mu: Array) -> tuple[Array, Array, Array, Array]:
         """IPOPT's optimality error E_mu (eq. (5)): the scaled dual infeasibility, the
-        constraint violation and the scaled complementarity, with each of the three."""
+        constraint violation and the scaled complementarity, with each of the three
+        (``jty = J^T y``)."""
         s = v[self.n:]
-        dual = _max_abs(self.dual_residual(grad_f, jac, y, z_l, z_u))
+        dual = _max_abs(self.dual_residual(grad_f, jty, y, z_l, z_u))
         # (zero-size reductions kept out of the program: with m = 0, XLA on the CPU then
         # loses the FFI version of a host callback elsewhere in the driver's program)
         primal = _max_abs(self.residual(c, s)) if self.m else jnp.zeros((), self.dtype)
@@ -194,15 +216,32 @@ class NLP:
         v = jnp.where(self.has_lower, jnp.maximum(v, self.lower + p_l), v)
         return jnp.where(self.has_upper, jnp.minimum(v, self.upper - p_u), v)
 
-    def least_squares_y(self, grad_f: Array, jac: Array, z_l: Array, z_u: Array) -> Array:
+    def least_squares_y(self, grad_f: Array, jacobian: "Jacobian", z_l: Array,
+                        z_u: Array) -> Array:
         """IPOPT's multiplier estimate (§3.6): y minimising ``|grad_v f - z_L + z_U + J_v^T
-        y|``, the x and slack parts together, by the system ``[[I, J_v^T], [J_v, 0]]``."""
+        y|``, the x and slack parts together: by an SVD of J_v, or, matrix-free, by CG on
+        the normal equations ``J_v J_v^T y = -J_v g``."""
         if not self.m:
             return jnp.zeros(0, self.dtype)
-        jv = self.jac_v(jac)
         g = jnp.concatenate([grad_f, jnp.zeros(self.m, self.dtype)]) - z_l + z_u
-        y = jnp.linalg.lstsq(jv.T, -g)[0]
+        if self.dense:
+            y = jnp.linalg.lstsq(self.jac_v(jacobian.matrix).T, -g)[0]
+        else:
+            def normal(w):
+                return self.jac_v_mv(jacobian, self.jac_v_rmv(jacobian, w))
+            y = cg(normal, -self.jac_v_mv(jacobian, g), maxiter=_ESTIMATE_ITERATIONS,
+                   rtol=jnp.sqrt(jnp.finfo(self.dtype).eps), negative_curvature="last").x
         return jnp.where(self.rows, y, 0.0)
+
+    def jac_v_mv(self, jacobian: "Jacobian", d: Array) -> Array:
+        """``J_v d`` for d in v = (x, s) (the product with :meth:`jac_v`'s matrix)."""
+        on_s = jnp.where(self.ineq, d[self.n:], 0.0)
+        return jnp.where(self.rows, jacobian.mv(d[:self.n]) - on_s, 0.0)
+
+    def jac_v_rmv(self, jacobian: "Jacobian", w: Array) -> Array:
+        """``J_v^T w`` (the transposed product with :meth:`jac_v`'s matrix)."""
+        w = jnp.where(self.rows, w, 0.0)
+        return jnp.concatenate([jacobian.rmv(w), -jnp.where(self.ineq, w, 0.0)])
 
     def jac_v(self, jac: Array) -> Array:
         """The Jacobian of the residual in v = (x, s): ``[J, -I]`` on inequality rows,
@@ -228,6 +267,25 @@ class NLP:
             worst = jnp.maximum(worst, jnp.max(jnp.maximum(below, above), initial=0.0))
             worst = jnp.where(jnp.all(jnp.isfinite(value)), worst, jnp.inf)
         return worst
+
+
+class Jacobian:
+    """c's Jacobian at one x, as the products ``J d`` and ``J^T w``: with the stored
+    matrix, or (matrix-free) from c linearised at x, one evaluation of c per use."""
+
+    def __init__(self, nlp: NLP, x: Array, matrix: Array):
+        self.matrix = matrix
+        if not nlp.m:
+            self.mv = lambda d: jnp.zeros(0, nlp.dtype)
+            self.rmv = lambda w: jnp.zeros(nlp.n, nlp.dtype)
+        elif nlp.dense:
+            self.mv = lambda d: matrix @ d
+            self.rmv = lambda w: matrix.T @ w
+        else:
+            jvp = jax.linearize(nlp.cons, x)[1]
+            vjp = jax.linear_transpose(jvp, x)
+            self.mv = jvp
+            self.rmv = lambda w: vjp(w)[0]
 
 
 def _max_abs(a: Array) -> Array:
