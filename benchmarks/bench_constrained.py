@@ -755,7 +755,7 @@ def main(max_n: int = 20, limit: int | None = None, sets: tuple[str, ...] = (
         raw: str | None = None, names: str | None = None,
         runner_timeout: float = RUNNER_TIMEOUT, images: Path = IMAGES) -> str:
     """The sections of both sets (``raw``: also write every record there as JSON;
-    ``names``: these constrained problems, comma-separated, instead of the set's;
+    ``names``: these problems, comma-separated, instead of the set's;
     ``runner_timeout``: seconds per runner and problem; ``images``: the profiles' folder)."""
     import json
 
@@ -770,8 +770,8 @@ def main(max_n: int = 20, limit: int | None = None, sets: tuple[str, ...] = (
                                    runner_timeout, images))
         if "bounded" in sets:
             results, left_out = collect_in_workers("bounded", bounded_max_n, limit, repeats,
-                                                   quick, jobs, only, raw,
-                                                   runner_timeout=runner_timeout)
+                                                   quick, jobs, only, raw, names,
+                                                   runner_timeout)
             dump["bounded"] = {"results": results, "left_out": left_out}
             sections.append(bounds_census(results, left_out, bounded_max_n, quick))
     if raw:

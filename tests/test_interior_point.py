@@ -245,6 +245,30 @@ def test_derivatives_wrt_p_in_f_and_in_a_constraint_match_finite_differences():
     np.testing.assert_allclose(jax.grad(f_of)(1.0), _central(f_of, 1.0, 1e-5), rtol=1e-6)
 
 
+@pytest.mark.parametrize("linear_solver", ["dense", "minres"])
+def test_a_variable_with_equal_bounds_is_held_there(linear_solver):
+    """IPOPT's fixed variables: HS071 with x1 fixed at 1 (where its published optimum has
+    it), and by hand, min (x1 - 1)^2 + (x2 - 2)^2 with x2 fixed at 3 and x1 + x2 >= 5:
+    x = (2, 3), f = 2, and the constraint's multiplier y = -2 (stationarity in x1:
+    2 (x1 - 1) + y = 0)."""
+    alg = optsolve.InteriorPoint(tol=1e-10, linear_solver=linear_solver)
+    fixed = hs071().replace(bounds=(1.0, jnp.array([1.0, 5.0, 5.0, 5.0])))
+    sol = solve(fixed, alg)
+    assert sol.retcode == ReturnCode.SUCCESS, sol.message
+    np.testing.assert_allclose(sol.objective, 17.0140173, rtol=1e-7)
+    np.testing.assert_allclose(sol.x, [1.0, 4.7429994, 3.8211503, 1.3794082], rtol=1e-6)
+    assert float(sol.x[0]) == 1.0
+    by_hand = OptimizationProblem(
+        lambda x, p: (x[0] - 1) ** 2 + (x[1] - 2) ** 2, jnp.array([0.0, 3.0]),
+        bounds=(jnp.array([-10.0, 3.0]), jnp.array([10.0, 3.0])),
+        constraints=[Constraint(lambda x, p: x[0] + x[1], lower=5.0)])
+    sol = solve(by_hand, alg)
+    assert sol.retcode == ReturnCode.SUCCESS, sol.message
+    np.testing.assert_allclose(sol.x, [2.0, 3.0], rtol=1e-8)
+    np.testing.assert_allclose(sol.objective, 2.0, rtol=1e-8)
+    np.testing.assert_allclose(sol.multipliers[0], -2.0, rtol=1e-6)
+
+
 def test_resume_continues_the_run_with_its_multipliers():
     prob = hs071()
     whole = solve(prob, IP, maxiters=6)

@@ -489,7 +489,7 @@ class InteriorPointSolver(SteppingSolver):
         """One Levenberg-Marquardt step on 1/2 |c(x) - s|^2 (the module docstring)."""
         n, dtype = nlp.n, self.dtype
         v = jnp.concatenate([st.x, st.s])
-        moves = jnp.concatenate([jnp.ones(n, bool), nlp.ineq])
+        moves = jnp.concatenate([nlp.free_x, nlp.ineq])
         r = nlp.residual(st.c, st.s)
         gl, gu = nlp.gaps(v)
         inf = jnp.asarray(jnp.inf, dtype)

@@ -70,18 +70,19 @@ class KrylovSystem:
         nlp, n = self.nlp, self.nlp.n
         sigma_s = jnp.where(nlp.ineq, self.sigma[n:] + delta_w, 1.0)
         d = jnp.where(nlp.ineq, delta_c + 1.0 / sigma_s, jnp.where(nlp.eq, delta_c, 1.0))
-        return self.sigma[:n] + delta_w, d
+        return jnp.where(nlp.free_x, self.sigma[:n] + delta_w, 1.0), d
 
     def sigma_s(self, delta_w: Array) -> Array:
         return jnp.where(self.nlp.ineq, self.sigma[self.nlp.n:] + delta_w, 1.0)
 
     def operator(self, delta_w: Array, delta_c: Array) -> Callable[[Array], Array]:
-        nlp, n = self.nlp, self.nlp.n
+        nlp, n, free = self.nlp, self.nlp.n, self.nlp.free_x
         diag_x, d = self._blocks(delta_w, delta_c)
 
         def product(u: Array) -> Array:
-            ux, uy = u[:n], jnp.where(nlp.rows, u[n:], 0.0)
-            top = self.hvp(ux) + diag_x * ux + self.jacobian.rmv(uy)
+            # a fixed variable's row and column: the identity (its step is 0)
+            ux, uy = jnp.where(free, u[:n], 0.0), jnp.where(nlp.rows, u[n:], 0.0)
+            top = jnp.where(free, self.hvp(ux) + diag_x * ux + self.jacobian.rmv(uy), u[:n])
             bottom = jnp.where(nlp.rows, self.jacobian.mv(ux), 0.0) - d * u[n:]
             return jnp.concatenate([top, bottom])
 
@@ -90,11 +91,11 @@ class KrylovSystem:
     def preconditioner(self, delta_w: Array, delta_c: Array) -> Callable[[Array], Array]:
         nlp = self.nlp
         diag_x, d = self._blocks(delta_w, delta_c)
-        p_x = diag_x + jnp.sqrt(self.w_rows)
+        p_x = diag_x + jnp.where(nlp.free_x, jnp.sqrt(self.w_rows), 0.0)
         p_x = jnp.maximum(p_x, jnp.finfo(p_x.dtype).eps * jnp.maximum(
             jnp.max(p_x, initial=0.0), 1.0))
-        schur = 0.5 * sum(jnp.where(nlp.rows, self.jacobian.mv(r / jnp.sqrt(p_x)), 0.0) ** 2
-                          for r in self.probes)
+        schur = 0.5 * sum(jnp.where(nlp.rows, self.jacobian.mv(
+            jnp.where(nlp.free_x, r / jnp.sqrt(p_x), 0.0)), 0.0) ** 2 for r in self.probes)
         p_y = d + schur
         p_y = jnp.maximum(p_y, jnp.finfo(p_y.dtype).eps * jnp.maximum(
             jnp.max(p_y, initial=0.0), 1.0))
@@ -121,7 +122,8 @@ def _rhs(nlp: NLP, jacobian: Jacobian, sigma_s: Array, grad_phi: Array, y: Array
     n = nlp.n
     g_x, g_s = grad_phi[:n], grad_phi[n:]
     slack_term = jnp.where(nlp.ineq, (y - g_s) / sigma_s, 0.0)
-    return jnp.concatenate([-(g_x + jacobian.rmv(jnp.where(nlp.rows, y, 0.0))),
+    return jnp.concatenate([jnp.where(nlp.free_x,
+                                      -(g_x + jacobian.rmv(jnp.where(nlp.rows, y, 0.0))), 0.0),
                             jnp.where(nlp.rows, -residual + slack_term, 0.0)])
 
 

@@ -56,11 +56,13 @@ class Factorised(NamedTuple):
 
 def _matrix(nlp: NLP, hessian: Array, jac: Array, sigma: Array, delta_w: Array,
             delta_c: Array) -> tuple[Array, Array]:
-    n = nlp.n
-    top = hessian + jnp.diag(sigma[:n] + delta_w)
+    n, free = nlp.n, nlp.free_x
+    # a fixed variable's row and column: the identity (its step is 0)
+    top = jnp.where(free[:, None] & free[None, :], hessian, 0.0) + jnp.diag(
+        jnp.where(free, sigma[:n] + delta_w, 1.0))
     sigma_s = jnp.where(nlp.ineq, sigma[n:] + delta_w, 1.0)
     d = jnp.where(nlp.ineq, delta_c + 1.0 / sigma_s, jnp.where(nlp.eq, delta_c, 1.0))
-    jac = jnp.where(nlp.rows[:, None], jac, 0.0)
+    jac = jnp.where(nlp.rows[:, None] & free[None, :], jac, 0.0)
     matrix = jnp.block([[top, jac.T], [jac, -jnp.diag(d)]])
     return matrix, sigma_s
 
@@ -160,7 +162,7 @@ def direction(nlp: NLP, fact: Factorised, grad_phi: Array, jac: Array, y: Array,
     jac = jnp.where(nlp.rows[:, None], jac, 0.0)
     g_x, g_s = grad_phi[:n], grad_phi[n:]
     slack_term = jnp.where(nlp.ineq, (y - g_s) / fact.sigma_s, 0.0)
-    rhs = jnp.concatenate([-(g_x + jac.T @ y),
+    rhs = jnp.concatenate([jnp.where(nlp.free_x, -(g_x + jac.T @ y), 0.0),
                            jnp.where(nlp.rows, -residual + slack_term, 0.0)])
     step = solve(fact, rhs)
     dx, dy = step[:n], step[n:]

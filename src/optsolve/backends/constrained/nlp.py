@@ -49,7 +49,9 @@ class NLP:
     Attributes:
       n, m: the number of variables and of constraint components.
       lower, upper: the bounds of v (+-inf where none; equality and masked rows: none).
-      has_lower, has_upper: where they are finite.
+      has_lower, has_upper: where they are finite (a fixed variable's are not counted).
+      fixed: the entries of v held at their bound (x entries with equal bounds); free_x:
+        the x entries that move.
       eq: equality rows; ineq: inequality rows with a slack; rows: rows that constrain.
       c_lower: the rows' lower bounds (the equality rows' value).
       dense: whether c's Jacobian and the Lagrangian's Hessian are formed as matrices; if
@@ -84,8 +86,12 @@ class NLP:
         inf = jnp.asarray(jnp.inf, dtype)
         self.lower = jnp.concatenate([x_lower, jnp.where(self.ineq, c_lower, -inf)])
         self.upper = jnp.concatenate([x_upper, jnp.where(self.ineq, c_upper, inf)])
-        self.has_lower = jnp.isfinite(self.lower)
-        self.has_upper = jnp.isfinite(self.upper)
+        # a variable with equal bounds is held there (IPOPT's fixed_variable_treatment
+        # make_parameter): no barrier term, no step, no entry in the dual residual
+        self.fixed = jnp.concatenate([x_lower == x_upper, jnp.zeros(self.m, bool)])
+        self.free_x = ~self.fixed[:self.n]
+        self.has_lower = jnp.isfinite(self.lower) & ~self.fixed
+        self.has_upper = jnp.isfinite(self.upper) & ~self.fixed
 
     # ------------------------------------------------------------------ evaluations
     def value(self, x: Array) -> Array:
@@ -175,7 +181,7 @@ class NLP:
                       z_u: Array) -> Array:
         """grad_v L: ``grad f + J^T y - z_L + z_U`` on x (``jty = J^T y``), ``-y - z_L + z_U``
         on the slacks of inequality rows (0 on the others)."""
-        on_x = grad_f + jty
+        on_x = jnp.where(self.free_x, grad_f + jty, 0.0)
         on_s = jnp.where(self.ineq, -y, 0.0)
         return jnp.concatenate([on_x, on_s]) - z_l + z_u
 
@@ -214,7 +220,8 @@ class NLP:
         p_l = jnp.minimum(push * jnp.maximum(1.0, jnp.abs(self.lower)), frac * width)
         p_u = jnp.minimum(push * jnp.maximum(1.0, jnp.abs(self.upper)), frac * width)
         v = jnp.where(self.has_lower, jnp.maximum(v, self.lower + p_l), v)
-        return jnp.where(self.has_upper, jnp.minimum(v, self.upper - p_u), v)
+        v = jnp.where(self.has_upper, jnp.minimum(v, self.upper - p_u), v)
+        return jnp.where(self.fixed, self.lower, v)
 
     def least_squares_y(self, grad_f: Array, jacobian: "Jacobian", z_l: Array,
                         z_u: Array) -> Array:
@@ -223,7 +230,8 @@ class NLP:
         the normal equations ``J_v J_v^T y = -J_v g``."""
         if not self.m:
             return jnp.zeros(0, self.dtype)
-        g = jnp.concatenate([grad_f, jnp.zeros(self.m, self.dtype)]) - z_l + z_u
+        g = jnp.concatenate([jnp.where(self.free_x, grad_f, 0.0),
+                             jnp.zeros(self.m, self.dtype)]) - z_l + z_u
         if self.dense:
             y = jnp.linalg.lstsq(self.jac_v(jacobian.matrix).T, -g)[0]
         else:
@@ -236,17 +244,21 @@ class NLP:
     def jac_v_mv(self, jacobian: "Jacobian", d: Array) -> Array:
         """``J_v d`` for d in v = (x, s) (the product with :meth:`jac_v`'s matrix)."""
         on_s = jnp.where(self.ineq, d[self.n:], 0.0)
-        return jnp.where(self.rows, jacobian.mv(d[:self.n]) - on_s, 0.0)
+        on_x = jacobian.mv(jnp.where(self.free_x, d[:self.n], 0.0))
+        return jnp.where(self.rows, on_x - on_s, 0.0)
 
     def jac_v_rmv(self, jacobian: "Jacobian", w: Array) -> Array:
         """``J_v^T w`` (the transposed product with :meth:`jac_v`'s matrix)."""
         w = jnp.where(self.rows, w, 0.0)
-        return jnp.concatenate([jacobian.rmv(w), -jnp.where(self.ineq, w, 0.0)])
+        return jnp.concatenate([jnp.where(self.free_x, jacobian.rmv(w), 0.0),
+                                -jnp.where(self.ineq, w, 0.0)])
 
     def jac_v(self, jac: Array) -> Array:
         """The Jacobian of the residual in v = (x, s): ``[J, -I]`` on inequality rows,
-        ``[J, 0]`` on equality rows, 0 on rows that constrain nothing."""
+        ``[J, 0]`` on equality rows, 0 on rows that constrain nothing (and in the columns of
+        fixed variables)."""
         on_s = -jnp.diag(self.ineq.astype(self.dtype))
+        jac = jnp.where(self.free_x[None, :], jac, 0.0)
         return jnp.where(self.rows[:, None], jnp.concatenate([jac, on_s], axis=1), 0.0)
 
     def violation(self, x: Array) -> Array:
