@@ -79,9 +79,11 @@ PUBLISHED = [
 ]
 
 
+@pytest.mark.parametrize("alg", [IP, optsolve.InteriorPoint(tol=1e-8, linear_solver="minres")],
+                         ids=["dense", "minres"])
 @pytest.mark.parametrize("name, prob, f_star, x_star", PUBLISHED, ids=[p[0] for p in PUBLISHED])
-def test_published_minima(name, prob, f_star, x_star):
-    sol = solve(prob, IP)
+def test_published_minima(name, prob, f_star, x_star, alg):
+    sol = solve(prob, alg)
     assert sol.retcode == ReturnCode.SUCCESS, sol.message
     # the published values are given to 7-10 digits
     np.testing.assert_allclose(sol.objective, f_star, rtol=1e-7, atol=1e-8)

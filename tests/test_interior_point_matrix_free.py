@@ -4,8 +4,8 @@ curvature test in place of the inertia), against closed forms and published mini
 References: the Euclidean projection onto the probability simplex, whose closed form is the
 threshold of Held, Wolfe & Crowder (Math. Programming 6, 1974) as written by Duchi et al.
 (ICML 2008, Fig. 1); the minimum of a linear function on the unit ball (``-a/|a|``); a
-concave quadratic on a box (its best corner, worked by hand); Hock & Schittkowski's
-published minima (as in tests/test_interior_point.py).
+concave quadratic on a box (its best corner, worked by hand). Hock & Schittkowski's
+published minima with ``linear_solver="minres"`` are in tests/test_interior_point.py.
 """
 
 import jax
@@ -16,11 +16,9 @@ import pytest
 import optsolve
 from optsolve import Constraint, OptimizationProblem, ReturnCode, solve
 from optsolve.backends.constrained.interior_point import DENSE_KKT_SIZE, InteriorPointSolver
-from test_interior_point import PUBLISHED
 
 jax.config.update("jax_enable_x64", True)
 
-MINRES = optsolve.InteriorPoint(tol=1e-8, linear_solver="minres")
 # the auto choice: matrix-free on every problem below (n + m > 256)
 AUTO = optsolve.InteriorPoint(tol=1e-10)
 
@@ -56,14 +54,6 @@ def _targets(n: int, seed: int = 0) -> np.ndarray:
     above = 2.0 / n * (1.0 + 0.5 * np.sin(i + seed))
     below = -0.05 * (1.0 + 0.5 * np.cos(np.arange(n - n // 2) + seed))
     return np.random.default_rng(seed).permutation(np.concatenate([above, below]))
-
-
-@pytest.mark.parametrize("name, prob, f_star, x_star", PUBLISHED, ids=[p[0] for p in PUBLISHED])
-def test_published_minima_with_minres(name, prob, f_star, x_star):
-    sol = solve(prob, MINRES)
-    assert sol.retcode == ReturnCode.SUCCESS, sol.message
-    np.testing.assert_allclose(sol.objective, f_star, rtol=1e-7, atol=1e-8)
-    np.testing.assert_allclose(sol.x, x_star, rtol=1e-6, atol=1e-7)
 
 
 def test_auto_is_matrix_free_above_the_threshold():
