@@ -38,14 +38,12 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from optsolve.backends.constrained.newton_system import schedule
 from optsolve.backends.constrained.nlp import NLP, Jacobian
 from optsolve.solve_api.linear_solve import minres
 
 Array = jax.Array
 
-_DELTA_W_FIRST, _DELTA_W_MIN, _DELTA_W_MAX = 1e-4, 1e-20, 1e40
-_KAPPA_W_MINUS, _KAPPA_W_PLUS, _KAPPA_W_PLUS_FIRST = 1.0 / 3.0, 8.0, 100.0
-_DELTA_C, _KAPPA_C = 1e-8, 0.25
 _KAPPA_CURVATURE = 1e-8
 # MINRES's relative residual above which a solve is not trusted as a Newton step
 _LOOSEST = 1e-2
@@ -114,7 +112,6 @@ class Corrected(NamedTuple):
     delta_c: Array
     sigma_s: Array
     ok: Array         # a step passed the test within delta_w's range
-    matvecs: Array    # MINRES products, all trials together
 
 
 def _rhs(nlp: NLP, jacobian: Jacobian, sigma_s: Array, grad_phi: Array, y: Array,
@@ -152,7 +149,7 @@ def corrected_direction(system: KrylovSystem, grad_phi: Array, y: Array, residua
         finite = jnp.all(jnp.isfinite(result.x))
         solved = finite & (result.residual <= _LOOSEST)
         convex = curvature >= _KAPPA_CURVATURE * size
-        return (dx, ds, dy), sigma_s, solved, solved & convex, result.matvecs
+        return (dx, ds, dy), sigma_s, solved, solved & convex
 
     class Carry(NamedTuple):
         delta_w: Array
@@ -160,28 +157,23 @@ def corrected_direction(system: KrylovSystem, grad_phi: Array, y: Array, residua
         step: tuple
         sigma_s: Array
         ok: Array
-        matvecs: Array
 
-    step, sigma_s, solved, ok, matvecs = attempt(zero, zero)
-    delta_c = jnp.where(solved, zero, _DELTA_C * mu ** _KAPPA_C).astype(dtype)
-    first = jnp.where(delta_w_last == 0, _DELTA_W_FIRST,
-                      jnp.maximum(_DELTA_W_MIN, _KAPPA_W_MINUS * delta_w_last)).astype(dtype)
-    most = min(_DELTA_W_MAX, float(jnp.finfo(dtype).max) * 1e-8)
-    grow = jnp.where(delta_w_last == 0, _KAPPA_W_PLUS_FIRST, _KAPPA_W_PLUS).astype(dtype)
+    step, sigma_s, solved, ok = attempt(zero, zero)
+    # a system MINRES cannot solve is treated as singular (delta_c), as the dense one is
+    plan = schedule(delta_w_last, mu, ~solved, dtype)
 
     def cond(c: Carry) -> Array:
-        return ~c.ok & (c.delta_w <= most)
+        return ~c.ok & (c.delta_w <= plan.most)
 
     def body(c: Carry) -> Carry:
-        step, sigma_s, _, ok, used = attempt(c.delta_w, delta_c)
-        delta_w = jnp.where(ok, c.delta_w, grow * c.delta_w).astype(dtype)
-        return Carry(delta_w, delta_c, step, sigma_s, ok, c.matvecs + used)
+        step, sigma_s, _, ok = attempt(c.delta_w, plan.delta_c)
+        delta_w = jnp.where(ok, c.delta_w, plan.grow * c.delta_w).astype(dtype)
+        return Carry(delta_w, plan.delta_c, step, sigma_s, ok)
 
-    start = Carry(first, delta_c, step, sigma_s, jnp.zeros((), bool), matvecs)
-    done = lax.cond(ok, lambda: Carry(zero, zero, step, sigma_s, ok, matvecs),
+    start = Carry(plan.first, plan.delta_c, step, sigma_s, jnp.zeros((), bool))
+    done = lax.cond(ok, lambda: Carry(zero, zero, step, sigma_s, ok),
                     lambda: lax.while_loop(cond, body, start))
-    return (Corrected(done.delta_w, done.delta_c, done.sigma_s, done.ok, done.matvecs),
-            done.step)
+    return Corrected(done.delta_w, done.delta_c, done.sigma_s, done.ok), done.step
 
 
 def direction(system: KrylovSystem, corrected: Corrected, grad_phi: Array, y: Array,

@@ -101,6 +101,28 @@ def _inertia(pivots: Array, scale: Array, n: int) -> tuple[Array, Array]:
     return (positive == n) & (negative == size - n) & ~singular, singular
 
 
+class Schedule(NamedTuple):
+    """Algorithm IC's numbers for one step: delta_c (where the system is singular), the
+    first delta_w to try, its growth factor, and the largest delta_w."""
+
+    delta_c: Array
+    first: Array
+    grow: Array
+    most: float
+
+
+def schedule(delta_w_last: Array, mu: Array, singular: Array, dtype) -> Schedule:
+    """IPOPT's Algorithm IC (§3.1), shared by the dense and matrix-free systems."""
+    zero = jnp.zeros((), dtype)
+    delta_c = jnp.where(singular, _DELTA_C * mu ** _KAPPA_C, zero).astype(dtype)
+    first = jnp.where(delta_w_last == 0, _DELTA_W_FIRST,
+                      jnp.maximum(_DELTA_W_MIN, _KAPPA_W_MINUS * delta_w_last)).astype(dtype)
+    grow = jnp.where(delta_w_last == 0, _KAPPA_W_PLUS_FIRST, _KAPPA_W_PLUS).astype(dtype)
+    # 1e40 does not fit in float32: there, some way below its largest number
+    most = min(_DELTA_W_MAX, float(jnp.finfo(dtype).max) * 1e-8)
+    return Schedule(delta_c, first, grow, most)
+
+
 def factorise(nlp: NLP, hessian: Array, jac: Array, sigma: Array, mu: Array,
               delta_w_last: Array) -> Factorised:
     """The condensed matrix with IPOPT's inertia correction (Algorithm IC)."""
@@ -115,9 +137,8 @@ def factorise(nlp: NLP, hessian: Array, jac: Array, sigma: Array, mu: Array,
         return lower, pivots, sigma_s, right, singular
 
     lower, pivots, sigma_s, right, singular = decompose(zero, zero)
-    delta_c = jnp.where(singular, _DELTA_C * mu ** _KAPPA_C, zero).astype(dtype)
-    first = jnp.where(delta_w_last == 0, _DELTA_W_FIRST,
-                      jnp.maximum(_DELTA_W_MIN, _KAPPA_W_MINUS * delta_w_last)).astype(dtype)
+    plan = schedule(delta_w_last, mu, singular, dtype)
+    delta_c = plan.delta_c
 
     class Carry(NamedTuple):
         delta_w: Array
@@ -126,19 +147,15 @@ def factorise(nlp: NLP, hessian: Array, jac: Array, sigma: Array, mu: Array,
         sigma_s: Array
         right: Array
 
-    # 1e40 does not fit in float32: there, some way below its largest number
-    most = min(_DELTA_W_MAX, float(jnp.finfo(dtype).max) * 1e-8)
-
     def cond(c: Carry) -> Array:
-        return ~c.right & (c.delta_w <= most)
+        return ~c.right & (c.delta_w <= plan.most)
 
     def body(c: Carry) -> Carry:
         lower, pivots, sigma_s, right, _ = decompose(c.delta_w, delta_c)
-        grow = jnp.where(delta_w_last == 0, _KAPPA_W_PLUS_FIRST, _KAPPA_W_PLUS)
-        delta_w = jnp.where(right, c.delta_w, grow * c.delta_w).astype(dtype)
+        delta_w = jnp.where(right, c.delta_w, plan.grow * c.delta_w).astype(dtype)
         return Carry(delta_w, lower, pivots, sigma_s, right)
 
-    start = Carry(first, lower, pivots, sigma_s, jnp.zeros((), bool))
+    start = Carry(plan.first, lower, pivots, sigma_s, jnp.zeros((), bool))
     corrected = lax.cond(right, lambda: start._replace(delta_w=zero, right=right),
                          lambda: lax.while_loop(cond, body, start))
     delta_c = jnp.where(right, zero, delta_c)
