@@ -286,3 +286,55 @@ def test_a_bad_hyperparameter_is_named():
         optsolve.InteriorPoint(tau_min=1.5)
     with pytest.raises(ValueError, match="InteriorPoint: `tol` must be > 0"):
         optsolve.InteriorPoint(tol=0.0)
+
+
+def test_gradient_based_scaling_solves_a_badly_scaled_hs071():
+    """IPOPT's gradient-based scaling (nlp_scaling_max_gradient = 100): HS071 with f times
+    1e6 and the product constraint (with its bound) times 1e4. At x0 = (1, 5, 5, 1) the
+    gradients by hand are 1e6 (12, 1, 2, 11) for f, 1e4 (25, 5, 5, 25) and (2, 10, 10, 2)
+    for the rows: f is scaled by 100 / 1.2e7, the product row by 100 / 2.5e5, the sum of
+    squares not at all. Scaled, the run is HS071's own (the published x*, f* times 1e6, and
+    IPOPT's published multipliers (-0.5522937, 0.1614686) times 1e6 / 1e4 and 1e6, in the
+    user's terms); unscaled it does not reach a feasible point."""
+    def problem(k_f, k_c):
+        cons = [Constraint(lambda x, p: k_c * hs071_product(x, p), lower=25.0 * k_c),
+                Constraint(hs071_squares, lower=40.0, upper=40.0)]
+        return OptimizationProblem(lambda x, p: k_f * hs071_objective(x, p),
+                                   jnp.array([1.0, 5.0, 5.0, 1.0]), bounds=(1.0, 5.0),
+                                   constraints=cons)
+
+    sol = solve(problem(1e6, 1e4), IP)
+    assert sol.retcode == ReturnCode.SUCCESS, sol.message
+    np.testing.assert_allclose(sol.state.f_scale, 100 / 1.2e7, rtol=1e-12)
+    np.testing.assert_allclose(sol.state.c_scale, [100 / 2.5e5, 1.0], rtol=1e-12)
+    np.testing.assert_allclose(sol.x, [1.0, 4.7429994, 3.8211503, 1.3794082], rtol=1e-6)
+    np.testing.assert_allclose(sol.objective, 1e6 * 17.0140173, rtol=1e-7)
+    np.testing.assert_allclose([sol.multipliers[0], sol.multipliers[1]],
+                               [-0.5522937 * 1e2, 0.1614686 * 1e6], rtol=1e-6)
+    unscaled = solve(problem(1e6, 1e4), optsolve.InteriorPoint(
+        tol=1e-8, nlp_scaling_max_gradient=jnp.inf))
+    np.testing.assert_allclose(unscaled.state.f_scale, 1.0)
+    assert unscaled.retcode == ReturnCode.INFEASIBLE
+
+
+def test_relaxed_inequality_bounds_keep_the_interior_nonempty():
+    """IPOPT's bound_relax_factor: min (x1 - 3)^2 + (x2 - 2)^2 s.t. x1 >= 1 and x1 <= 1 as
+    two inequality rows, whose slacks have no interior (x* = (1, 2), f* = 4; stationarity
+    by hand: y1 + y2 = 4 with y1 <= 0 <= y2, any such pair). Relaxed by 1e-8, the run
+    converges with bounded multipliers at x1 within 1e-8 of 1; unrelaxed, the multipliers
+    grow without bound as the slacks close on each other."""
+    prob = OptimizationProblem(
+        lambda x, p: (x[0] - 3) ** 2 + (x[1] - 2) ** 2, jnp.zeros(2),
+        constraints=[Constraint(lambda x, p: x[0], lower=1.0),
+                     Constraint(lambda x, p: x[0], upper=1.0)])
+    sol = solve(prob, IP)
+    assert sol.retcode == ReturnCode.SUCCESS, sol.message
+    np.testing.assert_allclose(sol.x, [1.0, 2.0], atol=2e-8)
+    np.testing.assert_allclose(sol.objective, 4.0, atol=1e-7)
+    y = np.array([sol.multipliers[0], sol.multipliers[1]])
+    np.testing.assert_allclose(y.sum(), 4.0, rtol=1e-6)
+    assert y[0] <= 0 <= y[1] and np.abs(y).max() < 10
+    unrelaxed = solve(prob, optsolve.InteriorPoint(tol=1e-8, bound_relax_factor=0.0))
+    assert np.abs([unrelaxed.multipliers[0], unrelaxed.multipliers[1]]).max() > 1e4
+    with pytest.raises(ValueError, match="bound_relax_factor"):
+        optsolve.InteriorPoint(bound_relax_factor=1e-5)

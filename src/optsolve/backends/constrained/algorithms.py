@@ -22,13 +22,15 @@ from optsolve.solve_api.registry import (
 
 
 def _check(name: str, value: Any, low: float, high: float | None = None,
-           owner: str = "InteriorPoint") -> None:
-    """A concrete hyperparameter in (low, high) (open), else a ValueError naming it."""
+           owner: str = "InteriorPoint", closed_low: bool = False) -> None:
+    """A concrete hyperparameter in (low, high) (open; ``[low, high)`` with
+    ``closed_low``), else a ValueError naming it."""
     if value is None or isinstance(value, jax.core.Tracer) or jnp.ndim(value) != 0:
         return
     v = float(value)
-    if not (v > low and (high is None or v < high)):
-        span = f"> {low:g}" if high is None else f"in ({low:g}, {high:g})"
+    if not ((v >= low if closed_low else v > low) and (high is None or v < high)):
+        opening = "[" if closed_low else "("
+        span = f"> {low:g}" if high is None else f"in {opening}{low:g}, {high:g})"
         raise ValueError(f"{owner}: `{name}` must be {span}, got {value!r}.")
 
 
@@ -81,6 +83,16 @@ class InteriorPoint(Algorithm):
       tau_min: the least fraction to the boundary (default 0.99).
       bound_push, bound_frac: how far x0 (and the slacks) are moved inside their bounds,
         absolute (times max(1, |bound|)) and as a fraction of the interval (default 1e-2).
+      nlp_scaling_max_gradient: IPOPT's gradient-based scaling: f and each constraint
+        row are scaled by ``min(1, g_max / |their gradient at the start|_inf)`` (at least
+        1e-8; the matrix-free form scales f only), and ``tol`` is tested on the scaled
+        problem (default 100; ``inf``: no scaling). The run converges only where the
+        user's problem is feasible to 1e-6.
+      bound_relax_factor: the inequality constraints' bounds are relaxed by this times
+        max(1, |bound|) (below 1e-6; 0: none; default IPOPT's 1e-8, or ``tol`` where
+        that is smaller), so that the
+        interior stays nonempty where constraints meet. Unlike IPOPT, x's own bounds are
+        never relaxed: f and g are evaluated inside them only.
       second_order_correction: try one second-order correction when the first trial step
         raises the violation (static; default True).
       linear_solver: the Newton system's solver (static): "dense" (an ``L D L^T``
@@ -122,6 +134,8 @@ class InteriorPoint(Algorithm):
     tau_min: Any = 0.99
     bound_push: Any = 1e-2
     bound_frac: Any = 1e-2
+    nlp_scaling_max_gradient: Any = 100.0
+    bound_relax_factor: Any = None
     second_order_correction: bool = static_field(default=True)
     linear_solver: str = static_field(default="auto")
 
@@ -138,6 +152,9 @@ class InteriorPoint(Algorithm):
         _check("tau_min", self.tau_min, 0.0, 1.0)
         _check("bound_push", self.bound_push, 0.0)
         _check("bound_frac", self.bound_frac, 0.0, 0.5)
+        _check("nlp_scaling_max_gradient", self.nlp_scaling_max_gradient, 0.0)
+        # below what the outcome calls feasible
+        _check("bound_relax_factor", self.bound_relax_factor, 0.0, 1e-6, closed_low=True)
 
     def make_solver(self, problem: OptimizationProblem) -> InteriorPointSolver:
         return InteriorPointSolver(self, problem)

@@ -83,6 +83,10 @@ class ALState(NamedTuple):
     infeasible: Array   # rho passed rho_max with |V| above tolerance
     inner_iterations: Array  # inner iterations so far (all outer iterations)
 
+    def multipliers(self) -> Array:
+        """y (``Solution.multipliers``: the method works on the user's problem as it is)."""
+        return self.y
+
 
 def multipliers(c: Array, shift: Array, rho: Array, lower: Array, upper: Array) -> Array:
     """``y = rho (t - P(t))``, ``t = c + shift / rho``, written without t: in float32,

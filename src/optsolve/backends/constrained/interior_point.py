@@ -125,6 +125,12 @@ class IPState(NamedTuple):
     error: Array      # E_0 at x
     infeasible: Array  # the restoration found x locally infeasible
     blocked: Array    # steps in a row cut short by non-finite values at the trial points
+    f_scale: Array    # the scaling of f and of c's rows, fixed at the start (nlp.NLP)
+    c_scale: Array
+
+    def multipliers(self) -> Array:
+        """y in the user's problem's terms (``Solution.multipliers``)."""
+        return self.y * self.c_scale / self.f_scale[..., None]
 
 
 class _Outcome(NamedTuple):
@@ -223,8 +229,36 @@ class InteriorPointSolver(SteppingSolver):
         self.dense = kind == "dense" or (kind == "auto" and n + m <= DENSE_KKT_SIZE)
         self.krylov_maxiter = min(2 * (n + m) + 10, _KRYLOV_MAXITER)
 
-    def _nlp(self, objective: Objective) -> NLP:
-        return NLP(objective, self.problem, self.dense)
+    def _nlp(self, objective: Objective, state: IPState | None = None) -> NLP:
+        """The problem as the method sees it: scaled by the state's factors (unscaled
+        without a state), its bounds relaxed by ``bound_relax_factor``."""
+        scale = None if state is None else (state.f_scale, state.c_scale)
+        return NLP(objective, self.problem, self.dense, scale, self._relax())
+
+    def _relax(self) -> Array:
+        """bound_relax_factor, by default IPOPT's 1e-8 but never above ``tol`` (a tighter
+        tolerance asks for the problem as stated)."""
+        if self.alg.bound_relax_factor is None:
+            return jnp.minimum(1e-8, self.tol()).astype(self.dtype)
+        return self._h("bound_relax_factor")
+
+    def _scaling(self, nlp: NLP, grad: Array, jac: Array) -> tuple[Array, Array]:
+        """IPOPT's gradient-based scaling from the unscaled gradient and Jacobian at x0: ``min(1, g_max / |row|_inf)`` (at least 1e-8) for f and for each row of c, so
+        that no gradient starts larger than ``g_max = nlp_scaling_max_gradient``. The
+        matrix-free form scales f only (its rows' norms would take m products)."""
+        g_max = self._h("nlp_scaling_max_gradient")
+
+        def factor(norm):
+            k = jnp.clip(g_max / norm, 1e-8, 1.0)
+            return jnp.where(jnp.isfinite(k), k, 1.0).astype(self.dtype)
+
+        f_scale = factor(jnp.max(jnp.abs(jnp.where(nlp.free_x, grad, 0.0)), initial=0.0))
+        c_scale = jnp.ones(nlp.m, self.dtype)
+        if nlp.m and nlp.dense:
+            rows = jnp.max(jnp.abs(jnp.where(nlp.free_x[None, :], jac, 0.0)), axis=1,
+                           initial=0.0)
+            c_scale = jnp.where(nlp.rows, factor(rows), 1.0)
+        return f_scale, c_scale
 
     def _krylov_rtol(self, error: Array) -> Array:
         """MINRES's tolerance: tighter as the KKT error falls (an inexact Newton step whose
@@ -246,16 +280,22 @@ class InteriorPointSolver(SteppingSolver):
 
     # ------------------------------------------------------------------- the start
     def init(self, objective: Objective, x: PyTree, f: Array, g: PyTree) -> IPState:
-        nlp = self._nlp(objective)
-        n, m, dtype = nlp.n, nlp.m, self.dtype
+        unscaled = self._nlp(objective)
+        n, m, dtype = unscaled.n, unscaled.m, self.dtype
         push, frac = self._h("bound_push"), self._h("bound_frac")
-        x0 = nlp.push(jnp.concatenate([ravel_pytree(x)[0], jnp.zeros(m, dtype)]), push,
-                      frac)[:n]
+        x0 = unscaled.push(jnp.concatenate([ravel_pytree(x)[0], jnp.zeros(m, dtype)]), push,
+                           frac)[:n]
+        # scaled by the gradients at the user's x0, as IPOPT (not the point pushed inside)
+        x_user = ravel_pytree(x)[0].astype(dtype)
+        f_scale, c_scale = self._scaling(unscaled, unscaled.grad(x_user),
+                                         unscaled.jac(x_user))
+        nlp = NLP(objective, self.problem, self.dense, (f_scale, c_scale), self._relax())
+        grad0, jac0 = nlp.grad(x0), nlp.jac(x0)
         c0 = nlp.cons(x0)
         s0 = nlp.push(jnp.concatenate([x0, c0]), push, frac)[n:]
         s0 = jnp.where(nlp.ineq, s0, 0.0)
         v0 = jnp.concatenate([x0, s0])
-        f0, grad0, jac0 = nlp.value(x0), nlp.grad(x0), nlp.jac(x0)
+        f0 = nlp.value(x0)
         z_l = jnp.where(nlp.has_lower, 1.0, 0.0).astype(dtype)
         z_u = jnp.where(nlp.has_upper, 1.0, 0.0).astype(dtype)
         jacobian0 = nlp.jacobian(x0, jac0)
@@ -271,12 +311,13 @@ class InteriorPointSolver(SteppingSolver):
         return IPState(x0, s0, y0, z_l, z_u, f0, grad0, c0, jac0, mu, zero, filter_theta,
                        filter_phi, filter_next, theta_max, 1e-4 * jnp.maximum(1.0, theta0),
                        false, zero, jnp.asarray(1e-3, dtype), false,
-                       jnp.zeros((), jnp.int32), error, false, jnp.zeros((), jnp.int32))
+                       jnp.zeros((), jnp.int32), error, false, jnp.zeros((), jnp.int32),
+                       f_scale, c_scale)
 
     # ------------------------------------------------------------------ one step
     def step(self, objective: Objective, x: PyTree, f: Array, g: PyTree,
              state: IPState) -> Step:
-        nlp = self._nlp(objective)
+        nlp = self._nlp(objective, state)
         if nlp.m:
             out = lax.cond(state.resto, lambda st: self._restoration(nlp, st),
                            lambda st: self._barrier_step(nlp, st), state)
@@ -286,10 +327,12 @@ class InteriorPointSolver(SteppingSolver):
             # CPU lose the FFI version of a host callback elsewhere in the program.)
             out = self._barrier_step(nlp, state)
         st = out.state
-        g_l = st.grad + nlp.jacobian(st.x, st.jac).rmv(st.y)
+        # the driver sees the user's problem: f and the Lagrangian's gradient unscaled
+        g_l = (st.grad + nlp.jacobian(st.x, st.jac).rmv(st.y)) / st.f_scale
         one = jnp.ones((), jnp.int32)
-        return Step(nlp.unravel(st.x), st.f, nlp.unravel(g_l), st, out.f_evals, one,
-                    out.failed, out.stalled, out.nonfinite, out.converged, out.ftol_met,
+        return Step(nlp.unravel(st.x), st.f / st.f_scale, nlp.unravel(g_l), st,
+                    out.f_evals, one, out.failed, out.stalled, out.nonfinite, out.converged,
+                    out.ftol_met,
                     violation=nlp.violation_of(st.x, st.c) if self.history else None)
 
     def violation(self, objective: Objective, x: PyTree, state: IPState) -> Array:
@@ -299,21 +342,22 @@ class InteriorPointSolver(SteppingSolver):
         return self._nlp(objective).violation(ravel_pytree(x)[0].astype(self.dtype))
 
     def _converged(self, nlp: NLP, st: IPState, f_old: Array, moved: Array):
-        """E_0 <= tol (or acceptable_tol at 15 iterates in a row); ftol where given, at a
-        feasible point."""
+        """E_0 <= tol (or acceptable_tol at 15 iterates in a row), measured on the scaled
+        problem as IPOPT's; ftol where given. Either only at a point of the user's problem
+        feasible to 1e-6 (what the outcome calls feasible: scaling may hide a violation)."""
         zero = jnp.zeros((), self.dtype)
         jty = nlp.jacobian(st.x, st.jac).rmv(st.y)
         error = nlp.errors(st.grad, st.c, jty, jnp.concatenate([st.x, st.s]), st.y,
                            st.z_l, st.z_u, zero)[0]
         acceptable = jnp.where(error <= self._h("acceptable_tol"), st.acceptable + 1,
                                0).astype(jnp.int32)
-        converged = (error <= self.tol()) | (acceptable >= _ACCEPTABLE_ITERATIONS)
+        feasible = nlp.violation_of(st.x, st.c) <= _FEASIBILITY_TOL
+        converged = feasible & ((error <= self.tol()) | (acceptable >= _ACCEPTABLE_ITERATIONS))
         ftol_met = jnp.zeros((), bool)
         if self.ftol is not None:
-            scale = jnp.maximum(jnp.maximum(jnp.abs(f_old), jnp.abs(st.f)), 1.0)
-            feasible = jnp.max(jnp.abs(nlp.residual(st.c, st.s)), initial=0.0) <= \
-                _FEASIBILITY_TOL
-            ftol_met = moved & feasible & (jnp.abs(f_old - st.f) <= self.ftol * scale)
+            f_new, f_old = st.f / st.f_scale, f_old / st.f_scale
+            scale = jnp.maximum(jnp.maximum(jnp.abs(f_old), jnp.abs(f_new)), 1.0)
+            ftol_met = moved & feasible & (jnp.abs(f_old - f_new) <= self.ftol * scale)
         return st._replace(error=error, acceptable=acceptable), converged, ftol_met
 
     def _new_mu(self, nlp: NLP, st: IPState) -> IPState:

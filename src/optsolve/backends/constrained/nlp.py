@@ -15,7 +15,16 @@ of array shapes serves every problem (under jit and vmap the masks may be traced
 The Lagrangian is ``L = f + y.(c(x) - s) - z_L.(v - v_L) - z_U.(v_U - v)``, so that
 ``y_j >= 0`` at an upper bound and ``<= 0`` at a lower one: the sign convention of
 :mod:`optsolve.solve_api.kkt` (``-y_j`` is the derivative of f* with respect to the active
-bound), and ``y`` goes to ``Solution.multipliers`` as it is.
+bound).
+
+The interior-point method sees the problem scaled and its bounds relaxed, as IPOPT does by
+default (its ``nlp_scaling_method gradient-based`` and ``bound_relax_factor``): f times a
+scalar ``f_scale`` and each row of c (with its bounds) times ``c_scale`` (both in (0, 1],
+fixed at the start), and the finite bounds of the slacks (the inequality rows' bounds, not
+x's) moved outwards by ``relax max(1, |b|)``.
+Evaluations, Jacobians, residuals and multipliers here are those of the scaled problem; the
+violation (:meth:`NLP.violation_of`) is measured on the user's problem and bounds, and
+:meth:`NLP.unscaled_multipliers` gives y in the user's terms (``Solution.multipliers``).
 """
 
 from __future__ import annotations
@@ -57,10 +66,14 @@ class NLP:
       dense: whether c's Jacobian and the Lagrangian's Hessian are formed as matrices; if
         not (the matrix-free form), only their products are, and the state's Jacobian is
         an empty placeholder (:meth:`jacobian` linearises c where a product is needed).
+      f_scale, c_scale: the scaling of f (a scalar) and of c's rows (``scale``; default 1).
+      x_lower, x_upper, c_lower_user, c_upper_user: the user's bounds (unscaled, not
+        relaxed), which the violation is measured against.
     """
 
     def __init__(self, objective: Objective, problem: OptimizationProblem,
-                 dense: bool = True):
+                 dense: bool = True, scale: tuple[Array, Array] | None = None,
+                 relax: Any = 0.0):
         flat, self.unravel = ravel_pytree(problem.x0)
         self.dense = dense
         self.objective, self.problem = objective, problem
@@ -79,33 +92,53 @@ class NLP:
             c_upper = _stacked(problem, problem.x0, "upper")
         else:
             c_lower = c_upper = jnp.zeros(0, dtype)
-        self.c_lower, self.c_upper = c_lower, c_upper
+        if scale is None:
+            scale = (jnp.ones((), dtype), jnp.ones(self.m, dtype))
+        self.f_scale, self.c_scale = scale
+        self.x_lower, self.x_upper = x_lower, x_upper
+        self.c_lower_user, self.c_upper_user = c_lower, c_upper
         self.eq = c_lower == c_upper
         self.rows = self.eq | jnp.isfinite(c_lower) | jnp.isfinite(c_upper)
         self.ineq = self.rows & ~self.eq
+        # (a positive scale keeps infinite bounds infinite)
+        self.c_lower, self.c_upper = c_lower * self.c_scale, c_upper * self.c_scale
         inf = jnp.asarray(jnp.inf, dtype)
-        self.lower = jnp.concatenate([x_lower, jnp.where(self.ineq, c_lower, -inf)])
-        self.upper = jnp.concatenate([x_upper, jnp.where(self.ineq, c_upper, inf)])
         # a variable with equal bounds is held there (IPOPT's fixed_variable_treatment
         # make_parameter): no barrier term, no step, no entry in the dual residual
         self.fixed = jnp.concatenate([x_lower == x_upper, jnp.zeros(self.m, bool)])
         self.free_x = ~self.fixed[:self.n]
+        lower = jnp.concatenate([x_lower, jnp.where(self.ineq, self.c_lower, -inf)])
+        upper = jnp.concatenate([x_upper, jnp.where(self.ineq, self.c_upper, inf)])
+        # only the slacks' bounds are relaxed, not x's: f and c are evaluated inside the
+        # user's box only, and the x returned needs no projection back into it (which
+        # would move c by the sum of the projections over every active bound)
+        slack = jnp.concatenate([jnp.zeros(self.n, bool), self.ineq])
+        relaxed = slack & jnp.isfinite(lower)
+        self.lower = jnp.where(relaxed, lower - relax * jnp.maximum(1.0, jnp.abs(lower)), lower)
+        relaxed = slack & jnp.isfinite(upper)
+        self.upper = jnp.where(relaxed, upper + relax * jnp.maximum(1.0, jnp.abs(upper)), upper)
         self.has_lower = jnp.isfinite(self.lower) & ~self.fixed
         self.has_upper = jnp.isfinite(self.upper) & ~self.fixed
 
     # ------------------------------------------------------------------ evaluations
     def value(self, x: Array) -> Array:
-        return self.objective.value(self.unravel(x))
+        """f (scaled) at flat x."""
+        return self.f_scale * self.objective.value(self.unravel(x))
 
     def grad(self, x: Array) -> Array:
-        return ravel_pytree(self.objective.grad(self.unravel(x)))[0]
+        """f's gradient (scaled) at flat x."""
+        return self.f_scale * ravel_pytree(self.objective.grad(self.unravel(x)))[0]
 
     def cons(self, x: Array) -> Array:
-        """c(x), one flat vector (empty without constraints)."""
+        """c(x) (scaled), one flat vector (empty without constraints)."""
         if not self.m:
             return jnp.zeros(0, self.dtype)
-        return constraint_values(self.constraints, self.unravel(x), self.objective.p,
-                                 self.dtype)
+        return self.c_scale * constraint_values(self.constraints, self.unravel(x),
+                                                self.objective.p, self.dtype)
+
+    def unscaled_multipliers(self, y: Array) -> Array:
+        """The scaled problem's y as the user's problem's multipliers."""
+        return y * self.c_scale / self.f_scale
 
     def jac(self, x: Array) -> Array:
         """The (m, n) Jacobian of c; in the matrix-free form an empty (0, n) placeholder."""
@@ -267,11 +300,12 @@ class NLP:
         return self.violation_of(x, None)
 
     def violation_of(self, x: Array, c: Array | None) -> Array:
-        """:meth:`violation` at flat x where ``c = c(x)`` is known (no evaluation; None:
-        evaluated here)."""
-        pairs = [(x, self.lower[:self.n], self.upper[:self.n])]
+        """:meth:`violation` at flat x where ``c = c(x)`` (this NLP's, scaled) is known (no
+        evaluation; None: evaluated here)."""
+        pairs = [(x, self.x_lower, self.x_upper)]
         if self.m:
-            pairs.append((self.cons(x) if c is None else c, self.c_lower, self.c_upper))
+            c = self.cons(x) if c is None else c
+            pairs.append((c / self.c_scale, self.c_lower_user, self.c_upper_user))
         worst = jnp.zeros((), self.dtype)
         for value, lo, up in pairs:
             below = jnp.where(jnp.isfinite(lo), (lo - value) / jnp.maximum(1.0, jnp.abs(lo)), 0.0)

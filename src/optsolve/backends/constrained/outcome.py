@@ -2,8 +2,9 @@
 terms: its multipliers, INFEASIBLE for a run that ends outside the constraints, and the
 reason in words.
 
-- ``Solution.multipliers``: the run's own y (flat, optsolve's sign; the ``Multipliers``
-  stage of ``solve`` makes them one array per constraint).
+- ``Solution.multipliers``: the run's own y in the user's problem's terms (the state's
+  ``multipliers()``: flat, optsolve's sign; the ``Multipliers`` stage of ``solve`` makes
+  them one array per constraint).
 - A run that ends with the constraints or bounds violated by more than 1e-6 (relative to
   max(1, |bound|), the scipy backend's ``FEASIBILITY_TOL``) is INFEASIBLE whatever stopped
   it (a failure on non-finite values stays FAILURE, a callback's stop TERMINATED): the
@@ -66,7 +67,7 @@ def finished(problem: OptimizationProblem, algorithm: Any, solution: Solution,
                        jnp.where(reason == RADIUS_TOL, FTOL, reason)).astype(_INT)
     multipliers = None
     if problem.constraints:
-        multipliers = state.y
+        multipliers = state.multipliers()
     detail = solution.detail
     concrete = not batched and not is_traced(code, violation, state)
     if concrete:
