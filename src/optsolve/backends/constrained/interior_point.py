@@ -19,6 +19,12 @@ here, by section of the paper:
   (:mod:`~optsolve.backends.constrained.newton_krylov`: MINRES, and Chiang & Zavala's
   curvature test for delta_w), the state holds no Jacobian, and the restoration's
   Levenberg-Marquardt step is MINRES on Hessian products too;
+- §3.5 the relaxation of bounds, of the inequality rows' only (``bound_relax_factor``):
+  x's own bounds stay as the user gave them, so f and c are never evaluated outside them;
+- §3.8 the gradient-based scaling of f and of each row of c, fixed at x0 and held in the
+  state; E_0 and ``tol`` are those of the scaled problem, and the run converges only where
+  the user's problem is feasible to 1e-6. The driver gets f, the Lagrangian's gradient and
+  (through ``IPState.multipliers``) y unscaled;
 - §3.6 the start: x0 pushed inside its bounds (bound_push, bound_frac), slacks likewise,
   z = 1, y from the least-squares estimate (0 where it exceeds 1e3);
 - §3.3 feasibility restoration, simplified: not IPOPT's own interior-point problem in
