@@ -338,3 +338,53 @@ def test_relaxed_inequality_bounds_keep_the_interior_nonempty():
     assert np.abs([unrelaxed.multipliers[0], unrelaxed.multipliers[1]]).max() > 1e4
     with pytest.raises(ValueError, match="bound_relax_factor"):
         optsolve.InteriorPoint(bound_relax_factor=1e-5)
+
+
+def _polygon_projection(sides):
+    """min |x - (2, 0)|^2 over the regular polygon cos(t_k) x1 + sin(t_k) x2 <= 1, t_k =
+    2 pi k / sides: by hand, x* = (1, 0) on the side k = 0, f* = 1, and that row's
+    multiplier 2 (stationarity: 2 (x1 - 2) + y_0 = 0; the others 0)."""
+    angles = 2 * jnp.pi * jnp.arange(sides) / sides
+    normals = jnp.stack([jnp.cos(angles), jnp.sin(angles)], axis=1)
+    return OptimizationProblem(
+        lambda x, p: jnp.sum((x - jnp.array([2.0, 0.0])) ** 2), jnp.array([0.0, 0.5]),
+        constraints=[Constraint(lambda x, p: normals @ x, upper=1.0)])
+
+
+def test_many_inequality_rows_reduce_the_newton_system_to_x():
+    """n = 2, m = 300 inequality rows: "auto" picks the n x n primal Schur complement
+    ("condensed"), which solves the polygon projection by hand; and the condensed step
+    equals the full system's at the start of HS076 (three inequality rows)."""
+    prob = _polygon_projection(300)
+    assert optsolve.InteriorPoint().specialised_for(prob).linear_solver == "condensed"
+    # tight: at IPOPT's tol the rows next to the active one keep multipliers mu / gap of
+    # 1e-5, and y_0 differs from 2 by their sum
+    sol = solve(prob, TIGHT)
+    assert sol.retcode == ReturnCode.SUCCESS, sol.message
+    np.testing.assert_allclose(sol.x, [1.0, 0.0], atol=1e-10)
+    np.testing.assert_allclose(sol.objective, 1.0, rtol=1e-10)
+    y = np.asarray(sol.multipliers[0])
+    np.testing.assert_allclose(y[0], 2.0, rtol=1e-7)
+    assert np.abs(y[1:]).max() < 1e-7
+
+    from optsolve.backends.constrained import interior_point, newton_system
+    from optsolve.backends.native.objective import Objective
+    steps = []
+    for kind in ("dense", "condensed"):
+        solver = interior_point.InteriorPointSolver(
+            optsolve.InteriorPoint(linear_solver=kind), HS076)
+        objective = Objective.from_problem(HS076)
+        st = solver.init(objective, HS076.x0, None, None)
+        nlp = solver._nlp(objective, st)
+        v = jnp.concatenate([st.x, st.s])
+        fact = newton_system.factorise(nlp, nlp.lagrangian_hessian(st.x, st.y), st.jac,
+                                       nlp.sigma(v, st.z_l, st.z_u), st.mu, st.delta_w)
+        steps.append(newton_system.direction(nlp, fact, nlp.barrier_grad(st.grad, v, st.mu),
+                                             st.jac, st.y, nlp.residual(st.c, st.s)))
+    for full, condensed in zip(*steps):
+        np.testing.assert_allclose(condensed, full, rtol=1e-10, atol=1e-12)
+
+
+def test_condensed_is_refused_with_an_equality_row():
+    with pytest.raises(ValueError, match="linear_solver='condensed'.*equality"):
+        solve(hs071(), optsolve.InteriorPoint(linear_solver="condensed"))

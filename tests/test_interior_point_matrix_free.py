@@ -136,5 +136,5 @@ def test_resume_continues_the_run():
 
 
 def test_a_bad_linear_solver_is_named():
-    with pytest.raises(ValueError, match="linear_solver.*'auto', 'dense', 'minres'.*'lu'"):
+    with pytest.raises(ValueError, match="linear_solver.*'auto', 'dense', 'condensed', 'minres'.*'lu'"):
         optsolve.InteriorPoint(linear_solver="lu")

@@ -199,6 +199,13 @@ class Algorithm(metaclass=_Checked):
         changes one (basinhopping's local method). ``solve`` checks these, once."""
         return type(self).traits()
 
+    def specialised_for(self, problem: Any) -> "Algorithm":
+        """This configuration with its static choices made for ``problem`` while the
+        problem is still concrete (``solve`` calls it before any tracing of its own): itself
+        by default. A choice that depends on the problem's values, not only its structure
+        (InteriorPoint's ``linear_solver="auto"``), is made here."""
+        return self
+
     def minimised_problem(self, problem: Any) -> Any:
         """The problem this configuration actually minimises: ``problem`` itself by default.
 

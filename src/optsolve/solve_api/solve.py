@@ -290,7 +290,8 @@ class Options(Stage):
 def _run(call: Call) -> Solution:
     """The run every call ends in: the algorithm's backend through the adjoint, in the
     caller's trace, or eagerly (progress bar, Ctrl-C, timing, one set of result types)."""
-    problem, algorithm, opts, adjoint = call.problem, call.algorithm, call.options, call.adjoint
+    problem, opts, adjoint = call.problem, call.options, call.adjoint
+    algorithm = call.algorithm.specialised_for(problem)
     backend = backend_for(algorithm)
     inputs = FlatInputs(problem, algorithm, opts)  # flattened once for the layers below
     traced = inputs.traced or host.under_a_trace()

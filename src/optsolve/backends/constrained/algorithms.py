@@ -11,8 +11,9 @@ from optsolve.backends.constrained.augmented_lagrangian import (
     DEFAULT_TOLS, ALSolver, solve_augmented_lagrangian,
 )
 from optsolve.backends.constrained.interior_point import (
-    DEFAULT_TOL, InteriorPointSolver, solve_interior_point,
+    DEFAULT_TOL, DENSE_KKT_SIZE, InteriorPointSolver, solve_interior_point,
 )
+from optsolve.backends.constrained.nlp import condensable, flat_problem_size
 from optsolve.solve_api.algorithm import Algorithm
 from optsolve.solve_api.problem import OptimizationProblem
 from optsolve.solve_api.pytree import pytree_dataclass, static_field
@@ -34,7 +35,12 @@ def _check(name: str, value: Any, low: float, high: float | None = None,
         raise ValueError(f"{owner}: `{name}` must be {span}, got {value!r}.")
 
 
-_IP_LINEAR_SOLVERS = ("auto", "dense", "minres")
+_IP_LINEAR_SOLVERS = ("auto", "dense", "condensed", "minres")
+
+
+def _traced_bounds(problem: OptimizationProblem) -> bool:
+    return any(isinstance(b, jax.core.Tracer) for c in problem.constraints
+               for b in (c.lower, c.upper))
 
 
 @pytree_dataclass
@@ -96,8 +102,12 @@ class InteriorPoint(Algorithm):
       second_order_correction: try one second-order correction when the first trial step
         raises the violation (static; default True).
       linear_solver: the Newton system's solver (static): "dense" (an ``L D L^T``
-        factorisation with IPOPT's inertia correction), "minres" (matrix-free), or "auto"
-        (default: dense while n + m <= 256).
+        factorisation with IPOPT's inertia correction), "condensed" (the same reduced to
+        the n x n primal Schur complement ``W + Sigma + J^T D^-1 J``: every constraint row
+        must be an inequality), "minres" (matrix-free), or "auto" (default: dense while
+        n + m <= 256; condensed while n <= 256 where every row is an inequality, which
+        ``solve`` can tell only while the constraints' bounds are not traced; else
+        matrix-free).
 
     Example:
       >>> cons = [optsolve.Constraint(lambda x, p: jnp.prod(x), lower=25.0),
@@ -159,11 +169,30 @@ class InteriorPoint(Algorithm):
     def make_solver(self, problem: OptimizationProblem) -> InteriorPointSolver:
         return InteriorPointSolver(self, problem)
 
+    def specialised_for(self, problem: OptimizationProblem) -> "InteriorPoint":
+        """"auto" made "condensed" where n <= 256 < n + m and every row is (concretely) an
+        inequality; "condensed" refused where a row is an equality."""
+        if not problem.constraints or self.linear_solver not in ("auto", "condensed"):
+            return self
+        inequalities = condensable(problem)
+        if self.linear_solver == "condensed":
+            if not inequalities and not _traced_bounds(problem):
+                raise ValueError(
+                    "InteriorPoint: `linear_solver='condensed'` needs every constraint row "
+                    "to be an inequality, got an equality row (lower == upper); use "
+                    "'dense' or 'minres'.")
+            return self
+        n, m = flat_problem_size(problem)
+        if inequalities and n <= DENSE_KKT_SIZE < n + m:
+            return self.replace(linear_solver="condensed")
+        return self
+
     def capabilities(self) -> dict[str, Any]:
-        """The class's traits, ``dense_matrices`` as ``linear_solver`` says ("auto": dense
+        """The class's traits, ``dense_matrices`` as ``linear_solver`` says ("condensed":
+        n x n ones; "auto": dense
         only below its size threshold, so no dense matrix grows with the problem)."""
         caps = super().capabilities()
-        caps["dense_matrices"] = 3 if self.linear_solver == "dense" else 0
+        caps["dense_matrices"] = 3 if self.linear_solver in ("dense", "condensed") else 0
         return caps
 
 

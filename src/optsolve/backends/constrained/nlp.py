@@ -33,6 +33,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from optsolve.backends.native.objective import Objective
@@ -66,6 +67,9 @@ class NLP:
       dense: whether c's Jacobian and the Lagrangian's Hessian are formed as matrices; if
         not (the matrix-free form), only their products are, and the state's Jacobian is
         an empty placeholder (:meth:`jacobian` linearises c where a product is needed).
+      condensed: (dense only) every row is an inequality or constrains nothing, and the
+        Newton system is reduced to x (:mod:`newton_system`; :func:`condensable` says
+        when the caller may ask for it).
       f_scale, c_scale: the scaling of f (a scalar) and of c's rows (``scale``; default 1).
       x_lower, x_upper, c_lower_user, c_upper_user: the user's bounds (unscaled, not
         relaxed), which the violation is measured against.
@@ -73,9 +77,9 @@ class NLP:
 
     def __init__(self, objective: Objective, problem: OptimizationProblem,
                  dense: bool = True, scale: tuple[Array, Array] | None = None,
-                 relax: Any = 0.0):
+                 relax: Any = 0.0, condensed: bool = False):
         flat, self.unravel = ravel_pytree(problem.x0)
-        self.dense = dense
+        self.dense, self.condensed = dense, dense and condensed
         self.objective, self.problem = objective, problem
         self.dtype = flat.dtype
         self.n = flat.size
@@ -265,7 +269,14 @@ class NLP:
             return jnp.zeros(0, self.dtype)
         g = jnp.concatenate([jnp.where(self.free_x, grad_f, 0.0),
                              jnp.zeros(self.m, self.dtype)]) - z_l + z_u
-        if self.dense:
+        if self.condensed:
+            # J_v = [J, -I]: (J J^T + I) y = g_s - J g_x, by Woodbury through an n x n
+            # matrix (no m x m one)
+            jac = jnp.where(self.rows[:, None] & self.free_x[None, :], jacobian.matrix, 0.0)
+            b = jnp.where(self.rows, g[self.n:] - jac @ g[:self.n], 0.0)
+            inner = jnp.eye(self.n, dtype=self.dtype) + jac.T @ jac
+            y = b - jac @ jnp.linalg.solve(inner, jac.T @ b)
+        elif self.dense:
             y = jnp.linalg.lstsq(self.jac_v(jacobian.matrix).T, -g)[0]
         else:
             def normal(w):
@@ -313,6 +324,18 @@ class NLP:
             worst = jnp.maximum(worst, jnp.max(jnp.maximum(below, above), initial=0.0))
             worst = jnp.where(jnp.all(jnp.isfinite(value)), worst, jnp.inf)
         return worst
+
+
+def condensable(problem: OptimizationProblem) -> bool:
+    """Whether every constraint row is (concretely) an inequality or constrains nothing:
+    no equality row, so that the Newton system may be reduced to x."""
+    if not problem.constraints:
+        return False
+    try:  # numpy, not jnp: under an outer jit, jnp would stage even constant bounds
+        return not any(np.any(np.asarray(c.lower) == np.asarray(c.upper))
+                       for c in problem.constraints)
+    except (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError):
+        return False  # bounds traced: not known here
 
 
 class Jacobian:
