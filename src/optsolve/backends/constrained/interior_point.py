@@ -251,8 +251,9 @@ class InteriorPointSolver(SteppingSolver):
         return self._h("bound_relax_factor")
 
     def _scaling(self, nlp: NLP, grad: Array, jac: Array) -> tuple[Array, Array]:
-        """IPOPT's gradient-based scaling from the unscaled gradient and Jacobian at x0: ``min(1, g_max / |row|_inf)`` (at least 1e-8) for f and for each row of c, so
-        that no gradient starts larger than ``g_max = nlp_scaling_max_gradient``. The
+        """IPOPT's gradient-based scaling from the unscaled gradient and Jacobian at x0:
+        ``min(1, g_max / |row|_inf)`` (at least 1e-8) for f and for each row of c, so that
+        no gradient starts larger than ``g_max = nlp_scaling_max_gradient``. The
         matrix-free form scales f only (its rows' norms would take m products)."""
         g_max = self._h("nlp_scaling_max_gradient")
 
