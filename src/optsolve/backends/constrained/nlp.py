@@ -24,7 +24,8 @@ fixed at the start), and the finite bounds of the slacks (the inequality rows' b
 x's) moved outwards by ``relax max(1, |b|)``.
 Evaluations, Jacobians, residuals and multipliers here are those of the scaled problem; the
 violation (:meth:`NLP.violation_of`) is measured on the user's problem and bounds, and
-:meth:`NLP.unscaled_multipliers` gives y in the user's terms (``Solution.multipliers``).
+the interior point's ``IPState.multipliers`` gives y in the user's terms
+(``Solution.multipliers``).
 """
 
 from __future__ import annotations
@@ -139,10 +140,6 @@ class NLP:
             return jnp.zeros(0, self.dtype)
         return self.c_scale * constraint_values(self.constraints, self.unravel(x),
                                                 self.objective.p, self.dtype)
-
-    def unscaled_multipliers(self, y: Array) -> Array:
-        """The scaled problem's y as the user's problem's multipliers."""
-        return y * self.c_scale / self.f_scale
 
     def jac(self, x: Array) -> Array:
         """The (m, n) Jacobian of c; in the matrix-free form an empty (0, n) placeholder."""
