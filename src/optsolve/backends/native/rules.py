@@ -143,20 +143,31 @@ class Checks(NamedTuple):
         """(status, reason code): failure first, then convergence, a stall, the callback's
         stop, maxiters and maxtime; RUNNING when none holds."""
         conv = self.converged
-        status = jnp.select(
+        status = _first(
             [~self.ok, conv.any(), self.stalled, self.stop, self.at_maxiters, self.out_of_time],
             [int(ReturnCode.FAILURE), int(ReturnCode.SUCCESS), int(ReturnCode.STALLED),
              int(ReturnCode.TERMINATED), int(ReturnCode.MAXITERS), int(ReturnCode.MAXTIME)],
-            RUNNING).astype(INT)
+            RUNNING)
         nonfinite = jnp.asarray(self.nonfinite_trials)
-        reason = jnp.select(
+        reason = _first(
             [~self.f_finite, ~self.g_finite, ~self.x_finite, self.failed & nonfinite,
              self.failed, conv.gtol, conv.ftol, conv.xtol, conv.reduction, conv.radius,
              self.stalled & nonfinite, self.stalled],
             [F_NONFINITE, G_NONFINITE, X_NONFINITE, TRIAL_NONFINITE, LS_FAILED, GTOL, FTOL,
              XTOL, REDUCTION_TOL, RADIUS_TOL, STALLED_NONFINITE, STALLED_STEP],
-            0).astype(INT)
+            0)
         return status, reason
+
+
+def _first(conditions: list, codes: list[int], default: int) -> jax.Array:
+    """The code of the first condition that holds (``default`` where none holds), an int32
+    scalar. A chain of selects, not jnp.select: its argmax is a reduction, which in a loop
+    runs as kernels of its own and keeps XLA's CPU backend from compiling a small loop
+    whole as one kernel (its small-while-loop pass); selects fuse with their operands."""
+    out = jnp.asarray(default, INT)
+    for condition, code in zip(reversed(conditions), reversed(codes)):
+        out = jnp.where(condition, jnp.asarray(code, INT), out)
+    return out
 
 
 def true_() -> jax.Array:
