@@ -1,21 +1,31 @@
 """Time to a first result: import, and import + first solve, each in a fresh process.
 
-Problem: the chained Rosenbrock function, n = 10, from (-1.2, 1, -1.2, 1, ...), float64.
-Runners, each a new Python process that imports its library, enables x64, builds the
-problem and solves it twice (the second solve: a new problem object, the same function):
+Problems, each with its peer:
 
-- optsolve: ``solve(OptimizationProblem(f, x0), LBFGS())`` (gtol 1e-8);
-- optsolve, cache on: the same after ``optsolve.enable_compilation_cache(dir)``, with a
-  directory that an unmeasured process of the same script filled first (a script's second
-  run); its deterministic measure is JAX's count of cache hits and misses in the process;
-- optimistix: ``optx.minimise(f, optx.LBFGS(rtol=1e-9, atol=1e-9), x0, max_steps=1000)``,
-  where optimistix is installed (the ``bench`` extra).
+- ``lbfgs``: the chained Rosenbrock function, n = 10, from (-1.2, 1, -1.2, 1, ...), float64,
+  ``solve(OptimizationProblem(f, x0), LBFGS())`` against
+  ``optx.minimise(f, optx.LBFGS(rtol=1e-9, atol=1e-9), x0, max_steps=1000)``;
+- ``bfgs``: the same problem, ``BFGS()`` against ``optx.BFGS(rtol=1e-9, atol=1e-9)``;
+- ``adam``: the MLP 64-32-10 (tanh) on scikit-learn's digits of ``bench_optax.py``, float32,
+  ``ADAM_STEPS`` full-batch steps of Adam (learning rate 1e-3), ``solve(..., Adam(1e-3),
+  maxiters=ADAM_STEPS)`` against a hand-written ``jax.jit`` of a ``lax.fori_loop`` of
+  ``optax.adam`` updates (the peer: its import is ``import optax``). The digits are loaded
+  before the clock starts, in every process alike.
+
+Runners of each problem, each a new Python process that imports its library, builds the
+problem and solves it twice (the second solve: a new problem object, the same function):
+optsolve; optsolve with the cache on (``optsolve.enable_compilation_cache(dir)``, with a
+directory that an unmeasured process of the same script filled first, a script's second
+run; its deterministic measure is JAX's count of cache hits and misses in the process); and
+the peer (optimistix where it is installed, the ``bench`` extra).
 
 The processes run in turns, in a new order each turn (seeded); each figure is the median
-over the turns, with the smallest and largest in brackets.
+over the turns, with the smallest and largest in brackets; the ratio to the peer is taken
+within each turn (both processes ran under the same load), then its median and min-max.
 
-Goals (issue 37): import at most optimistix's; import + first solve at most optimistix's;
-with the cache on, the first solve at most 0.3 s.
+Goals (issue 37): import at most optimistix's; import + first solve at most optimistix's
+(L-BFGS and BFGS), at most 1.1x the hand-written optax loop's (Adam); with the cache on,
+the first solve at most 0.3 s.
 
 Run: ``python benchmarks/bench_first_result.py [turns]``.
 """
@@ -41,19 +51,29 @@ NOTES = (
     "the problem built, tracing, compilation, the run); second solve is the same call on "
     "a new problem object, the compiled program reused. With the cache on, the first "
     "solve still traces and lowers the program, then loads XLA's executable from disk "
-    "instead of compiling it.")
+    "instead of compiling it. The Adam runners train the same MLP from the same "
+    "parameters: the last column is the loss each reached.")
 
 _CHILD = r"""
 import json, sys, time
+if PROBLEM == "adam":  # the data, before the clock starts
+    from sklearn.datasets import load_digits
+    import numpy as np
+    digits = load_digits()
+    X = (digits.data / 16.0).astype(np.float32)
+    Y = np.eye(10, dtype=np.float32)[digits.target]
 start = time.perf_counter()
 if MODE == "optimistix":
     import optimistix as optx
+elif MODE == "optax":
+    import optax
 else:
     import optsolve
 imported = time.perf_counter()
 import jax
 import jax.numpy as jnp
-jax.config.update("jax_enable_x64", True)
+if PROBLEM != "adam":
+    jax.config.update("jax_enable_x64", True)
 hits = {"/jax/compilation_cache/cache_hits": 0, "/jax/compilation_cache/cache_misses": 0}
 if MODE == "optsolve-cache":
     optsolve.enable_compilation_cache(CACHE)
@@ -65,37 +85,79 @@ if MODE == "optsolve-cache":
 def rosenbrock(x, p=None):
     return jnp.sum(100.0 * (x[1:] - x[:-1] ** 2) ** 2 + (1.0 - x[:-1]) ** 2)
 
+def mlp_loss(params, data):
+    x, y = data
+    h = jnp.tanh(x @ params[0]["w"] + params[0]["b"])
+    logits = h @ params[1]["w"] + params[1]["b"]
+    return -jnp.mean(jnp.sum(y * jax.nn.log_softmax(logits), axis=-1))
+
+def mlp_params():
+    keys = jax.random.split(jax.random.key(0), 2)
+    return [{"w": jax.random.normal(k, (i, o), jnp.float32) / jnp.sqrt(jnp.float32(i)),
+             "b": jnp.zeros(o, jnp.float32)} for k, (i, o) in zip(keys, [(64, 32), (32, 10)])]
+
+if MODE == "optax":
+    opt = optax.adam(1e-3)
+
+    @jax.jit
+    def optax_train(params, data):
+        def step(_, carry):
+            params, state = carry
+            grads = jax.grad(mlp_loss)(params, data)
+            updates, state = opt.update(grads, state, params)
+            return optax.apply_updates(params, updates), state
+        return jax.lax.fori_loop(0, ADAM_STEPS, step, (params, opt.init(params)))[0]
+
 def first_result():
+    if PROBLEM == "adam":
+        data, params = (jnp.asarray(X), jnp.asarray(Y)), mlp_params()
+        if MODE == "optax":
+            params = optax_train(params, data)
+        else:
+            sol = optsolve.solve(optsolve.OptimizationProblem(mlp_loss, params, data),
+                                 optsolve.Adam(1e-3), maxiters=ADAM_STEPS)
+            params = sol.x
+        return float(jax.block_until_ready(mlp_loss(params, data)))
     x0 = jnp.tile(jnp.array([-1.2, 1.0]), 5)
     if MODE == "optimistix":
-        solver = optx.LBFGS(rtol=1e-9, atol=1e-9)
+        solver = (optx.LBFGS if PROBLEM == "lbfgs" else optx.BFGS)(rtol=1e-9, atol=1e-9)
         sol = optx.minimise(rosenbrock, solver, x0, max_steps=1000, throw=False)
-        return jax.block_until_ready(sol.value)
-    sol = optsolve.solve(optsolve.OptimizationProblem(rosenbrock, x0), optsolve.LBFGS())
-    assert sol.success, sol.message
-    return jax.block_until_ready(sol.x)
+        x = jax.block_until_ready(sol.value)
+    else:
+        alg = optsolve.LBFGS() if PROBLEM == "lbfgs" else optsolve.BFGS()
+        sol = optsolve.solve(optsolve.OptimizationProblem(rosenbrock, x0), alg)
+        assert sol.success, sol.message
+        x = jax.block_until_ready(sol.x)
+    assert float(jnp.max(jnp.abs(x - 1.0))) < 1e-6, x
+    return 0.0
 
-x = first_result()
+value = first_result()
 solved = time.perf_counter()
 first_result()
 again = time.perf_counter()
-assert float(jnp.max(jnp.abs(x - 1.0))) < 1e-6, x
 print(json.dumps({"import": imported - start, "first": solved - imported,
-                  "second": again - solved, "hits": hits["/jax/compilation_cache/cache_hits"],
+                  "second": again - solved, "value": value,
+                  "hits": hits["/jax/compilation_cache/cache_hits"],
                   "misses": hits["/jax/compilation_cache/cache_misses"]}))
 """
 
+ADAM_STEPS = 500
+PROBLEMS = {"lbfgs": ("optsolve.LBFGS", "optimistix.LBFGS"),
+            "bfgs": ("optsolve.BFGS", "optimistix.BFGS"),
+            "adam": ("optsolve.Adam", "optax.adam fori_loop")}
 
-def run_child(mode: str, cache: str | None) -> dict:
-    """One fresh process of ``mode``: its timings (s) and cache events."""
-    script = f"MODE = {mode!r}\nCACHE = {cache!r}\n" + _CHILD
+
+def run_child(problem: str, mode: str, cache: str | None) -> dict:
+    """One fresh process of ``mode`` on ``problem``: its timings (s) and cache events."""
+    script = (f"PROBLEM = {problem!r}\nMODE = {mode!r}\nCACHE = {cache!r}\n"
+              f"ADAM_STEPS = {ADAM_STEPS}\n" + _CHILD)
     # a cache the user set up for JAX would turn the no-cache runners into cached ones
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
     env.pop("JAX_ENABLE_X64", None)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                          env=env, check=False, timeout=600)
     if out.returncode:
-        raise RuntimeError(f"{mode} failed:\n{out.stderr[-3000:]}")
+        raise RuntimeError(f"{problem} / {mode} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -104,20 +166,26 @@ def _spread(values: list[float], scale: float = 1.0, digits: int = 2) -> str:
     return f"{med:.{digits}f} [{lo:.{digits}f}-{hi:.{digits}f}]"
 
 
-def measure(turns: int) -> dict[str, list[dict]]:
-    """Every runner's results, ``turns`` fresh processes each, run in shuffled turns."""
-    modes = ["optsolve", "optsolve-cache"]
-    if importlib.util.find_spec("optimistix") is not None:
-        modes.append("optimistix")
-    results: dict[str, list[dict]] = {m: [] for m in modes}
+def _peer(problem: str) -> str | None:
+    if problem == "adam":
+        return "optax"
+    return "optimistix" if importlib.util.find_spec("optimistix") is not None else None
+
+
+def measure(turns: int) -> dict[tuple[str, str], list[dict]]:
+    """Every (problem, runner)'s results, ``turns`` fresh processes each, in shuffled turns."""
+    runs = [(problem, mode) for problem in PROBLEMS
+            for mode in ("optsolve", "optsolve-cache", _peer(problem)) if mode is not None]
+    results: dict[tuple[str, str], list[dict]] = {r: [] for r in runs}
     with tempfile.TemporaryDirectory() as cache:
-        run_child("optsolve-cache", cache)  # the script's first run: it fills the cache
-        order = list(modes)
+        for problem in PROBLEMS:  # each script's first run: it fills the cache
+            run_child(problem, "optsolve-cache", cache)
+        order = list(runs)
         shuffle = random.Random(0).shuffle
         for _ in range(turns):
             shuffle(order)
-            for mode in order:
-                results[mode].append(run_child(mode, cache))
+            for problem, mode in order:
+                results[problem, mode].append(run_child(problem, mode, cache))
     return results
 
 
@@ -125,30 +193,36 @@ def main(turns: int = 5) -> str:
     from common import machine_line, markdown_table
 
     results = measure(turns)
-    names = {"optsolve": "optsolve.LBFGS", "optsolve-cache": "optsolve.LBFGS, cache on",
-             "optimistix": "optimistix.LBFGS"}
-    peer = results.get("optimistix")
     rows = []
-    for mode, runs in results.items():
+    for (problem, mode), runs in results.items():
+        ours, peer_name = PROBLEMS[problem]
+        name = {"optsolve": ours, "optsolve-cache": f"{ours}, cache on"}.get(mode, peer_name)
         total = [r["import"] + r["first"] for r in runs]
-        ratio = "-"
-        if peer is not None and mode != "optimistix":
+        peer = results.get((problem, _peer(problem)))
+        ratio = spread = "-"
+        if peer is not None and mode.startswith("optsolve"):
             # per turn: both processes of a turn ran under the same load
             ratios = [t / (p["import"] + p["first"]) for t, p in zip(total, peer)]
             ratio = f"{statistics.median(ratios):.2f}x"
+            spread = f"{min(ratios):.2f}-{max(ratios):.2f}"
         cache = (f"{statistics.median(r['hits'] for r in runs):.0f} / "
                  f"{statistics.median(r['misses'] for r in runs):.0f}"
                  if mode == "optsolve-cache" else "-")
-        rows.append([names[mode], _spread([r["import"] for r in runs]),
+        loss = f"{statistics.median(r['value'] for r in runs):.6f}" if problem == "adam" \
+            else "-"
+        rows.append([name, _spread([r["import"] for r in runs]),
                      _spread([r["first"] for r in runs]), _spread(total),
-                     _spread([r["second"] for r in runs], 1e3, 1), ratio, cache])
+                     _spread([r["second"] for r in runs], 1e3, 1), ratio, spread, cache,
+                     loss])
     table = markdown_table(
         ["runner", "import (s)", "first solve (s)", "import + first (s)", "second solve (ms)",
-         "import + first / optimistix", "cache hits / misses"], rows)
+         "import + first / peer", "that ratio: min-max over turns", "cache hits / misses",
+         "final loss (Adam)"], rows)
     return "\n\n".join([
         "### Import and first result",
-        f"Chained Rosenbrock n = 10, float64, L-BFGS; each runner in {turns} fresh processes, "
-        f"run in shuffled turns: median [min-max]. {machine_line()}.",
+        f"Chained Rosenbrock n = 10, float64, L-BFGS and BFGS; the digits MLP 64-32-10, "
+        f"float32, {ADAM_STEPS} full-batch Adam steps; each runner in {turns} fresh "
+        f"processes, run in shuffled turns: median [min-max]. {machine_line()}.",
         table])
 
 
