@@ -65,6 +65,7 @@ from jax.flatten_util import ravel_pytree
 
 from optsolve.backends.constrained import newton_krylov, newton_system
 from optsolve.backends.constrained.nlp import NLP, flat_problem_size
+from optsolve.backends.native import batch_cond
 from optsolve.backends.native.chunked import run_iterative
 from optsolve.backends.native.objective import Objective
 from optsolve.backends.native.protocol import Step, SteppingSolver
@@ -329,8 +330,9 @@ class InteriorPointSolver(SteppingSolver):
              state: IPState) -> Step:
         nlp = self._nlp(objective, state)
         if nlp.m:
-            out = lax.cond(state.resto, lambda st: self._restoration(nlp, st),
-                           lambda st: self._barrier_step(nlp, st), state)
+            # batch_cond: under vmap the restoration runs only while some member restores
+            out = batch_cond.cond(state.resto, lambda st: self._restoration(nlp, st),
+                                  lambda st: self._barrier_step(nlp, st), state)
         else:
             # Without constraints nothing is ever infeasible (a failed search fails the
             # run): no restoration to compile. (Its zero-size arrays also make XLA on the
@@ -486,7 +488,7 @@ class InteriorPointSolver(SteppingSolver):
             def no_soc():
                 return ok1, h1, v1, f1, c1
 
-            ok_s, h_s, v_s, f_s, c_s = lax.cond(try_soc, soc, no_soc)
+            ok_s, h_s, v_s, f_s, c_s = batch_cond.cond(try_soc, soc, no_soc)
             evals = evals + try_soc.astype(jnp.int32)
             accepted = ok_s
             h_type = jnp.where(ok_s, h_s, h_type)
