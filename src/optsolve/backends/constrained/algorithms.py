@@ -248,7 +248,7 @@ class AugmentedLagrangian(Algorithm):
         (``LBFGS()`` with its own line search or memory, ``GradientDescent()``; default
         ``LBFGS()``). Its defaults hold, but for gtol (the outer iteration's inner
         tolerance) and maxiters (``inner_maxiters``).
-      feasibility_tol: the tolerance on |V|_inf (default 1e-8 in float64, 1e-5 in float32).
+      feasibility_tol: the tolerance on |V|_inf (default 1e-8 in float64, 1e-4 in float32).
       optimality_tol: the tolerance on the projected Lagrangian gradient's infinity norm
         relative to max(1, |grad f|_inf), and the inner runs' last gtol (likewise)
         (default 1e-8 in float64, 1e-3 in float32).

@@ -66,8 +66,9 @@ Array = jax.Array
 PyTree = Any
 
 # Defaults by itemsize of x's dtype: (feasibility_tol, optimality_tol, rho_max,
-# acceptable_tol).
-DEFAULT_TOLS = {8: (1e-8, 1e-8, 1e12, 1e-6), 4: (1e-5, 1e-3, 1e6, 1e-2)}
+# acceptable_tol). float32's feasibility is what the backend calls feasible there
+# (nlp.FEASIBILITY_TOLS): a tighter one is below the rounding of rows of magnitude 10-100.
+DEFAULT_TOLS = {8: (1e-8, 1e-8, 1e12, 1e-6), 4: (1e-4, 1e-3, 1e6, 1e-2)}
 
 
 class ALState(NamedTuple):

@@ -64,7 +64,7 @@ from jax import lax
 from jax.flatten_util import ravel_pytree
 
 from optsolve.backends.constrained import newton_krylov, newton_system
-from optsolve.backends.constrained.nlp import NLP, flat_problem_size
+from optsolve.backends.constrained.nlp import NLP, feasibility_tol, flat_problem_size
 from optsolve.backends.native import batch_cond
 from optsolve.backends.native.chunked import run_iterative
 from optsolve.backends.native.objective import Objective
@@ -86,7 +86,6 @@ _KAPPA_RESTO = 0.9
 _ACCEPTABLE_ITERATIONS = 15
 _FILTER_SIZE = 32            # filter entries kept (the oldest is overwritten when full)
 _MAX_TRIALS = 60             # backtracking trials of one line search
-_FEASIBILITY_TOL = 1e-6      # what the backend calls feasible (relative), as scipy's
 _LM_MAX = 1e12               # restoration's damping beyond which it gives up
 # Steps in a row cut below 1e-3 of alpha_max by non-finite values at the trial points
 # after which the run fails: it is pinned against a region where f or c is not finite,
@@ -356,14 +355,15 @@ class InteriorPointSolver(SteppingSolver):
     def _converged(self, nlp: NLP, st: IPState, f_old: Array, moved: Array):
         """E_0 <= tol (or acceptable_tol at 15 iterates in a row), measured on the scaled
         problem as IPOPT's; ftol where given. Either only at a point of the user's problem
-        feasible to 1e-6 (what the outcome calls feasible: scaling may hide a violation)."""
+        that the outcome calls feasible (1e-6; 1e-4 in float32): scaling may hide a
+        violation."""
         zero = jnp.zeros((), self.dtype)
         jty = nlp.jacobian(st.x, st.jac).rmv(st.y)
         error = nlp.errors(st.grad, st.c, jty, jnp.concatenate([st.x, st.s]), st.y,
                            st.z_l, st.z_u, zero)[0]
         acceptable = jnp.where(error <= self._h("acceptable_tol"), st.acceptable + 1,
                                0).astype(jnp.int32)
-        feasible = nlp.violation_of(st.x, st.c) <= _FEASIBILITY_TOL
+        feasible = nlp.violation_of(st.x, st.c) <= feasibility_tol(self.dtype)
         converged = feasible & ((error <= self.tol()) | (acceptable >= _ACCEPTABLE_ITERATIONS))
         ftol_met = jnp.zeros((), bool)
         if self.ftol is not None:

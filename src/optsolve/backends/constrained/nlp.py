@@ -44,6 +44,18 @@ from optsolve.solve_api.problem import OptimizationProblem
 
 Array = jax.Array
 
+# What the constrained backends call feasible, relative to max(1, |bound|), by the itemsize
+# of x's dtype: the scipy backend's 1e-6 in float64; float32 cannot evaluate a row of
+# magnitude 40 closer to its bound than one unit in the last place, 3.8e-6.
+FEASIBILITY_TOLS = {8: 1e-6, 4: 1e-4, 2: 1e-2}
+
+
+def feasibility_tol(dtype: Any) -> float:
+    """The violation (relative to max(1, |bound|)) up to which a point of ``dtype`` is
+    feasible: :data:`FEASIBILITY_TOLS` by the dtype's itemsize."""
+    return FEASIBILITY_TOLS[min(jnp.dtype(dtype).itemsize, 8)]
+
+
 # Lower bound on the scaling of the dual and complementarity errors (IPOPT's s_max).
 _S_MAX = 100.0
 # IPOPT's kappa_d: a small linear term on variables bounded on one side only, so that the

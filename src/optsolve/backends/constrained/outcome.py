@@ -6,7 +6,8 @@ reason in words.
   ``multipliers()``: flat, optsolve's sign; the ``Multipliers`` stage of ``solve`` makes
   them one array per constraint).
 - A run that ends with the constraints or bounds violated by more than 1e-6 (relative to
-  max(1, |bound|), the scipy backend's ``FEASIBILITY_TOL``) is INFEASIBLE whatever stopped
+  max(1, |bound|), the scipy backend's ``FEASIBILITY_TOL``; 1e-4 in float32:
+  ``nlp.FEASIBILITY_TOLS``) is INFEASIBLE whatever stopped
   it (a failure on non-finite values stays FAILURE, a callback's stop TERMINATED): the
   method's verdict of local infeasibility, a budget spent before feasibility, or a
   stop by ``gtol`` (the driver's test on the Lagrangian's gradient alone).
@@ -26,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
-from optsolve.backends.constrained.interior_point import _FEASIBILITY_TOL
+from optsolve.backends.constrained.nlp import feasibility_tol
 from optsolve.backends.native.rules import FTOL, RADIUS_TOL, REDUCTION_TOL, TRIAL_NONFINITE
 from optsolve.solve_api.problem import OptimizationProblem
 from optsolve.solve_api.pytree import is_traced, replace
@@ -61,7 +62,7 @@ def finished(problem: OptimizationProblem, algorithm: Any, solution: Solution,
         & (reason != 7)
     keeps = (code == int(ReturnCode.TERMINATED)) | (code == int(ReturnCode.INTERRUPTED)) | \
         nonfinite
-    infeasible = ~keeps & (violation > _FEASIBILITY_TOL)
+    infeasible = ~keeps & (violation > feasibility_tol(violation.dtype))
     code = jnp.where(infeasible, int(ReturnCode.INFEASIBLE), code).astype(_INT)
     reason = jnp.where(infeasible | (reason == REDUCTION_TOL), 0,
                        jnp.where(reason == RADIUS_TOL, FTOL, reason)).astype(_INT)
