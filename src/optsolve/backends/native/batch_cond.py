@@ -4,15 +4,15 @@ takes.
 Under ``jax.vmap`` with a batched predicate, ``lax.cond`` becomes a select: both branches
 run for every member, whatever the predicates. :func:`cond` returns the same values as
 ``lax.cond`` (unbatched, it *is* ``lax.cond``), but its batching rule looks at the batch's
-predicates when the program runs and picks one of three programs: no member takes the true
-branch (only the false branch runs, over the whole batch), every member does (only the
-true branch runs), or the members differ (both run and their results are selected, as
-``lax.cond``'s own rule does). Where one branch is rare, as an iterative method's recovery
-phase, the batch pays for it only in the iterations where some member takes it.
+predicates when the program runs: the true branch runs (over the whole batch) only if some
+member takes it, the false branch only if some member does not, and the members' results
+are selected as ``lax.cond``'s own rule selects them. Where one branch is rare, as an
+iterative method's recovery phase, the batch pays for it only in the iterations where some
+member takes it.
 
-The price: the batched program holds each branch twice (on its own and in the mixed
-case), which lengthens its compilation. Nested ``jax.vmap`` is handled level by level (the
-choice between the three programs is itself made by :func:`cond`).
+The batched program holds each branch once, as ``lax.cond``'s does, with two conds and
+the select around them. Nested ``jax.vmap`` is handled level by level (the conds that
+decide whether a branch runs are themselves :func:`cond`'s).
 
 Derivatives (forward and reverse mode, batched or not) come from a custom JVP rule that
 never meets the batching rule (which reverse mode could not transpose): each branch's JVP
@@ -146,17 +146,21 @@ def _batch_aware(branches: tuple) -> Any:
         if not pred_b:
             out = lax.cond(pred, only_true, only_false, *args)
         else:
-            def mixed(tc, fc, x):
-                on_true, on_false = run_true(tc, x), run_false(fc, x)
-                return [lax.select(jnp.broadcast_to(
-                    pred.reshape(pred.shape + (1,) * (a.ndim - 1)), a.shape), a, b)
-                    for a, b in zip(on_true, on_false)]
+            shapes = jax.eval_shape(run_true, true_consts, leaves)
 
-            every, some = jnp.all(pred), jnp.any(pred)
-            # this module's cond, not lax.cond: under an outer vmap, `every` and `some`
-            # are batched in turn
-            out = cond(some, lambda *a: cond(every, only_true, mixed, *a), only_false,
-                       *args)
+            def skipped(tc, fc, x):
+                # a branch no member takes: outputs of its shapes, which the select below
+                # never picks
+                return [jnp.zeros(a.shape, a.dtype) for a in shapes]
+
+            # this module's cond, not lax.cond: under an outer vmap, `some` and `every` are
+            # batched in turn. Each branch appears once in the program.
+            some, every = jnp.any(pred), jnp.all(pred)
+            on_true = cond(some, only_true, skipped, *args)
+            on_false = cond(every, skipped, only_false, *args)
+            out = [lax.select(jnp.broadcast_to(
+                pred.reshape(pred.shape + (1,) * (a.ndim - 1)), a.shape), a, b)
+                for a, b in zip(on_true, on_false)]
         return out, [True] * len(out)
 
     return select
