@@ -177,9 +177,10 @@ def _run(x0, p):
 
 def test_vmap_where_some_members_restore_equals_their_own_solves():
     """Three starts: one restores then converges, one never restores, one restores and ends
-    INFEASIBLE (the example's own start, from which this simplified restoration stops short
-    of the feasible region; the problem is feasible, x* = (1, 0, 1/2)). IPState.resto_theta
-    stays 0 until a restoration begins."""
+    INFEASIBLE (the example's own start: the restoration hands back after one step, the
+    next line search fails there too, and the run stops short of the feasible region,
+    though the problem is feasible, x* = (1, 0, 1/2)). IPState.resto_theta stays 0 until a
+    restoration begins."""
     x0 = jnp.array([[0.5, 1.0, 1.0], [2.0, 1.0, 1.0], [-2.0, 1.0, 1.0]])
     p = jnp.array([[-1.0, 0.5]] * 3)
     xs, fs, codes, its, resto = jax.jit(jax.vmap(_run))(x0, p)
