@@ -299,9 +299,11 @@ def measure(count: int, subset: int, repeats: int) -> str:
         f"alone {sp_lower}. HS071 itself (p = (25, 40)): InteriorPoint f = {hs071_f:.7f} "
         f"({'SUCCESS' if bool(hs071[1]) else 'not SUCCESS'}), published {HS071_F}.", "",
         "Where vmap's time goes: under vmap a while loop runs until the batch's slowest "
-        "problem stops and each `lax.cond` becomes a select that runs both branches (the "
-        "barrier step and feasibility restoration, the inertia correction's retries), for "
-        f"every problem. The batch ran {max_its} iterations (its slowest problem's): "
+        "problem stops, and a `lax.cond` becomes a select that runs both branches for "
+        "every problem; InteriorPoint's feasibility restoration and second-order correction "
+        "are `batch_cond`s instead, which run a branch over the batch only where some "
+        "member takes it (optsolve.backends.native.batch_cond). "
+        f"The batch ran {max_its} iterations (its slowest problem's): "
         f"{vmap_steady / max_its * 1e3:.1f} ms per batched iteration, "
         f"{vmap_steady / max_its / count * 1e6:.0f} us per problem and iteration. Each "
         "step factorises the 6x6 condensed Newton matrix as L D L^T (one or more times, "
@@ -310,8 +312,8 @@ def measure(count: int, subset: int, repeats: int) -> str:
         f"({fact_batched / count * 1e6:.2f} us a matrix; fastest of 21), "
         f"{fact_batched / (vmap_steady / max_its):.0%} of a batched iteration at one a step, "
         f"and a jitted single one {fact_single * 1e6:.0f} us with its dispatch. The rest of "
-        "a batched iteration is the Hessian, the line search's trial points, the restoration "
-        "branch and the bookkeeping, all elementwise over the batch.",
+        "a batched iteration is the Hessian, the line search's trial points and the "
+        "bookkeeping, all elementwise over the batch.",
         "",
         "Compile + first: the vmapped function's first call (compile and the whole batch); "
         "for the others, their first problem (the loop: compiling its jitted solve; scipy: "
