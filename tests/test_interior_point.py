@@ -161,6 +161,24 @@ def test_a_two_sided_constraint_holds_at_the_side_that_binds():
     assert upper.retcode == lower.retcode == ReturnCode.SUCCESS
 
 
+def test_the_waechter_biegler_example_is_solved_from_its_failing_starts():
+    """Wächter & Biegler, Math. Programming 88 (2000) 565-574: min x1 s.t. x1^2 - x2 - 1 = 0,
+    x1 - x3 - 1/2 = 0, x2, x3 >= 0, from x0 = (-2, 1, 1), where a line-search interior-point
+    method without restoration stalls at an infeasible point. The problem is feasible, its
+    solution x* = (1, 0, 1/2) by hand (x1 >= 1/2 and x1^2 >= 1, least x1 = 1). A search
+    that fails right after a restoration hands back must restore again, not stop."""
+    lower, upper = jnp.array([-jnp.inf, 0.0, 0.0]), jnp.full(3, jnp.inf)
+    for x0 in ([-2.0, 1.0, 1.0], [-3.0, 1.0, 1.0], [-2.0, 3.0, 0.5]):
+        prob = OptimizationProblem(
+            lambda x, p: x[0], jnp.array(x0), bounds=(lower, upper),
+            constraints=[Constraint(lambda x, p: x[0] ** 2 - x[1] - 1.0, lower=0.0, upper=0.0),
+                         Constraint(lambda x, p: x[0] - x[2] - 0.5, lower=0.0, upper=0.0)])
+        sol = solve(prob, IP)
+        assert sol.retcode == ReturnCode.SUCCESS, (x0, sol.message)
+        assert float(sol.state.resto_theta) > 0  # it went through restoration
+        np.testing.assert_allclose(sol.x, [1.0, 0.0, 0.5], atol=1e-7)
+
+
 def test_an_infeasible_problem_is_infeasible_with_its_violation():
     """|x|^2 <= 1 and x1 + x2 >= 3 have no common point: INFEASIBLE (never SUCCESS) at a
     finite point, the violation in the message."""
@@ -295,7 +313,8 @@ def test_gradient_based_scaling_solves_a_badly_scaled_hs071():
     for the rows: f is scaled by 100 / 1.2e7, the product row by 100 / 2.5e5, the sum of
     squares not at all. Scaled, the run is HS071's own (the published x*, f* times 1e6, and
     IPOPT's published multipliers (-0.5522937, 0.1614686) times 1e6 / 1e4 and 1e6, in the
-    user's terms); unscaled it does not reach a feasible point."""
+    user's terms); unscaled it does not converge (it ends FAILURE, its line search finding
+    no step; INFEASIBLE before a search failing right after a restoration restored again)."""
     def problem(k_f, k_c):
         cons = [Constraint(lambda x, p: k_c * hs071_product(x, p), lower=25.0 * k_c),
                 Constraint(hs071_squares, lower=40.0, upper=40.0)]
@@ -314,7 +333,8 @@ def test_gradient_based_scaling_solves_a_badly_scaled_hs071():
     unscaled = solve(problem(1e6, 1e4), optsolve.InteriorPoint(
         tol=1e-8, nlp_scaling_max_gradient=jnp.inf))
     np.testing.assert_allclose(unscaled.state.f_scale, 1.0)
-    assert unscaled.retcode == ReturnCode.INFEASIBLE
+    assert unscaled.retcode == ReturnCode.FAILURE, unscaled.message
+    assert float(jnp.max(jnp.abs(unscaled.x - sol.x))) > 1e-2  # far from HS071's x*
 
 
 def test_relaxed_inequality_bounds_keep_the_interior_nonempty():

@@ -529,8 +529,9 @@ class InteriorPointSolver(SteppingSolver):
             moved)
         moved, converged, ftol_met = self._converged(nlp, moved, st.f, jnp.ones((), bool))
         # A failed search: the restoration phase from here, unless the point is already
-        # feasible or a restoration has just ended here (then no step can be found: FAILURE)
-        stuck = ~accepted & ((theta_k <= self.tol()) | st.restored)
+        # feasible (then no step can be found: FAILURE). Also right after a restoration:
+        # each one must cut theta by 1 - kappa_resto, so going back cannot cycle for ever
+        stuck = ~accepted & (theta_k <= self.tol())
         stuck = stuck | (accepted & (blocked >= _BLOCKED_STEPS))
         filter_entry = _filter_add(st, (1 - _GAMMA_THETA) * theta_k, phi_k - _GAMMA_PHI * theta_k)
         to_resto = filter_entry._replace(resto=jnp.ones((), bool), resto_theta=theta_k,
