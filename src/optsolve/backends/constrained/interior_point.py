@@ -126,7 +126,6 @@ class IPState(NamedTuple):
     resto: Array      # in the feasibility restoration phase
     resto_theta: Array  # the violation where it began
     lm: Array         # its Levenberg-Marquardt damping
-    restored: Array   # the last step ended a restoration
     acceptable: Array  # iterates in a row with E_0 <= acceptable_tol
     error: Array      # E_0 at x
     infeasible: Array  # the restoration found x locally infeasible
@@ -320,7 +319,7 @@ class InteriorPointSolver(SteppingSolver):
         error = nlp.errors(grad0, c0, jacobian0.rmv(y0), v0, y0, z_l, z_u, zero)[0]
         return IPState(x0, s0, y0, z_l, z_u, f0, grad0, c0, jac0, mu, zero, filter_theta,
                        filter_phi, filter_next, theta_max, 1e-4 * jnp.maximum(1.0, theta0),
-                       false, zero, jnp.asarray(1e-3, dtype), false,
+                       false, zero, jnp.asarray(1e-3, dtype),
                        jnp.zeros((), jnp.int32), error, false, jnp.zeros((), jnp.int32),
                        f_scale, c_scale)
 
@@ -522,7 +521,7 @@ class InteriorPointSolver(SteppingSolver):
         blocked = jnp.where(cut_short, st.blocked + 1, 0).astype(jnp.int32)
         moved = st._replace(x=x_new, s=v_new[n:], y=y_new, z_l=z_l, z_u=z_u, f=f_new,
                             grad=grad_new, c=c_new, jac=jac_new, delta_w=fact.delta_w,
-                            restored=jnp.zeros((), bool), blocked=blocked)
+                            blocked=blocked)
         moved = jax.tree_util.tree_map(
             lambda a, b: jnp.where(found.h_type, a, b),
             _filter_add(moved, (1 - _GAMMA_THETA) * theta_k, phi_k - _GAMMA_PHI * theta_k),
@@ -609,7 +608,7 @@ class InteriorPointSolver(SteppingSolver):
         y_t = jnp.where(jnp.isfinite(y_t) & (jnp.max(jnp.abs(y_t), initial=0.0) <= 1e3),
                         y_t, 0.0)
         moved = st._replace(x=x_t, s=v_t[n:], y=y_t, z_l=z_l, z_u=z_u, f=f_t, grad=grad_t,
-                            c=c_t, jac=jac_t, lm=lm, resto=~back, restored=back)
+                            c=c_t, jac=jac_t, lm=lm, resto=~back)
         moved, converged, ftol_met = self._converged(nlp, moved, st.f, jnp.ones((), bool))
         still = st._replace(lm=lm, infeasible=infeasible)
         state = jax.tree_util.tree_map(lambda a, b: jnp.where(ok & ~hopeless, a, b), moved,
