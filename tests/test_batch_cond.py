@@ -15,9 +15,9 @@ import pytest
 from jax import lax
 
 import optsolve
-from optsolve import Constraint, OptimizationProblem, ReturnCode, solve
+from optsolve import ReturnCode, solve
 from optsolve.backends.native import batch_cond
-from constrained_problems import hs071
+from constrained_problems import hs071, wachter_biegler
 
 jax.config.update("jax_enable_x64", True)
 
@@ -145,29 +145,6 @@ def test_misuse_is_refused():
 # ------------------------------------------------------- InteriorPoint under vmap
 
 IP = optsolve.InteriorPoint(tol=1e-8)
-INF = jnp.inf
-
-
-def _wb_objective(x, p):
-    return x[0]
-
-
-def _wb_square(x, p):
-    return x[0] ** 2 - x[1] + p[0]
-
-
-def _wb_linear(x, p):
-    return x[0] - x[2] - p[1]
-
-
-def wachter_biegler(x0, p):
-    """min x1 s.t. x1^2 - x2 + a = 0, x1 - x3 - b = 0, x2, x3 >= 0, p = (a, b) (the
-    example's own: (-1, 1/2) from x0 = (-2, 1, 1))."""
-    return OptimizationProblem(
-        _wb_objective, jnp.asarray(x0, jnp.float64), jnp.asarray(p, jnp.float64),
-        bounds=(jnp.array([-INF, 0.0, 0.0]), jnp.array([INF, INF, INF])),
-        constraints=[Constraint(_wb_square, lower=0.0, upper=0.0),
-                     Constraint(_wb_linear, lower=0.0, upper=0.0)])
 
 
 def _run(x0, p):

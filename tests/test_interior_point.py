@@ -13,7 +13,8 @@ import pytest
 
 import optsolve
 from optsolve import Constraint, OptimizationProblem, ReturnCode, solve
-from constrained_problems import hs071, hs071_objective, hs071_product, hs071_squares
+from constrained_problems import (hs071, hs071_objective, hs071_product, hs071_squares,
+                                  wachter_biegler)
 
 jax.config.update("jax_enable_x64", True)
 
@@ -162,18 +163,12 @@ def test_a_two_sided_constraint_holds_at_the_side_that_binds():
 
 
 def test_the_waechter_biegler_example_is_solved_from_its_failing_starts():
-    """Wächter & Biegler, Math. Programming 88 (2000) 565-574: min x1 s.t. x1^2 - x2 - 1 = 0,
-    x1 - x3 - 1/2 = 0, x2, x3 >= 0, from x0 = (-2, 1, 1), where a line-search interior-point
-    method without restoration stalls at an infeasible point. The problem is feasible, its
-    solution x* = (1, 0, 1/2) by hand (x1 >= 1/2 and x1^2 >= 1, least x1 = 1). A search
-    that fails right after a restoration hands back must restore again, not stop."""
-    lower, upper = jnp.array([-jnp.inf, 0.0, 0.0]), jnp.full(3, jnp.inf)
+    """The Wächter-Biegler example (constrained_problems.wachter_biegler), feasible with
+    x* = (1, 0, 1/2), from its own start (-2, 1, 1) and two others where a line-search
+    interior-point method without restoration stalls at an infeasible point. A search that
+    fails right after a restoration hands back must restore again, not stop."""
     for x0 in ([-2.0, 1.0, 1.0], [-3.0, 1.0, 1.0], [-2.0, 3.0, 0.5]):
-        prob = OptimizationProblem(
-            lambda x, p: x[0], jnp.array(x0), bounds=(lower, upper),
-            constraints=[Constraint(lambda x, p: x[0] ** 2 - x[1] - 1.0, lower=0.0, upper=0.0),
-                         Constraint(lambda x, p: x[0] - x[2] - 0.5, lower=0.0, upper=0.0)])
-        sol = solve(prob, IP)
+        sol = solve(wachter_biegler(x0), IP)
         assert sol.retcode == ReturnCode.SUCCESS, (x0, sol.message)
         assert float(sol.state.resto_theta) > 0  # it went through restoration
         np.testing.assert_allclose(sol.x, [1.0, 0.0, 0.5], atol=1e-7)
