@@ -382,14 +382,20 @@ def test_many_inequality_rows_reduce_the_newton_system_to_x():
     np.testing.assert_allclose(y[0], 2.0, rtol=1e-7)
     assert np.abs(y[1:]).max() < 1e-7
 
+    _condensed_step_equals_the_full_systems(HS076)
+
+
+def _condensed_step_equals_the_full_systems(problem):
+    """The first Newton step of "condensed" (as solve specialises it for ``problem``)
+    equals the full system's ("dense")."""
     from optsolve.backends.constrained import interior_point, newton_system
     from optsolve.backends.native.objective import Objective
     steps = []
     for kind in ("dense", "condensed"):
-        solver = interior_point.InteriorPointSolver(
-            optsolve.InteriorPoint(linear_solver=kind), HS076)
-        objective = Objective.from_problem(HS076)
-        st = solver.init(objective, HS076.x0, None, None)
+        alg = optsolve.InteriorPoint(linear_solver=kind).specialised_for(problem)
+        solver = interior_point.InteriorPointSolver(alg, problem)
+        objective = Objective.from_problem(problem)
+        st = solver.init(objective, problem.x0, None, None)
         nlp = solver._nlp(objective, st)
         v = jnp.concatenate([st.x, st.s])
         fact = newton_system.factorise(nlp, nlp.lagrangian_hessian(st.x, st.y), st.jac,
@@ -400,6 +406,42 @@ def test_many_inequality_rows_reduce_the_newton_system_to_x():
         np.testing.assert_allclose(condensed, full, rtol=1e-10, atol=1e-12)
 
 
-def test_condensed_is_refused_with_an_equality_row():
-    with pytest.raises(ValueError, match="linear_solver='condensed'.*equality"):
-        solve(hs071(), optsolve.InteriorPoint(linear_solver="condensed"))
+def test_condensed_keeps_the_equality_rows():
+    """The polygon of 300 sides cut by the equality x2 = 1/2: "auto" condenses the
+    inequality rows and keeps the equality's (n + m_E = 3 rows). By hand: x1* is the
+    polygon's largest x1 at x2 = 1/2, min over the sides facing x1 > 0 of (1 - sin(t_k) /
+    2) / cos(t_k), on side k; its multiplier y_k = 2 (2 - x1*) / cos(t_k) (stationarity in
+    x1) and the equality's -(1 + y_k sin(t_k)) (in x2). And the step at HS071's start (an
+    equality among two rows) equals the full system's."""
+    sides = 300
+    polygon = _polygon_projection(sides)
+    prob = polygon.replace(constraints=list(polygon.constraints) + [
+        Constraint(lambda x, p: x[1], lower=0.5, upper=0.5)])
+    alg = optsolve.InteriorPoint().specialised_for(prob)
+    assert alg.linear_solver == "condensed" and alg._equality_rows == (sides,)
+    angles = 2 * np.pi * np.arange(sides) / sides
+    facing = np.cos(angles) > 1e-12
+    widths = np.where(facing, (1 - 0.5 * np.sin(angles)) / np.where(facing, np.cos(angles),
+                                                                     1.0), np.inf)
+    k = int(np.argmin(widths))
+    x1 = widths[k]
+    y_k = 2 * (2 - x1) / np.cos(angles[k])
+    sol = solve(prob, TIGHT)
+    assert sol.retcode == ReturnCode.SUCCESS, sol.message
+    np.testing.assert_allclose(sol.x, [x1, 0.5], atol=1e-10)
+    np.testing.assert_allclose(sol.objective, (x1 - 2) ** 2 + 0.25, rtol=1e-10)
+    y = np.asarray(sol.multipliers[0])
+    np.testing.assert_allclose(y[k], y_k, rtol=1e-6)
+    assert np.abs(np.delete(y, k)).max() < 1e-6
+    np.testing.assert_allclose(sol.multipliers[1], -(1 + y_k * np.sin(angles[k])),
+                               rtol=1e-6)
+    _condensed_step_equals_the_full_systems(hs071())
+
+    # under a jit that traces the bounds, which rows are equalities is not known when the
+    # program is built: "condensed" asked for anyway fails, never a silent step
+    @jax.jit
+    def traced(bound):
+        on_line = Constraint(lambda x, p: x[1], lower=bound, upper=bound)
+        return solve(polygon.replace(constraints=list(polygon.constraints) + [on_line]),
+                     optsolve.InteriorPoint(linear_solver="condensed")).retcode
+    assert traced(0.5) == ReturnCode.FAILURE

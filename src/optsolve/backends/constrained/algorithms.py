@@ -13,7 +13,7 @@ from optsolve.backends.constrained.augmented_lagrangian import (
 from optsolve.backends.constrained.interior_point import (
     DEFAULT_TOL, DENSE_KKT_SIZE, InteriorPointSolver, solve_interior_point,
 )
-from optsolve.backends.constrained.nlp import condensable, flat_problem_size
+from optsolve.backends.constrained.nlp import equality_rows, flat_problem_size
 from optsolve.solve_api.algorithm import Algorithm
 from optsolve.solve_api.problem import OptimizationProblem
 from optsolve.solve_api.pytree import pytree_dataclass, static_field
@@ -36,11 +36,6 @@ def _check(name: str, value: Any, low: float, high: float | None = None,
 
 
 _IP_LINEAR_SOLVERS = ("auto", "dense", "condensed", "minres")
-
-
-def _traced_bounds(problem: OptimizationProblem) -> bool:
-    return any(isinstance(b, jax.core.Tracer) for c in problem.constraints
-               for b in (c.lower, c.upper))
 
 
 @pytree_dataclass
@@ -102,10 +97,10 @@ class InteriorPoint(Algorithm):
       second_order_correction: try one second-order correction when the first trial step
         raises the violation (static; default True).
       linear_solver: the Newton system's solver (static): "dense" (an ``L D L^T``
-        factorisation with IPOPT's inertia correction), "condensed" (the same reduced to
-        the n x n primal Schur complement ``W + Sigma + J^T D^-1 J``: every constraint row
-        must be an inequality), "minres" (matrix-free), or "auto" (default: dense while
-        n + m <= 256; condensed while n <= 256 where every row is an inequality, which
+        factorisation with IPOPT's inertia correction), "condensed" (the same with the
+        inequality rows eliminated, ``W + Sigma + J_I^T D_I^-1 J_I`` bordered by the
+        equality rows' Jacobian: n + m_E rows), "minres" (matrix-free), or "auto"
+        (default: dense while n + m <= 256; condensed while n + m_E <= 256, which
         ``solve`` can tell only while the constraints' bounds are not traced; else
         matrix-free).
 
@@ -148,6 +143,9 @@ class InteriorPoint(Algorithm):
     bound_relax_factor: Any = None
     second_order_correction: bool = static_field(default=True)
     linear_solver: str = static_field(default="auto")
+    # "condensed": the equality rows kept in the reduced system, found by specialised_for
+    # while the problem is concrete (inside the compiled run its bounds are traced)
+    _equality_rows: Any = static_field(default=None, init=False, repr=False)
 
     def __post_init__(self):
         if self.linear_solver not in _IP_LINEAR_SOLVERS:
@@ -170,22 +168,19 @@ class InteriorPoint(Algorithm):
         return InteriorPointSolver(self, problem)
 
     def specialised_for(self, problem: OptimizationProblem) -> "InteriorPoint":
-        """"auto" made "condensed" where n <= 256 < n + m and every row is (concretely) an
-        inequality; "condensed" refused where a row is an equality."""
+        """"auto" made "condensed" where n + m_E <= 256 < n + m (m_E equality rows, known
+        while the constraints' bounds are not traced); "condensed" told its equality rows."""
         if not problem.constraints or self.linear_solver not in ("auto", "condensed"):
             return self
-        inequalities = condensable(problem)
-        if self.linear_solver == "condensed":
-            if not inequalities and not _traced_bounds(problem):
-                raise ValueError(
-                    "InteriorPoint: `linear_solver='condensed'` needs every constraint row "
-                    "to be an inequality, got an equality row (lower == upper); use "
-                    "'dense' or 'minres'.")
-            return self
-        n, m = flat_problem_size(problem)
-        if inequalities and n <= DENSE_KKT_SIZE < n + m:
-            return self.replace(linear_solver="condensed")
-        return self
+        rows = equality_rows(problem)
+        if self.linear_solver == "auto":
+            n, m = flat_problem_size(problem)
+            if rows is None or not n + rows.size <= DENSE_KKT_SIZE < n + m:
+                return self
+        specialised = self.replace(linear_solver="condensed")
+        if rows is not None:
+            object.__setattr__(specialised, "_equality_rows", tuple(int(i) for i in rows))
+        return specialised
 
     def capabilities(self) -> dict[str, Any]:
         """The class's traits, ``dense_matrices`` as ``linear_solver`` says ("condensed":

@@ -232,6 +232,7 @@ class InteriorPointSolver(SteppingSolver):
         n, m = flat_problem_size(problem)
         kind = getattr(algorithm, "linear_solver", "dense")
         self.condensed = kind == "condensed"
+        self.equalities = getattr(algorithm, "_equality_rows", None)
         self.dense = kind in ("dense", "condensed") or (kind == "auto" and
                                                         n + m <= DENSE_KKT_SIZE)
         self.krylov_maxiter = min(2 * (n + m) + 10, _KRYLOV_MAXITER)
@@ -240,7 +241,8 @@ class InteriorPointSolver(SteppingSolver):
         """The problem as the method sees it: scaled by the state's factors (unscaled
         without a state), its bounds relaxed by ``bound_relax_factor``."""
         scale = None if state is None else (state.f_scale, state.c_scale)
-        return NLP(objective, self.problem, self.dense, scale, self._relax(), self.condensed)
+        return NLP(objective, self.problem, self.dense, scale, self._relax(), self.condensed,
+                   self.equalities)
 
     def _relax(self) -> Array:
         """bound_relax_factor, by default IPOPT's 1e-8 but never above ``tol`` (a tighter
@@ -298,7 +300,7 @@ class InteriorPointSolver(SteppingSolver):
         f_scale, c_scale = self._scaling(unscaled, unscaled.grad(x_user),
                                          unscaled.jac(x_user))
         nlp = NLP(objective, self.problem, self.dense, (f_scale, c_scale), self._relax(),
-                  self.condensed)
+                  self.condensed, self.equalities)
         grad0, jac0 = nlp.grad(x0), nlp.jac(x0)
         c0 = nlp.cons(x0)
         s0 = nlp.push(jnp.concatenate([x0, c0]), push, frac)[n:]

@@ -25,16 +25,18 @@ is singular, and ``delta_w`` from ``1e-4`` (or a third of the last one) up by 10
 time) or 8x, until the inertia is right or ``delta_w`` passes 1e40 (the step then fails and
 the method turns to feasibility restoration).
 
-Where every row is an inequality (or constrains nothing) and the rows far outnumber the
-variables (``NLP.condensed``), the rows are eliminated as well, ``dy = D^-1 (J dx - r_y)``,
-leaving the n x n primal Schur complement
+Where the inequality rows far outnumber the variables and the equality rows
+(``NLP.condensed``), the inequality rows are eliminated as well, ``dy_I = D_I^-1 (J_I dx -
+r_I)``, leaving the system in x and the equality rows E
 
-    (W + Sigma_x + delta_w I + J^T D^-1 J) dx = r_x + J^T D^-1 r_y,
+    [ W + Sigma_x + delta_w I + J_I^T D_I^-1 J_I   J_E^T     ] [dx  ]   [ r_x + J_I^T D_I^-1 r_I ]
+    [ J_E                                         -delta_c I ] [dy_E] = [ r_E                  ],
 
-whose inertia is the full system's less the m negative eigenvalues of -D (Haynsworth): the
-inertia is right exactly when it is positive definite, which the same ``L D L^T`` reads.
-Its cost is m n^2 to form and n^3 to factorise, against (n + m)^3 (IPOPT reaches the same
-with a sparse factorisation).
+whose inertia is the full system's less the m_I negative eigenvalues of -D_I (Haynsworth):
+the inertia is right exactly when it is (n, m_E, 0), which the same ``L D L^T`` reads
+(without equality rows: positive definite, the n x n primal Schur complement). Its cost is
+m n^2 to form and (n + m_E)^3 to factorise, against (n + m)^3 (IPOPT reaches the same with
+a sparse factorisation).
 """
 
 from __future__ import annotations
@@ -63,7 +65,8 @@ class Factorised(NamedTuple):
     delta_c: Array
     sigma_s: Array    # Sigma_s + delta_w on inequality rows (1 elsewhere)
     ok: Array         # the inertia was corrected within delta_w's range
-    weights: Array    # the condensed form's D^-1 on the rows (0 where none; else empty)
+    weights: Array    # the condensed form's D_I^-1 on the inequality rows (0 elsewhere;
+                      # else empty)
 
 
 def _matrix(nlp: NLP, hessian: Array, jac: Array, sigma: Array, delta_w: Array,
@@ -77,8 +80,18 @@ def _matrix(nlp: NLP, hessian: Array, jac: Array, sigma: Array, delta_w: Array,
     d = jnp.where(nlp.ineq, delta_c + 1.0 / sigma_s, jnp.where(nlp.eq, delta_c, 1.0))
     jac = jnp.where(nlp.rows[:, None] & free[None, :], jac, 0.0)
     if nlp.condensed:
-        weights = jnp.where(nlp.rows, 1.0 / d, 0.0)
-        return top + jac.T @ (weights[:, None] * jac), sigma_s, weights
+        # bounds traced (eq_rows None): an equality row cannot be kept, and its NaN weight
+        # fails the factorisation rather than drop the row
+        eq_weight = jnp.nan if nlp.eq_rows is None else 0.0
+        weights = jnp.where(nlp.ineq, 1.0 / d, jnp.where(nlp.eq, eq_weight, 0.0))
+        reduced = top + jac.T @ (weights[:, None] * jac)
+        rows = nlp._eq_rows()
+        if not rows.size:
+            return reduced, sigma_s, weights
+        jac_e = jac[rows]
+        matrix = jnp.block([[reduced, jac_e.T], [jac_e, -delta_c * jnp.eye(rows.size,
+                                                                           dtype=d.dtype)]])
+        return matrix, sigma_s, weights
     matrix = jnp.block([[top, jac.T], [jac, -jnp.diag(d)]])
     return matrix, sigma_s, jnp.zeros(0, d.dtype)
 
@@ -196,11 +209,12 @@ def solve(nlp: NLP, fact: Factorised, jac: Array, rhs: Array) -> Array:
     the primal Schur complement's, then ``dy = D^-1 (J dx - r_y)``."""
     if not nlp.condensed:
         return _ldl_solve(fact, rhs)
-    n = nlp.n
+    n, rows = nlp.n, nlp._eq_rows()
     jac = jnp.where(nlp.rows[:, None] & nlp.free_x[None, :], jac, 0.0)
     r_x, r_y = rhs[:n], rhs[n:]
-    dx = _ldl_solve(fact, r_x + jac.T @ (fact.weights * r_y))
-    return jnp.concatenate([dx, fact.weights * (jac @ dx - r_y)])
+    step = _ldl_solve(fact, jnp.concatenate([r_x + jac.T @ (fact.weights * r_y), r_y[rows]]))
+    dx = step[:n]
+    return jnp.concatenate([dx, (fact.weights * (jac @ dx - r_y)).at[rows].set(step[n:])])
 
 
 def direction(nlp: NLP, fact: Factorised, grad_phi: Array, jac: Array, y: Array,

@@ -38,7 +38,7 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from optsolve.backends.native.objective import Objective
-from optsolve.solve_api.kkt import _stacked, constraint_size, constraint_values
+from optsolve.solve_api.kkt import _sizes, _stacked, constraint_size, constraint_values
 from optsolve.solve_api.linear_solve import cg
 from optsolve.solve_api.problem import OptimizationProblem
 
@@ -80,9 +80,11 @@ class NLP:
       dense: whether c's Jacobian and the Lagrangian's Hessian are formed as matrices; if
         not (the matrix-free form), only their products are, and the state's Jacobian is
         an empty placeholder (:meth:`jacobian` linearises c where a product is needed).
-      condensed: (dense only) every row is an inequality or constrains nothing, and the
-        Newton system is reduced to x (:mod:`newton_system`; :func:`condensable` says
-        when the caller may ask for it).
+      condensed: (dense only) the Newton system is reduced by eliminating the inequality
+        rows (:mod:`newton_system`): to x and the equality rows ``eq_rows`` (their
+        indices, concrete: ``equalities``, found by :func:`equality_rows` before the run
+        is traced). None where they were not known (bounds traced then): an equality row
+        then makes the factorisation fail (NaN), never a silent step.
       f_scale, c_scale: the scaling of f (a scalar) and of c's rows (``scale``; default 1).
       x_lower, x_upper, c_lower_user, c_upper_user: the user's bounds (unscaled, not
         relaxed), which the violation is measured against.
@@ -90,7 +92,8 @@ class NLP:
 
     def __init__(self, objective: Objective, problem: OptimizationProblem,
                  dense: bool = True, scale: tuple[Array, Array] | None = None,
-                 relax: Any = 0.0, condensed: bool = False):
+                 relax: Any = 0.0, condensed: bool = False,
+                 equalities: tuple[int, ...] | None = None):
         flat, self.unravel = ravel_pytree(problem.x0)
         self.dense, self.condensed = dense, dense and condensed
         self.objective, self.problem = objective, problem
@@ -117,6 +120,8 @@ class NLP:
         self.eq = c_lower == c_upper
         self.rows = self.eq | jnp.isfinite(c_lower) | jnp.isfinite(c_upper)
         self.ineq = self.rows & ~self.eq
+        self.eq_rows = None if equalities is None or not self.condensed else \
+            np.asarray(equalities, int)
         # (a positive scale keeps infinite bounds infinite)
         self.c_lower, self.c_upper = c_lower * self.c_scale, c_upper * self.c_scale
         inf = jnp.asarray(jnp.inf, dtype)
@@ -279,12 +284,7 @@ class NLP:
         g = jnp.concatenate([jnp.where(self.free_x, grad_f, 0.0),
                              jnp.zeros(self.m, self.dtype)]) - z_l + z_u
         if self.condensed:
-            # J_v = [J, -I]: (J J^T + I) y = g_s - J g_x, by Woodbury through an n x n
-            # matrix (no m x m one)
-            jac = jnp.where(self.rows[:, None] & self.free_x[None, :], jacobian.matrix, 0.0)
-            b = jnp.where(self.rows, g[self.n:] - jac @ g[:self.n], 0.0)
-            inner = jnp.eye(self.n, dtype=self.dtype) + jac.T @ jac
-            y = b - jac @ jnp.linalg.solve(inner, jac.T @ b)
+            y = self._condensed_least_squares_y(jacobian.matrix, g)
         elif self.dense:
             y = jnp.linalg.lstsq(self.jac_v(jacobian.matrix).T, -g)[0]
         else:
@@ -293,6 +293,32 @@ class NLP:
             y = cg(normal, -self.jac_v_mv(jacobian, g), maxiter=_ESTIMATE_ITERATIONS,
                    rtol=jnp.sqrt(jnp.finfo(self.dtype).eps), negative_curvature="last").x
         return jnp.where(self.rows, y, 0.0)
+
+    def _condensed_least_squares_y(self, matrix: Array, g: Array) -> Array:
+        """The normal equations ``J_v J_v^T y = -J_v g`` through a system of size n + m_E
+        (no m x m one). With J_v = [[J_I, -I], [J_E, 0]] and t = J^T y, they read
+        ``(I + J_I^T J_I) t - J_E^T y_E = J_I^T b_I``, ``J_E t = b_E`` (b = -J_v g), and
+        ``y_I = b_I - J_I t``; without equality rows, Woodbury's identity."""
+        n = self.n
+        jac = jnp.where(self.rows[:, None] & self.free_x[None, :], matrix, 0.0)
+        b = jnp.where(self.ineq, g[n:], 0.0) - jac @ g[:n]
+        jac_i = jnp.where(self.ineq[:, None], jac, 0.0)
+        b_i = jnp.where(self.ineq, b, 0.0)
+        top = jnp.eye(n, dtype=self.dtype) + jac_i.T @ jac_i
+        rows = self._eq_rows()
+        if not rows.size:
+            t = jnp.linalg.solve(top, jac_i.T @ b_i)
+            return jnp.where(self.rows, b_i - jac_i @ t, 0.0)
+        jac_e = jac[rows]
+        bordered = jnp.block([[top, -jac_e.T],
+                              [-jac_e, jnp.zeros((rows.size, rows.size), self.dtype)]])
+        # lstsq: the equality rows' Jacobian may be rank-deficient
+        sol = jnp.linalg.lstsq(bordered, jnp.concatenate([jac_i.T @ b_i, -b[rows]]))[0]
+        y = (b_i - jac_i @ sol[:n]).at[rows].set(sol[n:])
+        return jnp.where(self.rows, y, 0.0)
+
+    def _eq_rows(self) -> np.ndarray:
+        return np.zeros(0, int) if self.eq_rows is None else self.eq_rows
 
     def jac_v_mv(self, jacobian: "Jacobian", d: Array) -> Array:
         """``J_v d`` for d in v = (x, s) (the product with :meth:`jac_v`'s matrix)."""
@@ -335,16 +361,18 @@ class NLP:
         return worst
 
 
-def condensable(problem: OptimizationProblem) -> bool:
-    """Whether every constraint row is (concretely) an inequality or constrains nothing:
-    no equality row, so that the Newton system may be reduced to x."""
+def equality_rows(problem: OptimizationProblem) -> np.ndarray | None:
+    """The indices of the equality rows (lower == upper) among the flat constraint rows, a
+    concrete array (empty where every row is an inequality); None without constraints or
+    where the constraints' bounds are traced (then not known when the program is built)."""
     if not problem.constraints:
-        return False
+        return None
     try:  # numpy, not jnp: under an outer jit, jnp would stage even constant bounds
-        return not any(np.any(np.asarray(c.lower) == np.asarray(c.upper))
-                       for c in problem.constraints)
+        masks = [np.broadcast_to(np.asarray(c.lower) == np.asarray(c.upper), (size,))
+                 for c, size in zip(problem.constraints, _sizes(problem, problem.x0))]
     except (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError):
-        return False  # bounds traced: not known here
+        return None
+    return np.flatnonzero(np.concatenate(masks))
 
 
 class Jacobian:
