@@ -445,3 +445,20 @@ def test_condensed_keeps_the_equality_rows():
         return solve(polygon.replace(constraints=list(polygon.constraints) + [on_line]),
                      optsolve.InteriorPoint(linear_solver="condensed")).retcode
     assert traced(0.5) == ReturnCode.FAILURE
+
+
+def test_a_degenerate_root_is_not_called_infeasible():
+    """FLT (R. Fletcher, S. Leyffer, Ph. L. Toint, SIAM J. Optim. 13 (2002) 44-59, "a
+    troublesome problem for filter methods"): min (1 - x2)^2 s.t. x1^2 = 0, x1^3 = 0, from
+    (1, 0); by hand x* = (0, 1), f* = 0, where no constraint qualification holds. The
+    restoration's least-squares gradient vanishes as |x1|^3 before the violation x1^2 does:
+    stationarity is that of the violation's norm, so the run reaches a feasible point
+    (|x1| <= 1e-3: x1^2 <= 1e-6) instead of ending INFEASIBLE at x1 = -1.5e-3."""
+    prob = OptimizationProblem(
+        lambda x, p: (1 - x[1]) ** 2, jnp.array([1.0, 0.0]),
+        constraints=[Constraint(lambda x, p: jnp.stack([x[0] ** 2, x[0] ** 3]), 0.0, 0.0)])
+    sol = solve(prob, IP)
+    assert sol.retcode != ReturnCode.INFEASIBLE, sol.message
+    assert abs(float(sol.x[0])) <= 1e-3
+    np.testing.assert_allclose(sol.x[1], 1.0, atol=1e-8)
+    assert float(sol.objective) <= 1e-12

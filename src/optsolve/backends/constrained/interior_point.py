@@ -32,8 +32,9 @@ here, by section of the paper:
   norm ``min(1, gap to the bound)`` and with the fraction-to-the-boundary rule, so that the
   iterates stay inside the bounds. It returns to the barrier problem once the violation is
   below 0.9 of where it began and the point is acceptable to the filter; it declares the
-  problem locally infeasible where its scaled gradient vanishes (or its damping runs past
-  1e12) at a violation above ``tol``: the run then ends INFEASIBLE at that point, the
+  problem locally infeasible where the scaled gradient of the violation's norm |c(x) - s|
+  vanishes (or its damping runs past 1e12) at a violation above ``tol``: the run then
+  ends INFEASIBLE at that point, the
   least violation the restoration found, never SUCCESS.
 
 The driver's protocol (:class:`~optsolve.backends.native.protocol.SteppingSolver`):
@@ -594,8 +595,10 @@ class InteriorPointSolver(SteppingSolver):
         ok = finite & (predicted > 0) & (actual >= 1e-4 * predicted)
         lm = jnp.where(ok, jnp.maximum(st.lm / 3, 1e-12), st.lm * 10).astype(dtype)
         theta = nlp.theta(st.c, st.s)
+        # the gradient of |r|, not of 1/2 |r|^2: near a degenerate root (c = x^2 at x = 0)
+        # the latter vanishes as |r|^(3/2) long before the violation does
         stationary = jnp.max(jnp.abs(gradient * scale), initial=0.0) <= self.tol() * \
-            jnp.maximum(1.0, jnp.sqrt(rr))
+            jnp.sqrt(rr)
         hopeless = stationary | (lm > _LM_MAX)
         infeasible = hopeless & (theta > self.tol()) & (
             jnp.max(jnp.abs(r), initial=0.0) > self.tol())
