@@ -419,6 +419,10 @@ def test_condensed_keeps_the_equality_rows():
         Constraint(lambda x, p: x[1], lower=0.5, upper=0.5)])
     alg = optsolve.InteriorPoint().specialised_for(prob)
     assert alg.linear_solver == "condensed" and alg._equality_rows == (sides,)
+    # the algorithm's own field, not a hyperparameter: replace neither takes nor lists it
+    with pytest.raises(TypeError, match=r"unknown hyperparameter\(s\) \['_equality_rows'\]; "
+                                        r"valid: tol, .*, linear_solver\.$"):
+        alg.replace(_equality_rows=())
     angles = 2 * np.pi * np.arange(sides) / sides
     facing = np.cos(angles) > 1e-12
     widths = np.where(facing, (1 - 0.5 * np.sin(angles)) / np.where(facing, np.cos(angles),

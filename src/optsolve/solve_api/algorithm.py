@@ -190,7 +190,9 @@ class Algorithm(metaclass=_Checked):
         """
         if not dataclasses.is_dataclass(self):
             raise NotImplementedError(f"{type(self).__name__} does not define replace().")
-        names = [f.name for f in dataclasses.fields(self)]
+        # a field the constructor does not take is the algorithm's own (set by
+        # specialised_for), not a hyperparameter
+        names = [f.name for f in dataclasses.fields(self) if f.init]
         check_replace(self, changes, names)
         return dataclasses.replace(self, **changes)
 
