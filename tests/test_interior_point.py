@@ -466,3 +466,46 @@ def test_a_degenerate_root_is_not_called_infeasible():
     assert abs(float(sol.x[0])) <= 1e-3
     np.testing.assert_allclose(sol.x[1], 1.0, atol=1e-8)
     assert float(sol.objective) <= 1e-12
+
+
+def _hs116_constraints(x, p):
+    x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13 = x
+    return jnp.stack([
+        x3 - x2, x2 - x1, 1 - 0.002 * x7 + 0.002 * x8, x11 + x12 + x13 - 50.0,
+        x13 - 1.262626 * x10 + 1.231059 * x3 * x10,
+        x5 - 0.03475 * x2 - 0.975 * x2 * x5 + 0.00975 * x2 ** 2,
+        x6 - 0.03475 * x3 - 0.975 * x3 * x6 + 0.00975 * x3 ** 2,
+        x5 * x7 - x1 * x8 - x4 * x7 + x4 * x8,
+        1 - 0.002 * (x2 * x9 + x5 * x8 - x1 * x8 - x6 * x9) - x5 - x6,
+        x2 * x9 - x3 * x10 - x6 * x9 - 500 * x2 + 500 * x6 + x2 * x10,
+        x2 - 0.9 - 0.002 * (x2 * x10 - x3 * x10),
+        x4 - 0.03475 * x1 - 0.975 * x1 * x4 + 0.00975 * x1 ** 2,
+        x11 - 1.262626 * x8 + 1.231059 * x1 * x8,
+        x12 - 1.262626 * x9 + 1.231059 * x2 * x9])
+
+
+def test_hs116_published_minimum():
+    """Hock & Schittkowski's problem 116 (a three-stage membrane separation: 13 variables,
+    14 bilinear and quadratic inequalities, f = x11 + x12 + x13 <= 250 among them), from
+    its published (infeasible) start: f* = 97.588409 at the published x*. Before each
+    pivot of the inertia test was read against its own row, delta_w ran past 1e40 at every
+    step from iteration 18 on, every constraint row's pivot reading as zero against it, and
+    the run left the optimum it had reached and ended INFEASIBLE at f = 50."""
+    lower = jnp.array([0.1, 0.1, 0.1, 1e-4, 0.1, 0.1, 0.1, 0.1, 500.0, 0.1, 1.0, 1e-4, 1e-4])
+    upper = jnp.array([1.0, 1.0, 1.0, 0.1, 0.9, 0.9, 1000.0, 1000.0, 1000.0, 500.0, 150.0,
+                       150.0, 150.0])
+    x0 = jnp.array([0.5, 0.8, 0.9, 0.1, 0.14, 0.5, 489.0, 80.0, 650.0, 450.0, 150.0, 150.0,
+                    150.0])
+    upper_f = jnp.full(14, jnp.inf).at[3].set(200.0)  # 50 <= f <= 250
+    prob = OptimizationProblem(lambda x, p: x[10] + x[11] + x[12], x0, bounds=(lower, upper),
+                               constraints=[Constraint(_hs116_constraints, 0.0, upper_f)])
+    sol = solve(prob, IP)
+    assert sol.retcode == ReturnCode.SUCCESS, sol.message
+    # the published f* to the accuracy of its x* (this run's f is 9e-4 below it, feasible)
+    np.testing.assert_allclose(sol.objective, 97.588409, rtol=2e-5)
+    # x10* = 0.1, its lower bound: the table's 1.0 contradicts its own x13* = 0.00673
+    # through the fifth constraint, x13 >= x10 (1.262626 - 1.231059 x3*) = 0.0673 x10
+    np.testing.assert_allclose(sol.x, [0.8037703, 0.8999860, 0.9709724, 0.09999952,
+                                       0.1908154, 0.4605717, 574.0803, 74.08043, 500.0162,
+                                       0.1, 20.23413, 77.34755, 0.00673039], rtol=2e-3,
+                               atol=1e-4)

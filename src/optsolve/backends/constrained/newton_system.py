@@ -121,7 +121,7 @@ def ldl(matrix: Array) -> tuple[Array, Array]:
 
 def _inertia(pivots: Array, scale: Array, n: int) -> tuple[Array, Array]:
     """(right, singular): n positive pivots and the rest negative; any pivot within
-    rounding of zero."""
+    rounding of zero, relative to ``scale`` (one per pivot: its row's largest entry)."""
     size = pivots.size
     zero_tol = size * jnp.finfo(pivots.dtype).eps * jnp.where(scale > 0, scale, 1.0)
     positive = jnp.sum(pivots > zero_tol)
@@ -161,7 +161,10 @@ def factorise(nlp: NLP, hessian: Array, jac: Array, sigma: Array, mu: Array,
     def decompose(delta_w, delta_c):
         matrix, sigma_s, weights = _matrix(nlp, hessian, jac, sigma, delta_w, delta_c)
         lower, pivots = ldl(matrix)
-        right, singular = _inertia(pivots, jnp.max(jnp.abs(matrix), initial=0.0), nlp.n)
+        # each pivot against its own row's entries: a global scale is delta_w's once it
+        # grows, under which every constraint row's pivot reads as zero
+        right, singular = _inertia(pivots, jnp.max(jnp.abs(matrix), axis=1, initial=0.0),
+                                   nlp.n)
         right = right & jnp.all(jnp.isfinite(pivots)) & jnp.all(jnp.isfinite(lower))
         return lower, pivots, sigma_s, weights, right, singular
 
