@@ -308,8 +308,9 @@ def test_gradient_based_scaling_solves_a_badly_scaled_hs071():
     for the rows: f is scaled by 100 / 1.2e7, the product row by 100 / 2.5e5, the sum of
     squares not at all. Scaled, the run is HS071's own (the published x*, f* times 1e6, and
     IPOPT's published multipliers (-0.5522937, 0.1614686) times 1e6 / 1e4 and 1e6, in the
-    user's terms); unscaled it does not converge (it ends FAILURE, its line search finding
-    no step; INFEASIBLE before a search failing right after a restoration restored again)."""
+    user's terms) in as many iterations as HS071 itself takes; unscaled it takes more (13
+    against 8 when measured; it ended FAILURE before the inertia test read each pivot
+    against its own row)."""
     def problem(k_f, k_c):
         cons = [Constraint(lambda x, p: k_c * hs071_product(x, p), lower=25.0 * k_c),
                 Constraint(hs071_squares, lower=40.0, upper=40.0)]
@@ -325,11 +326,13 @@ def test_gradient_based_scaling_solves_a_badly_scaled_hs071():
     np.testing.assert_allclose(sol.objective, 1e6 * 17.0140173, rtol=1e-7)
     np.testing.assert_allclose([sol.multipliers[0], sol.multipliers[1]],
                                [-0.5522937 * 1e2, 0.1614686 * 1e6], rtol=1e-6)
+    plain = solve(problem(1.0, 1.0), IP)
+    np.testing.assert_allclose(plain.state.f_scale, 1.0)  # HS071's gradients are below 100
+    assert int(sol.stats.iterations) == int(plain.stats.iterations)
     unscaled = solve(problem(1e6, 1e4), optsolve.InteriorPoint(
         tol=1e-8, nlp_scaling_max_gradient=jnp.inf))
     np.testing.assert_allclose(unscaled.state.f_scale, 1.0)
-    assert unscaled.retcode == ReturnCode.FAILURE, unscaled.message
-    assert float(jnp.max(jnp.abs(unscaled.x - sol.x))) > 1e-2  # far from HS071's x*
+    assert int(unscaled.stats.iterations) > int(plain.stats.iterations), unscaled.message
 
 
 def test_relaxed_inequality_bounds_keep_the_interior_nonempty():
