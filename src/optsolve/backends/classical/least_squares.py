@@ -251,35 +251,42 @@ def _secular_parameter(s: Array, a: Array, delta: Array, par: Array) -> Array:
 
     gn_norm, gn_q = norms(jnp.zeros((), s.dtype))
     full_rank = jnp.all(s > 0)
-    fp0 = gn_norm - delta
-    # the Newton step from 0 bounds lambda below when J has full rank (Moré 1978, §5)
-    lower = jnp.where(full_rank, fp0 / delta * jnp.square(gn_norm) / jnp.maximum(gn_q, tiny),
-                      0.0)
-    lower = jnp.maximum(lower, 0.0)
-    upper = _norm(a) / delta
-    upper = jnp.where(upper == 0, tiny / jnp.minimum(delta, 0.1), upper)
-    lam = jnp.clip(par, lower, upper)
-    lam = jnp.where(lam == 0, upper * 1e-3, lam)
+    a_norm = _norm(a)
 
-    def body(c):
-        lam, lower, upper, done, i = c
-        bad = (lam <= lower) | (lam > upper)
-        lam = jnp.where(bad & ~done, jnp.maximum(1e-3 * upper, jnp.sqrt(lower * upper)), lam)
-        pn, q = norms(lam)
-        fp = pn - delta
-        done = done | (jnp.abs(fp) <= 0.1 * delta)
-        lower = jnp.where(fp > 0, jnp.maximum(lower, lam), lower)
-        upper = jnp.where(fp < 0, jnp.minimum(upper, lam), upper)
-        newton = lam + fp / delta * jnp.square(pn) / jnp.maximum(q, tiny)
-        return jnp.where(done, lam, jnp.maximum(lower, newton)), lower, upper, done, i + 1
+    def solve():
+        fp0 = gn_norm - delta
+        # the Newton step from 0 bounds lambda below when J has full rank (Moré 1978, §5)
+        lower = jnp.where(full_rank,
+                          fp0 / delta * jnp.square(gn_norm) / jnp.maximum(gn_q, tiny), 0.0)
+        lower = jnp.maximum(lower, 0.0)
+        upper = a_norm / delta
+        upper = jnp.where(upper == 0, tiny / jnp.minimum(delta, 0.1), upper)
+        lam = jnp.clip(par, lower, upper)
+        lam = jnp.where(lam == 0, upper * 1e-3, lam)
 
-    # a loop that ends once lambda is found, or at once where the Gauss-Newton step fits
-    # (lambda = 0): a fixed count of 10 would run every kernel of the body 10 times a trial;
-    # bounded (10, static), so that UnrolledAdjoint's reverse mode runs through it
-    fits = gn_norm <= 1.1 * delta
-    lam = inner_while_loop(lambda c: ~c[3] & (c[4] < 10), body,
-                           (lam, lower, upper, fits, jnp.zeros((), jnp.int32)), 10)[0]
-    return jnp.where(fits, jnp.zeros_like(lam), lam)
+        def body(c):
+            lam, lower, upper, done, i = c
+            bad = (lam <= lower) | (lam > upper)
+            lam = jnp.where(bad & ~done, jnp.maximum(1e-3 * upper, jnp.sqrt(lower * upper)),
+                            lam)
+            pn, q = norms(lam)
+            fp = pn - delta
+            done = done | (jnp.abs(fp) <= 0.1 * delta)
+            lower = jnp.where(fp > 0, jnp.maximum(lower, lam), lower)
+            upper = jnp.where(fp < 0, jnp.minimum(upper, lam), upper)
+            newton = lam + fp / delta * jnp.square(pn) / jnp.maximum(q, tiny)
+            return jnp.where(done, lam, jnp.maximum(lower, newton)), lower, upper, done, i + 1
+
+        # a loop that ends once lambda is found: a fixed count of 10 would run every kernel
+        # of the body 10 times a trial; bounded (10, static), so that UnrolledAdjoint's
+        # reverse mode runs through it
+        return inner_while_loop(lambda c: ~c[3] & (c[4] < 10), body,
+                                (lam, lower, upper, jnp.zeros((), bool),
+                                 jnp.zeros((), jnp.int32)), 10)[0]
+
+    # lambda = 0 where the Gauss-Newton step fits: a conditional, so that such a trial runs
+    # none of the search's set-up (its bounds and first guess are a dozen small kernels)
+    return lax.cond(gn_norm <= 1.1 * delta, lambda: jnp.zeros((), s.dtype), solve)
 
 
 class _Trial(NamedTuple):
