@@ -216,22 +216,59 @@ def _norm(v: Array, axis: int | None = None) -> Array:
 
 
 class _LMState(NamedTuple):
-    rfac: Array     # R of the Jacobian's QR factorisation J = Q R at x (dense path; (0,)
-    qtr: Array      # matrix-free), and Q^T r: all the step needs, n x n and n, not m x n
-    diag: Array     # Moré's scaling D
-    delta: Array    # trust radius in the D-norm
-    par: Array      # the Levenberg-Marquardt parameter
-    first: Array    # no step taken yet: delta is set from |D x0| at the first step
-    nonfinite: Array  # some trial met non-finite residuals (a stall then says so)
+    # [R | Q^T r] of the Jacobian's QR factorisation J = Q R at x (dense path; no rows
+    # matrix-free): all the step needs, n x (n + 1), not m x n; one array, so that carrying
+    # and selecting it is one kernel, not two
+    factor: Array
+    # (D, delta, par, first, nonfinite) as one vector (flags as 0 / 1), for the same reason:
+    # Moré's scaling D; the trust radius in the D-norm; the Levenberg-Marquardt parameter;
+    # no step taken yet (delta is then set from |D x0|); some trial met non-finite
+    # residuals (a stall then says so)
+    scalars: Array
+
+    @staticmethod
+    def of(factor, diag, delta, par, first, nonfinite) -> "_LMState":
+        dtype = diag.dtype
+        return _LMState(factor, jnp.concatenate(
+            [diag, jnp.stack([jnp.asarray(v).astype(dtype)
+                              for v in (delta, par, first, nonfinite)])]))
+
+    @property
+    def diag(self) -> Array:
+        return self.scalars[:-4]
+
+    @property
+    def delta(self) -> Array:
+        return self.scalars[-4]
+
+    @property
+    def par(self) -> Array:
+        return self.scalars[-3]
+
+    @property
+    def first(self) -> Array:
+        return self.scalars[-2] > 0
+
+    @property
+    def nonfinite(self) -> Array:
+        return self.scalars[-1] > 0
+
+    @property
+    def rfac(self) -> Array:
+        return self.factor[:, :-1]
+
+    @property
+    def qtr(self) -> Array:
+        return self.factor[:, -1]
 
 
-def _factorised(jac: Array, r: Array) -> tuple[Array, Array]:
-    """(R, Q^T r) of ``jac = Q R``, from one QR factorisation of ``[jac | r]`` (Q is never
-    formed: the last column of that R is ``Q^T r``); R is min(m, n) x n."""
+def _factorised(jac: Array, r: Array) -> Array:
+    """``[R | Q^T r]`` of ``jac = Q R``, from one QR factorisation of ``[jac | r]`` (Q is
+    never formed: the last column of that R is ``Q^T r``); R is min(m, n) x n."""
     k = min(jac.shape[0], jac.shape[1])
     aug = jnp.linalg.qr(jnp.concatenate([jac, r[:, None].astype(jac.dtype)], axis=1),
                         mode="r")
-    return aug[:k, :-1], aug[:k, -1]
+    return aug[:k]
 
 
 def _secular_parameter(s: Array, a: Array, delta: Array, par: Array) -> Array:
@@ -342,12 +379,12 @@ class _LevenbergMarquardtSolver(SteppingSolver):
         residuals = Residuals(self.problem, objective.p)
         xf = ravel_pytree(x)[0]
         if self.dense:
-            rfac, qtr = _factorised(residuals.jacobian(xf, self.m), residuals(xf))
+            factor = _factorised(residuals.jacobian(xf, self.m), residuals(xf))
         else:
-            rfac = qtr = jnp.zeros((0,), self.dtype)
+            factor = jnp.zeros((0, self.n + 1), self.dtype)
         zero = jnp.zeros((), self.dtype)
-        return _LMState(rfac, qtr, jnp.ones_like(xf), zero, zero, jnp.ones((), bool),
-                        jnp.zeros((), bool))
+        return _LMState.of(factor, jnp.ones_like(xf), zero, zero, jnp.ones((), bool),
+                           jnp.zeros((), bool))
 
     def step(self, objective: Objective, x, f, g, state: _LMState) -> Step:
         residuals = Residuals(self.problem, objective.p)
@@ -458,19 +495,19 @@ class _LevenbergMarquardtSolver(SteppingSolver):
         accepted, trials = t.flag("accepted"), t.get("k").astype(jnp.int32)
         x_new = jnp.where(accepted, t.x, xf)
         if self.dense:
-            rfac, qtr = lax.cond(
+            factor = lax.cond(
                 accepted, lambda: _factorised(residuals.jacobian(t.x, self.m), t.r),
-                lambda: (state.rfac, state.qtr))
-            g_new = jnp.where(accepted, (rfac.T @ qtr).astype(self.dtype), gf)  # J^T r
+                lambda: state.factor)
+            g_new = jnp.where(accepted, (factor[:, :-1].T @ factor[:, -1]).astype(self.dtype),
+                              gf)  # J^T r
         else:
-            rfac, qtr = state.rfac, state.qtr
+            factor = state.factor
             g_new = jnp.where(accepted, jax.vjp(residuals, x_new)[1](t.r)[0], gf)
         f_new = jnp.where(accepted, (0.5 * t.get("sum_squares")).astype(f.dtype), f)
         unravel = ravel_pytree(x)[1]
         nonfinite = state.nonfinite | t.flag("nonfinite")
-        new_state = _LMState(rfac, qtr, diag, t.get("delta").astype(state.delta.dtype),
-                             t.get("par").astype(state.par.dtype), state.first & ~accepted,
-                             nonfinite)
+        new_state = _LMState.of(factor, diag, t.get("delta"), t.get("par"),
+                                state.first & ~accepted, nonfinite)
         return Step(unravel(x_new), f_new, unravel(g_new), new_state, trials,
                     accepted.astype(jnp.int32), false, t.flag("stalled") & ~accepted,
                     nonfinite, t.flag("reduction_converged"), t.flag("radius_converged"))
