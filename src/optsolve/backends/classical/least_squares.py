@@ -416,20 +416,27 @@ class _LevenbergMarquardtSolver(SteppingSolver):
                            state.delta)
 
         def trial_step(delta, par):
-            """(step p, scaled norm |D p|, par, predicted relative reduction, dirder)."""
+            """(trial point x + p, scaled norms |D p| and |D (x + p)|, par, predicted
+            relative reduction, dirder, whether p is the Gauss-Newton step, the reduction
+            the Gauss-Newton step predicts)."""
             if self.dense:
                 par = _secular_parameter(s, a, delta, par)
                 d = jnp.square(s) + par
                 safe = d > 0
                 coef = jnp.where(safe, a / jnp.where(safe, d, 1.0), 0.0)
-                scaled = -(vt.T @ coef)
+                x_trial = xf - (vt.T @ coef) / diag
                 # V's columns are orthonormal: |J p| = |S V^T D p| = |S coef| and
-                # |D p| = |coef|, two reductions of one small vector (one kernel) rather than
-                # a second product with V and two reductions of their own
-                jp = _norm(s * coef)
-                pnorm = _norm(coef)
+                # |D p| = |coef|: with |D x_trial|, the reductions of one small stacked
+                # array (one kernel) rather than a second product with V and three
+                # reductions of their own
+                rows = [s * coef, coef, diag * x_trial]
+                if s.size == xf.size:
+                    jp, pnorm, xnorm_trial = _norm(jnp.stack(rows), axis=1)
+                else:
+                    jp, pnorm, xnorm_trial = (_norm(v) for v in rows)
                 temp1, temp2 = jp / fnorm, _sqrt(par) * pnorm / fnorm
-                return (scaled / diag, pnorm, par, jnp.square(temp1) + 2 * jnp.square(temp2),
+                return (x_trial, pnorm, xnorm_trial, par,
+                        jnp.square(temp1) + 2 * jnp.square(temp2),
                         -(jnp.square(temp1) + jnp.square(temp2)), par == 0, gn_prered)
             # Steihaug-CG on the Gauss-Newton model within |p| <= delta
             maxiter = alg.cg_maxiter if alg.cg_maxiter is not None else 2 * self.n
@@ -438,16 +445,18 @@ class _LevenbergMarquardtSolver(SteppingSolver):
             prered = -2 * model / jnp.square(fnorm)
             # inside the region, the step is the Gauss-Newton one (to CG's tolerance)
             gn = jnp.where(boundary, jnp.inf, prered)
-            return p, _norm(p), jnp.zeros_like(par), prered, -prered, ~boundary, gn
+            x_trial = xf + p
+            return (x_trial, _norm(p), _norm(diag * x_trial), jnp.zeros_like(par), prered,
+                    -prered, ~boundary, gn)
 
         def cond(t: _Trial):
             return ~t.flag("done")
 
         def body(t: _Trial) -> _Trial:
             t_delta, t_par = t.get("delta"), t.get("par")
-            p, pnorm, par, prered, dirder, inside, gn_prered = trial_step(t_delta, t_par)
+            x_trial, pnorm, xnorm_trial, par, prered, dirder, inside, gn_prered = trial_step(
+                t_delta, t_par)
             delta = jnp.where(state.first, jnp.minimum(t_delta, pnorm), t_delta)
-            x_trial = xf + p
             r_trial = residuals(x_trial)
             # |r|^2 is kept for the accepted point's value: a sum of m squares is three
             # kernels on XLA's CPU backend (squares, partial sums, their sum)
@@ -468,7 +477,7 @@ class _LevenbergMarquardtSolver(SteppingSolver):
                               jnp.where(grow, pnorm / 0.5, delta))
             par = jnp.where(low, par / shrink, jnp.where(grow, 0.5 * par, par))
             accepted = finite & (ratio >= 1e-4)
-            xnorm_new = jnp.where(accepted, _norm(diag * x_trial), xnorm)
+            xnorm_new = jnp.where(accepted, xnorm_trial, xnorm)
             # Moré's tests; but a region that stops the Gauss-Newton step (non-finite values
             # ahead, say) is small for another reason than convergence, so the reduction
             # the Gauss-Newton step predicts must be small too, and the step must be it
