@@ -271,32 +271,62 @@ def _factorised(jac: Array, r: Array) -> Array:
     return aug[:k]
 
 
-def _secular_parameter(s: Array, a: Array, delta: Array, par: Array) -> Array:
-    """The Levenberg-Marquardt parameter for the scaled Jacobian's SVD ``U diag(s) V^T``
-    and ``a = s * U^T r``: 0 if the Gauss-Newton step is within 1.1 delta, else the
-    lambda > 0 with ``|p(lambda)| = delta`` to 10% (Moré 1978, §5; MINPACK's lmpar), by
-    safeguarded Newton steps on ``1/|p| - 1/delta`` (at most 10), where
-    ``|p(lambda)|^2 = sum (a_i / (s_i^2 + lambda))^2``."""
-    s2 = jnp.square(s)
-    tiny = jnp.finfo(s.dtype).tiny
+class _Spectrum(NamedTuple):
+    """What every trial of a step needs from the scaled Jacobian's SVD ``U diag(s) V^T``:
+    ``a = s * U^T r``, the Gauss-Newton step's coefficients ``a / s^2`` (0 where s = 0),
+    ``|a|``, their norm and ``sum q_i^2 / s_i^2``, and whether J has full rank."""
 
-    def norms(lam):
+    s: Array
+    a: Array
+    gn_coef: Array
+    a_norm: Array
+    gn_norm: Array
+    gn_q: Array
+    full_rank: Array
+
+
+def _spectrum(s: Array, a: Array, *rows: Array) -> tuple[_Spectrum, Array]:
+    """The :class:`_Spectrum` of ``s`` and ``a``, and the sums of ``rows`` (vectors of s's
+    length): every sum from one reduction of a stacked array (one kernel, not one each)."""
+    s2 = jnp.square(s)
+    safe = s2 > 0
+    q = jnp.where(safe, a / jnp.where(safe, s2, 1.0), 0.0)
+    terms = [jnp.square(a), jnp.square(q),
+             jnp.where(safe, jnp.square(q) / jnp.where(safe, s2, 1.0), 0.0),
+             (~(s > 0)).astype(s.dtype), *rows]
+    sums = jnp.sum(jnp.stack(terms), axis=1)
+    return _Spectrum(s, a, q, _sqrt(sums[0]), _sqrt(sums[1]), sums[2], sums[3] == 0), sums[4:]
+
+
+def _step_coefficients(sp: _Spectrum, delta_par) -> Array:
+    """``[c, lambda]``: the Levenberg-Marquardt parameter lambda for the radius delta and
+    the step's coefficients ``c = a / (s^2 + lambda)`` (0 where that is 0; the step in the
+    scaled space is ``-V c``), with ``(delta, par) = delta_par()`` (par: the last lambda).
+    lambda = 0 if the Gauss-Newton step is within 1.1 delta, else the lambda > 0 with
+    ``|c| = delta`` to 10% (Moré 1978, §5; MINPACK's lmpar), by safeguarded Newton steps on
+    ``1/|c| - 1/delta`` (at most 10), where ``|c(lambda)|^2 = sum (a_i / (s_i^2 +
+    lambda))^2``. One array, so that a conditional writes it as one kernel."""
+    s2 = jnp.square(sp.s)
+    tiny = jnp.finfo(sp.s.dtype).tiny
+    a, gn_norm, gn_q = sp.a, sp.gn_norm, sp.gn_q
+
+    def coefficients(lam):
         d = s2 + lam
         safe = d > 0
-        q = jnp.where(safe, a / jnp.where(safe, d, 1.0), 0.0)
+        return jnp.where(safe, a / jnp.where(safe, d, 1.0), 0.0), safe, d
+
+    def norms(lam):
+        q, safe, d = coefficients(lam)
         return _norm(q), jnp.sum(jnp.where(safe, jnp.square(q) / jnp.where(safe, d, 1.0), 0.0))
 
-    gn_norm, gn_q = norms(jnp.zeros((), s.dtype))
-    full_rank = jnp.all(s > 0)
-    a_norm = _norm(a)
-
     def solve():
+        delta, par = delta_par()
         fp0 = gn_norm - delta
         # the Newton step from 0 bounds lambda below when J has full rank (Moré 1978, §5)
-        lower = jnp.where(full_rank,
+        lower = jnp.where(sp.full_rank,
                           fp0 / delta * jnp.square(gn_norm) / jnp.maximum(gn_q, tiny), 0.0)
         lower = jnp.maximum(lower, 0.0)
-        upper = a_norm / delta
+        upper = sp.a_norm / delta
         upper = jnp.where(upper == 0, tiny / jnp.minimum(delta, 0.1), upper)
         lam = jnp.clip(par, lower, upper)
         lam = jnp.where(lam == 0, upper * 1e-3, lam)
@@ -317,13 +347,15 @@ def _secular_parameter(s: Array, a: Array, delta: Array, par: Array) -> Array:
         # a loop that ends once lambda is found: a fixed count of 10 would run every kernel
         # of the body 10 times a trial; bounded (10, static), so that UnrolledAdjoint's
         # reverse mode runs through it
-        return inner_while_loop(lambda c: ~c[3] & (c[4] < 10), body,
-                                (lam, lower, upper, jnp.zeros((), bool),
-                                 jnp.zeros((), jnp.int32)), 10)[0]
+        lam = inner_while_loop(lambda c: ~c[3] & (c[4] < 10), body,
+                               (lam, lower, upper, jnp.zeros((), bool),
+                                jnp.zeros((), jnp.int32)), 10)[0]
+        return jnp.concatenate([coefficients(lam)[0], lam[None]])
 
     # lambda = 0 where the Gauss-Newton step fits: a conditional, so that such a trial runs
     # none of the search's set-up (its bounds and first guess are a dozen small kernels)
-    return lax.cond(gn_norm <= 1.1 * delta, lambda: jnp.zeros((), s.dtype), solve)
+    gn = lambda: jnp.concatenate([sp.gn_coef, jnp.zeros((1,), sp.s.dtype)])  # noqa: E731
+    return lax.cond(gn_norm <= 1.1 * delta_par()[0], gn, solve)
 
 
 class _Trial(NamedTuple):
@@ -405,25 +437,32 @@ class _LevenbergMarquardtSolver(SteppingSolver):
             # stays out of the null space; scipy's rule for its pseudo-inverse)
             s = jnp.where(s > eps * max(self.m, self.n) * s[0], s, 0.0)
             c = u.T @ state.qtr
-            a = s * c
-            # the relative reduction the Gauss-Newton step predicts: |r's part in range(J)|^2
-            gn_prered = jnp.sum(jnp.square(jnp.where(s > 0, c, 0.0))) / jnp.square(fnorm)
+            # with the relative reduction the Gauss-Newton step predicts (|r's part in
+            # range(J)|^2) and |D x|, in the spectrum's one reduction
+            rows = [jnp.square(jnp.where(s > 0, c, 0.0))]
+            if s.size == xf.size:
+                spectrum, sums = _spectrum(s, s * c, *rows, jnp.square(diag * xf))
+                xnorm = _sqrt(sums[1])
+            else:
+                spectrum, sums = _spectrum(s, s * c, *rows)
+                xnorm = _norm(diag * xf)
+            gn_prered = sums[0] / jnp.square(fnorm)
         else:  # matrix-free: the unscaled norm (column norms would cost n products)
             diag = state.diag
             _, jvp, vjp = residuals.linearized(xf)
-        xnorm = _norm(diag * xf)
+            xnorm = _norm(diag * xf)
         delta0 = jnp.where(state.first, jnp.where(xnorm == 0, alg.factor, alg.factor * xnorm),
                            state.delta)
 
-        def trial_step(delta, par):
+        def trial_step(t: _Trial):
             """(trial point x + p, scaled norms |D p| and |D (x + p)|, par, predicted
             relative reduction, dirder, whether p is the Gauss-Newton step, the reduction
             the Gauss-Newton step predicts)."""
             if self.dense:
-                par = _secular_parameter(s, a, delta, par)
-                d = jnp.square(s) + par
-                safe = d > 0
-                coef = jnp.where(safe, a / jnp.where(safe, d, 1.0), 0.0)
+                # delta and par are read inside the conditional's branches: passed as
+                # operands, each would be a kernel of its own
+                packed = _step_coefficients(spectrum, lambda: (t.get("delta"), t.get("par")))
+                coef, par = packed[:-1], packed[-1]
                 x_trial = xf - (vt.T @ coef) / diag
                 # V's columns are orthonormal: |J p| = |S V^T D p| = |S coef| and
                 # |D p| = |coef|: with |D x_trial|, the reductions of one small stacked
@@ -440,6 +479,7 @@ class _LevenbergMarquardtSolver(SteppingSolver):
                         -(jnp.square(temp1) + jnp.square(temp2)), par == 0, gn_prered)
             # Steihaug-CG on the Gauss-Newton model within |p| <= delta
             maxiter = alg.cg_maxiter if alg.cg_maxiter is not None else 2 * self.n
+            delta, par = t.get("delta"), t.get("par")
             p, model, boundary = steihaug_cg(lambda v: vjp(jvp(v)), gf, delta,
                                              alg.cg_rtol * _norm(gf), maxiter)
             prered = -2 * model / jnp.square(fnorm)
@@ -453,9 +493,8 @@ class _LevenbergMarquardtSolver(SteppingSolver):
             return ~t.flag("done")
 
         def body(t: _Trial) -> _Trial:
-            t_delta, t_par = t.get("delta"), t.get("par")
-            x_trial, pnorm, xnorm_trial, par, prered, dirder, inside, gn_prered = trial_step(
-                t_delta, t_par)
+            t_delta = t.get("delta")
+            x_trial, pnorm, xnorm_trial, par, prered, dirder, inside, gn_prered = trial_step(t)
             delta = jnp.where(state.first, jnp.minimum(t_delta, pnorm), t_delta)
             r_trial = residuals(x_trial)
             # |r|^2 is kept for the accepted point's value: a sum of m squares is three
