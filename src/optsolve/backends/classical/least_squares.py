@@ -455,9 +455,10 @@ class _LevenbergMarquardtSolver(SteppingSolver):
                            state.delta)
 
         def trial_step(t: _Trial):
-            """(trial point x + p, scaled norms |D p| and |D (x + p)|, par, predicted
-            relative reduction, dirder, whether p is the Gauss-Newton step, the reduction
-            the Gauss-Newton step predicts)."""
+            """(trial point x + p, scaled norms |D p| and |D (x + p)|, par, the model's
+            terms (dense: |J p| and sqrt(par) |D p|; matrix-free: the predicted relative
+            reduction), whether p is the Gauss-Newton step, the reduction the Gauss-Newton
+            step predicts)."""
             if self.dense:
                 # delta and par are read inside the conditional's branches: passed as
                 # operands, each would be a kernel of its own
@@ -473,10 +474,9 @@ class _LevenbergMarquardtSolver(SteppingSolver):
                     jp, pnorm, xnorm_trial = _norm(jnp.stack(rows), axis=1)
                 else:
                     jp, pnorm, xnorm_trial = (_norm(v) for v in rows)
-                temp1, temp2 = jp / fnorm, _sqrt(par) * pnorm / fnorm
+                # divided by |r| with the trial's |r| (body): one kernel for three divisions
                 return (x_trial, pnorm, xnorm_trial, par,
-                        jnp.square(temp1) + 2 * jnp.square(temp2),
-                        -(jnp.square(temp1) + jnp.square(temp2)), par == 0, gn_prered)
+                        jnp.stack([jp, _sqrt(par) * pnorm]), par == 0, gn_prered)
             # Steihaug-CG on the Gauss-Newton model within |p| <= delta
             maxiter = alg.cg_maxiter if alg.cg_maxiter is not None else 2 * self.n
             delta, par = t.get("delta"), t.get("par")
@@ -487,14 +487,14 @@ class _LevenbergMarquardtSolver(SteppingSolver):
             gn = jnp.where(boundary, jnp.inf, prered)
             x_trial = xf + p
             return (x_trial, _norm(p), _norm(diag * x_trial), jnp.zeros_like(par), prered,
-                    -prered, ~boundary, gn)
+                    ~boundary, gn)
 
         def cond(t: _Trial):
             return ~t.flag("done")
 
         def body(t: _Trial) -> _Trial:
             t_delta = t.get("delta")
-            x_trial, pnorm, xnorm_trial, par, prered, dirder, inside, gn_prered = trial_step(t)
+            x_trial, pnorm, xnorm_trial, par, model, inside, gn_prered = trial_step(t)
             delta = jnp.where(state.first, jnp.minimum(t_delta, pnorm), t_delta)
             r_trial = residuals(x_trial)
             # |r|^2 is kept for the accepted point's value: a sum of m squares is three
@@ -502,13 +502,20 @@ class _LevenbergMarquardtSolver(SteppingSolver):
             sum_squares = jnp.sum(jnp.square(r_trial))
             fnorm1 = _sqrt(sum_squares)
             finite = jnp.isfinite(fnorm1)
-            actred = jnp.where(finite & (0.1 * fnorm1 < fnorm),
-                               1 - jnp.square(fnorm1 / fnorm), -1.0)
-            ratio = jnp.where(prered != 0, actred / jnp.where(prered != 0, prered, 1.0), 0.0)
-            # Moré's radius update (MINPACK lmder)
-            shrink = jnp.where(actred >= 0, 0.5,
-                               0.5 * dirder / jnp.where(dirder + 0.5 * actred != 0,
-                                                        dirder + 0.5 * actred, 1.0))
+            if self.dense:  # model: |J p| and sqrt(par) |D p|, to divide by |r|
+                temp1, temp2, fratio = jnp.concatenate([model, fnorm1[None]]) / fnorm
+                prered = jnp.square(temp1) + 2 * jnp.square(temp2)
+                dirder = -(jnp.square(temp1) + jnp.square(temp2))
+            else:  # model: the predicted relative reduction
+                prered, dirder, fratio = model, -model, fnorm1 / fnorm
+            actred = jnp.where(finite & (0.1 * fnorm1 < fnorm), 1 - jnp.square(fratio), -1.0)
+            # the ratio and Moré's radius update (MINPACK lmder): two divisions, one kernel
+            denominator = dirder + 0.5 * actred
+            quotients = (jnp.stack([actred, 0.5 * dirder])
+                         / jnp.stack([jnp.where(prered != 0, prered, 1.0),
+                                      jnp.where(denominator != 0, denominator, 1.0)]))
+            ratio = jnp.where(prered != 0, quotients[0], 0.0)
+            shrink = jnp.where(actred >= 0, 0.5, quotients[1])
             shrink = jnp.where(~finite | (0.1 * fnorm1 >= fnorm) | (shrink < 0.1), 0.1, shrink)
             low = ratio <= 0.25
             grow = ~low & ((par == 0) | (ratio >= 0.75))
