@@ -287,7 +287,8 @@ class _Spectrum(NamedTuple):
 
 def _spectrum(s: Array, a: Array, *rows: Array) -> tuple[_Spectrum, Array]:
     """The :class:`_Spectrum` of ``s`` and ``a``, and the sums of ``rows`` (vectors of s's
-    length): every sum from one reduction of a stacked array (one kernel, not one each)."""
+    length) with their square roots: every sum from one reduction of a stacked array (one
+    kernel, not one each)."""
     s2 = jnp.square(s)
     safe = s2 > 0
     q = jnp.where(safe, a / jnp.where(safe, s2, 1.0), 0.0)
@@ -295,20 +296,25 @@ def _spectrum(s: Array, a: Array, *rows: Array) -> tuple[_Spectrum, Array]:
              jnp.where(safe, jnp.square(q) / jnp.where(safe, s2, 1.0), 0.0),
              (~(s > 0)).astype(s.dtype), *rows]
     sums = jnp.sum(jnp.stack(terms), axis=1)
-    return _Spectrum(s, a, q, _sqrt(sums[0]), _sqrt(sums[1]), sums[2], sums[3] == 0), sums[4:]
+    roots = _sqrt(sums)  # one kernel for the square roots, not one each
+    return (_Spectrum(s, a, q, roots[0], roots[1], sums[2], sums[3] == 0),
+            (sums[4:], roots[4:]))
 
 
-def _step_coefficients(sp: _Spectrum, delta_par) -> Array:
+def _step_coefficients(spectrum, delta_par) -> Array:
     """``[c, lambda]``: the Levenberg-Marquardt parameter lambda for the radius delta and
     the step's coefficients ``c = a / (s^2 + lambda)`` (0 where that is 0; the step in the
     scaled space is ``-V c``), with ``(delta, par) = delta_par()`` (par: the last lambda).
     lambda = 0 if the Gauss-Newton step is within 1.1 delta, else the lambda > 0 with
     ``|c| = delta`` to 10% (Moré 1978, §5; MINPACK's lmpar), by safeguarded Newton steps on
     ``1/|c| - 1/delta`` (at most 10), where ``|c(lambda)|^2 = sum (a_i / (s_i^2 +
-    lambda))^2``. One array, so that a conditional writes it as one kernel."""
+    lambda))^2``. One array, so that a conditional writes it as one kernel. ``spectrum()``
+    gives the :class:`_Spectrum`, ``delta_par()`` (delta, par): both are read inside the
+    conditional's branches (scalars passed to it as operands are a kernel each)."""
+    sp = spectrum()
     s2 = jnp.square(sp.s)
     tiny = jnp.finfo(sp.s.dtype).tiny
-    a, gn_norm, gn_q = sp.a, sp.gn_norm, sp.gn_q
+    a = sp.a
 
     def coefficients(lam):
         d = s2 + lam
@@ -321,6 +327,8 @@ def _step_coefficients(sp: _Spectrum, delta_par) -> Array:
 
     def solve():
         delta, par = delta_par()
+        sp = spectrum()
+        gn_norm, gn_q = sp.gn_norm, sp.gn_q
         fp0 = gn_norm - delta
         # the Newton step from 0 bounds lambda below when J has full rank (Moré 1978, §5)
         lower = jnp.where(sp.full_rank,
@@ -355,7 +363,7 @@ def _step_coefficients(sp: _Spectrum, delta_par) -> Array:
     # lambda = 0 where the Gauss-Newton step fits: a conditional, so that such a trial runs
     # none of the search's set-up (its bounds and first guess are a dozen small kernels)
     gn = lambda: jnp.concatenate([sp.gn_coef, jnp.zeros((1,), sp.s.dtype)])  # noqa: E731
-    return lax.cond(gn_norm <= 1.1 * delta_par()[0], gn, solve)
+    return lax.cond(spectrum().gn_norm <= 1.1 * delta_par()[0], gn, solve)
 
 
 class _Trial(NamedTuple):
@@ -377,7 +385,11 @@ class _Trial(NamedTuple):
 
 
 _TRIAL_SCALARS = ("k", "delta", "par", "accepted", "reduction_converged", "radius_converged",
-                  "stalled", "nonfinite", "done", "sum_squares")
+                  "stalled", "nonfinite", "done", "sum_squares") + (
+    # and the step's scalars that no trial changes (carried through unchanged): as operands
+    # of the loop, each would be written by a kernel of its own before it
+    "first", "fnorm", "xnorm", "a_norm", "gn_norm", "gn_q", "full_rank", "gn_prered")
+_TRIAL_INVARIANTS = _TRIAL_SCALARS[10:]
 
 
 def _pack(dtype: Any, **values: Array) -> Array:
@@ -386,7 +398,8 @@ def _pack(dtype: Any, **values: Array) -> Array:
     index = jnp.arange(len(_TRIAL_SCALARS))
     packed = jnp.zeros(len(_TRIAL_SCALARS), dtype)
     for i, name in enumerate(_TRIAL_SCALARS):
-        packed = jnp.where(index == i, jnp.asarray(values[name]).astype(dtype), packed)
+        if name in values:
+            packed = jnp.where(index == i, jnp.asarray(values[name]).astype(dtype), packed)
     return packed
 
 
@@ -441,10 +454,10 @@ class _LevenbergMarquardtSolver(SteppingSolver):
             # range(J)|^2) and |D x|, in the spectrum's one reduction
             rows = [jnp.square(jnp.where(s > 0, c, 0.0))]
             if s.size == xf.size:
-                spectrum, sums = _spectrum(s, s * c, *rows, jnp.square(diag * xf))
-                xnorm = _sqrt(sums[1])
+                spectrum, (sums, roots) = _spectrum(s, s * c, *rows, jnp.square(diag * xf))
+                xnorm = roots[1]
             else:
-                spectrum, sums = _spectrum(s, s * c, *rows)
+                spectrum, (sums, _) = _spectrum(s, s * c, *rows)
                 xnorm = _norm(diag * xf)
             gn_prered = sums[0] / jnp.square(fnorm)
         else:  # matrix-free: the unscaled norm (column norms would cost n products)
@@ -453,8 +466,22 @@ class _LevenbergMarquardtSolver(SteppingSolver):
             xnorm = _norm(diag * xf)
         delta0 = jnp.where(state.first, jnp.where(xnorm == 0, alg.factor, alg.factor * xnorm),
                            state.delta)
+        packed_dtype = jnp.result_type(delta0, state.par)
+        invariants = dict(first=state.first, fnorm=fnorm, xnorm=xnorm)
+        if self.dense:
+            invariants.update(a_norm=spectrum.a_norm, gn_norm=spectrum.gn_norm,
+                              gn_q=spectrum.gn_q, full_rank=spectrum.full_rank,
+                              gn_prered=gn_prered)
+        # packed where the packed dtype holds them exactly
+        packed_invariants = {name: v for name, v in invariants.items()
+                             if jnp.result_type(v) in (jnp.dtype(bool), packed_dtype)}
 
-        def trial_step(t: _Trial):
+        def invariant(t: _Trial, name: str) -> Array:
+            if name not in packed_invariants:
+                return invariants[name]
+            return t.flag(name) if invariants[name].dtype == bool else t.get(name)
+
+        def trial_step(t: _Trial, fnorm: Array):
             """(trial point x + p, scaled norms |D p| and |D (x + p)|, par, the model's
             terms (dense: |J p| and sqrt(par) |D p|; matrix-free: the predicted relative
             reduction), whether p is the Gauss-Newton step, the reduction the Gauss-Newton
@@ -462,7 +489,10 @@ class _LevenbergMarquardtSolver(SteppingSolver):
             if self.dense:
                 # delta and par are read inside the conditional's branches: passed as
                 # operands, each would be a kernel of its own
-                packed = _step_coefficients(spectrum, lambda: (t.get("delta"), t.get("par")))
+                packed = _step_coefficients(
+                    lambda: spectrum._replace(**{name: invariant(t, name) for name in (
+                        "a_norm", "gn_norm", "gn_q", "full_rank")}),
+                    lambda: (t.get("delta"), t.get("par")))
                 coef, par = packed[:-1], packed[-1]
                 x_trial = xf - (vt.T @ coef) / diag
                 # V's columns are orthonormal: |J p| = |S V^T D p| = |S coef| and
@@ -476,7 +506,8 @@ class _LevenbergMarquardtSolver(SteppingSolver):
                     jp, pnorm, xnorm_trial = (_norm(v) for v in rows)
                 # divided by |r| with the trial's |r| (body): one kernel for three divisions
                 return (x_trial, pnorm, xnorm_trial, par,
-                        jnp.stack([jp, _sqrt(par) * pnorm]), par == 0, gn_prered)
+                        jnp.stack([jp, _sqrt(par) * pnorm]), par == 0,
+                        invariant(t, "gn_prered"))
             # Steihaug-CG on the Gauss-Newton model within |p| <= delta
             maxiter = alg.cg_maxiter if alg.cg_maxiter is not None else 2 * self.n
             delta, par = t.get("delta"), t.get("par")
@@ -494,8 +525,9 @@ class _LevenbergMarquardtSolver(SteppingSolver):
 
         def body(t: _Trial) -> _Trial:
             t_delta = t.get("delta")
-            x_trial, pnorm, xnorm_trial, par, model, inside, gn_prered = trial_step(t)
-            delta = jnp.where(state.first, jnp.minimum(t_delta, pnorm), t_delta)
+            fnorm, xnorm = invariant(t, "fnorm"), invariant(t, "xnorm")
+            x_trial, pnorm, xnorm_trial, par, model, inside, gn_prered = trial_step(t, fnorm)
+            delta = jnp.where(invariant(t, "first"), jnp.minimum(t_delta, pnorm), t_delta)
             r_trial = residuals(x_trial)
             # |r|^2 is kept for the accepted point's value: a sum of m squares is three
             # kernels on XLA's CPU backend (squares, partial sums, their sum)
@@ -538,14 +570,16 @@ class _LevenbergMarquardtSolver(SteppingSolver):
                 reduction_converged=reduced, radius_converged=radius, stalled=stalled,
                 nonfinite=t.flag("nonfinite") | ~finite,
                 done=accepted | reduced | radius | stalled | (k >= alg.max_trials),
-                sum_squares=sum_squares))
+                sum_squares=sum_squares,
+                **{name: t.get(name) for name in packed_invariants}))
 
         false = jnp.zeros((), bool)
         t = inner_while_loop(cond, body, _Trial(
             xf, jnp.zeros((self.m,), jnp.result_type(f)), _pack(
-                jnp.result_type(delta0, state.par), k=0, delta=delta0, par=state.par,
+                packed_dtype, k=0, delta=delta0, par=state.par,
                 accepted=False, reduction_converged=zero_residual, radius_converged=False,
-                stalled=False, nonfinite=False, done=zero_residual, sum_squares=0.0)),
+                stalled=False, nonfinite=False, done=zero_residual, sum_squares=0.0,
+                **packed_invariants)),
             alg.max_trials)
         accepted, trials = t.flag("accepted"), t.get("k").astype(jnp.int32)
         x_new = jnp.where(accepted, t.x, xf)
