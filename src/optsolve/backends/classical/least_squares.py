@@ -15,6 +15,7 @@ from typing import Any, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.flatten_util import ravel_pytree
 
@@ -233,6 +234,16 @@ class _LMState(NamedTuple):
             [diag, jnp.stack([jnp.asarray(v).astype(dtype)
                               for v in (delta, par, first, nonfinite)])]))
 
+    def after(self, factor, diag, delta, par, accepted, nonfinite) -> "_LMState":
+        """The state after a step: the flags updated from the old array entry by entry (read
+        elsewhere, XLA would write the new array apart from the old and copy it)."""
+        fresh = _LMState.of(factor, diag, delta, par, False, False).scalars
+        old, index = self.scalars, np.arange(self.scalars.size)
+        flags = jnp.where(index == index.size - 2,
+                          jnp.where(accepted, jnp.zeros_like(old), old),
+                          jnp.where(nonfinite, jnp.ones_like(old), old))
+        return _LMState(factor, jnp.where(index >= index.size - 2, flags, fresh))
+
     @property
     def diag(self) -> Array:
         return self.scalars[:-4]
@@ -395,7 +406,7 @@ _TRIAL_INVARIANTS = _TRIAL_SCALARS[10:]
 def _pack(dtype: Any, **values: Array) -> Array:
     # elementwise selects rather than a stack: XLA writes a stack's (concatenate's) parts
     # in place, one kernel each, where a chain of selects is one loop fusion
-    index = jnp.arange(len(_TRIAL_SCALARS))
+    index = np.arange(len(_TRIAL_SCALARS))
     packed = jnp.zeros(len(_TRIAL_SCALARS), dtype)
     for i, name in enumerate(_TRIAL_SCALARS):
         if name in values:
@@ -595,8 +606,8 @@ class _LevenbergMarquardtSolver(SteppingSolver):
         f_new = jnp.where(accepted, (0.5 * t.get("sum_squares")).astype(f.dtype), f)
         unravel = ravel_pytree(x)[1]
         nonfinite = state.nonfinite | t.flag("nonfinite")
-        new_state = _LMState.of(factor, diag, t.get("delta"), t.get("par"),
-                                state.first & ~accepted, nonfinite)
+        new_state = state.after(factor, diag, t.get("delta"), t.get("par"), accepted,
+                                t.flag("nonfinite"))
         return Step(unravel(x_new), f_new, unravel(g_new), new_state, trials,
                     accepted.astype(jnp.int32), false, t.flag("stalled") & ~accepted,
                     nonfinite, t.flag("reduction_converged"), t.flag("radius_converged"))
