@@ -594,7 +594,22 @@ class _LevenbergMarquardtSolver(SteppingSolver):
             alg.max_trials)
         accepted, trials = t.flag("accepted"), t.get("k").astype(jnp.int32)
         x_new = jnp.where(accepted, t.x, xf)
-        if self.dense:
+        f_new = jnp.where(accepted, (0.5 * t.get("sum_squares")).astype(f.dtype), f)
+        if self.dense and jnp.result_type(f) == state.factor.dtype == self.dtype:
+            # the new point's factorisation, x, J^T r and f as one array from the
+            # conditional (one kernel writes it, where each of them would be a kernel
+            # after it, a select of the old and new values)
+            def accept():
+                factor = _factorised(residuals.jacobian(t.x, self.m), t.r)
+                return jnp.concatenate([factor.ravel(), t.x, factor[:, :-1].T @ factor[:, -1],
+                                        (0.5 * t.get("sum_squares"))[None]])
+
+            size = state.factor.size
+            out = lax.cond(accepted, accept, lambda: jnp.concatenate(
+                [state.factor.ravel(), xf, gf, f[None]]))
+            factor = out[:size].reshape(state.factor.shape)
+            x_new, g_new, f_new = out[size:size + self.n], out[size + self.n:-1], out[-1]
+        elif self.dense:
             factor = lax.cond(
                 accepted, lambda: _factorised(residuals.jacobian(t.x, self.m), t.r),
                 lambda: state.factor)
@@ -603,7 +618,6 @@ class _LevenbergMarquardtSolver(SteppingSolver):
         else:
             factor = state.factor
             g_new = jnp.where(accepted, jax.vjp(residuals, x_new)[1](t.r)[0], gf)
-        f_new = jnp.where(accepted, (0.5 * t.get("sum_squares")).astype(f.dtype), f)
         unravel = ravel_pytree(x)[1]
         nonfinite = state.nonfinite | t.flag("nonfinite")
         new_state = state.after(factor, diag, t.get("delta"), t.get("par"), accepted,
