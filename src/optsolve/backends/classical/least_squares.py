@@ -405,7 +405,8 @@ _TRIAL_INVARIANTS = _TRIAL_SCALARS[10:]
 
 def _pack(dtype: Any, **values: Array) -> Array:
     # elementwise selects rather than a stack: XLA writes a stack's (concatenate's) parts
-    # in place, one kernel each, where a chain of selects is one loop fusion
+    # in place, one kernel each, where a chain of selects is one loop fusion; the masks are
+    # NumPy constants (computed by jnp, XLA hoists each out of the loops as a kernel)
     index = np.arange(len(_TRIAL_SCALARS))
     packed = jnp.zeros(len(_TRIAL_SCALARS), dtype)
     for i, name in enumerate(_TRIAL_SCALARS):
