@@ -15,6 +15,7 @@ from typing import Any, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.flatten_util import ravel_pytree
 
@@ -216,70 +217,164 @@ def _norm(v: Array, axis: int | None = None) -> Array:
 
 
 class _LMState(NamedTuple):
-    rfac: Array     # R of the Jacobian's QR factorisation J = Q R at x (dense path; (0,)
-    qtr: Array      # matrix-free), and Q^T r: all the step needs, n x n and n, not m x n
-    diag: Array     # Moré's scaling D
-    delta: Array    # trust radius in the D-norm
-    par: Array      # the Levenberg-Marquardt parameter
-    first: Array    # no step taken yet: delta is set from |D x0| at the first step
-    nonfinite: Array  # some trial met non-finite residuals (a stall then says so)
+    # [R | Q^T r] of the Jacobian's QR factorisation J = Q R at x (dense path; no rows
+    # matrix-free): all the step needs, n x (n + 1), not m x n; one array, so that carrying
+    # and selecting it is one kernel, not two
+    factor: Array
+    # (D, delta, par, first, nonfinite) as one vector (flags as 0 / 1), for the same reason:
+    # Moré's scaling D; the trust radius in the D-norm; the Levenberg-Marquardt parameter;
+    # no step taken yet (delta is then set from |D x0|); some trial met non-finite
+    # residuals (a stall then says so)
+    scalars: Array
+
+    @staticmethod
+    def of(factor, diag, delta, par, first, nonfinite) -> "_LMState":
+        dtype = diag.dtype
+        return _LMState(factor, jnp.concatenate(
+            [diag, jnp.stack([jnp.asarray(v).astype(dtype)
+                              for v in (delta, par, first, nonfinite)])]))
+
+    def after(self, factor, diag, delta, par, accepted, nonfinite) -> "_LMState":
+        """The state after a step: the flags updated from the old array entry by entry (read
+        elsewhere, XLA would write the new array apart from the old and copy it)."""
+        fresh = _LMState.of(factor, diag, delta, par, False, False).scalars
+        old, index = self.scalars, np.arange(self.scalars.size)
+        flags = jnp.where(index == index.size - 2,
+                          jnp.where(accepted, jnp.zeros_like(old), old),
+                          jnp.where(nonfinite, jnp.ones_like(old), old))
+        return _LMState(factor, jnp.where(index >= index.size - 2, flags, fresh))
+
+    @property
+    def diag(self) -> Array:
+        return self.scalars[:-4]
+
+    @property
+    def delta(self) -> Array:
+        return self.scalars[-4]
+
+    @property
+    def par(self) -> Array:
+        return self.scalars[-3]
+
+    @property
+    def first(self) -> Array:
+        return self.scalars[-2] > 0
+
+    @property
+    def nonfinite(self) -> Array:
+        return self.scalars[-1] > 0
+
+    @property
+    def rfac(self) -> Array:
+        return self.factor[:, :-1]
+
+    @property
+    def qtr(self) -> Array:
+        return self.factor[:, -1]
 
 
-def _factorised(jac: Array, r: Array) -> tuple[Array, Array]:
-    """(R, Q^T r) of ``jac = Q R``, from one QR factorisation of ``[jac | r]`` (Q is never
-    formed: the last column of that R is ``Q^T r``); R is min(m, n) x n."""
+def _factorised(jac: Array, r: Array) -> Array:
+    """``[R | Q^T r]`` of ``jac = Q R``, from one QR factorisation of ``[jac | r]`` (Q is
+    never formed: the last column of that R is ``Q^T r``); R is min(m, n) x n."""
     k = min(jac.shape[0], jac.shape[1])
     aug = jnp.linalg.qr(jnp.concatenate([jac, r[:, None].astype(jac.dtype)], axis=1),
                         mode="r")
-    return aug[:k, :-1], aug[:k, -1]
+    return aug[:k]
 
 
-def _secular_parameter(s: Array, a: Array, delta: Array, par: Array) -> Array:
-    """The Levenberg-Marquardt parameter for the scaled Jacobian's SVD ``U diag(s) V^T``
-    and ``a = s * U^T r``: 0 if the Gauss-Newton step is within 1.1 delta, else the
-    lambda > 0 with ``|p(lambda)| = delta`` to 10% (Moré 1978, §5; MINPACK's lmpar), by
-    safeguarded Newton steps on ``1/|p| - 1/delta`` (at most 10), where
-    ``|p(lambda)|^2 = sum (a_i / (s_i^2 + lambda))^2``."""
+class _Spectrum(NamedTuple):
+    """What every trial of a step needs from the scaled Jacobian's SVD ``U diag(s) V^T``:
+    ``a = s * U^T r``, the Gauss-Newton step's coefficients ``a / s^2`` (0 where s = 0),
+    ``|a|``, their norm and ``sum q_i^2 / s_i^2``, and whether J has full rank."""
+
+    s: Array
+    a: Array
+    gn_coef: Array
+    a_norm: Array
+    gn_norm: Array
+    gn_q: Array
+    full_rank: Array
+
+
+def _spectrum(s: Array, a: Array, *rows: Array) -> tuple[_Spectrum, Array]:
+    """The :class:`_Spectrum` of ``s`` and ``a``, and the sums of ``rows`` (vectors of s's
+    length) with their square roots: every sum from one reduction of a stacked array (one
+    kernel, not one each)."""
     s2 = jnp.square(s)
-    tiny = jnp.finfo(s.dtype).tiny
+    safe = s2 > 0
+    q = jnp.where(safe, a / jnp.where(safe, s2, 1.0), 0.0)
+    terms = [jnp.square(a), jnp.square(q),
+             jnp.where(safe, jnp.square(q) / jnp.where(safe, s2, 1.0), 0.0),
+             (~(s > 0)).astype(s.dtype), *rows]
+    sums = jnp.sum(jnp.stack(terms), axis=1)
+    roots = _sqrt(sums)  # one kernel for the square roots, not one each
+    return (_Spectrum(s, a, q, roots[0], roots[1], sums[2], sums[3] == 0),
+            (sums[4:], roots[4:]))
 
-    def norms(lam):
+
+def _step_coefficients(spectrum, delta_par) -> Array:
+    """``[c, lambda]``: the Levenberg-Marquardt parameter lambda for the radius delta and
+    the step's coefficients ``c = a / (s^2 + lambda)`` (0 where that is 0; the step in the
+    scaled space is ``-V c``), with ``(delta, par) = delta_par()`` (par: the last lambda).
+    lambda = 0 if the Gauss-Newton step is within 1.1 delta, else the lambda > 0 with
+    ``|c| = delta`` to 10% (Moré 1978, §5; MINPACK's lmpar), by safeguarded Newton steps on
+    ``1/|c| - 1/delta`` (at most 10), where ``|c(lambda)|^2 = sum (a_i / (s_i^2 +
+    lambda))^2``. One array, so that a conditional writes it as one kernel. ``spectrum()``
+    gives the :class:`_Spectrum`, ``delta_par()`` (delta, par): both are read inside the
+    conditional's branches (scalars passed to it as operands are a kernel each)."""
+    sp = spectrum()
+    s2 = jnp.square(sp.s)
+    tiny = jnp.finfo(sp.s.dtype).tiny
+    a = sp.a
+
+    def coefficients(lam):
         d = s2 + lam
         safe = d > 0
-        q = jnp.where(safe, a / jnp.where(safe, d, 1.0), 0.0)
+        return jnp.where(safe, a / jnp.where(safe, d, 1.0), 0.0), safe, d
+
+    def norms(lam):
+        q, safe, d = coefficients(lam)
         return _norm(q), jnp.sum(jnp.where(safe, jnp.square(q) / jnp.where(safe, d, 1.0), 0.0))
 
-    gn_norm, gn_q = norms(jnp.zeros((), s.dtype))
-    full_rank = jnp.all(s > 0)
-    fp0 = gn_norm - delta
-    # the Newton step from 0 bounds lambda below when J has full rank (Moré 1978, §5)
-    lower = jnp.where(full_rank, fp0 / delta * jnp.square(gn_norm) / jnp.maximum(gn_q, tiny),
-                      0.0)
-    lower = jnp.maximum(lower, 0.0)
-    upper = _norm(a) / delta
-    upper = jnp.where(upper == 0, tiny / jnp.minimum(delta, 0.1), upper)
-    lam = jnp.clip(par, lower, upper)
-    lam = jnp.where(lam == 0, upper * 1e-3, lam)
+    def solve():
+        delta, par = delta_par()
+        sp = spectrum()
+        gn_norm, gn_q = sp.gn_norm, sp.gn_q
+        fp0 = gn_norm - delta
+        # the Newton step from 0 bounds lambda below when J has full rank (Moré 1978, §5)
+        lower = jnp.where(sp.full_rank,
+                          fp0 / delta * jnp.square(gn_norm) / jnp.maximum(gn_q, tiny), 0.0)
+        lower = jnp.maximum(lower, 0.0)
+        upper = sp.a_norm / delta
+        upper = jnp.where(upper == 0, tiny / jnp.minimum(delta, 0.1), upper)
+        lam = jnp.clip(par, lower, upper)
+        lam = jnp.where(lam == 0, upper * 1e-3, lam)
 
-    def body(c):
-        lam, lower, upper, done, i = c
-        bad = (lam <= lower) | (lam > upper)
-        lam = jnp.where(bad & ~done, jnp.maximum(1e-3 * upper, jnp.sqrt(lower * upper)), lam)
-        pn, q = norms(lam)
-        fp = pn - delta
-        done = done | (jnp.abs(fp) <= 0.1 * delta)
-        lower = jnp.where(fp > 0, jnp.maximum(lower, lam), lower)
-        upper = jnp.where(fp < 0, jnp.minimum(upper, lam), upper)
-        newton = lam + fp / delta * jnp.square(pn) / jnp.maximum(q, tiny)
-        return jnp.where(done, lam, jnp.maximum(lower, newton)), lower, upper, done, i + 1
+        def body(c):
+            lam, lower, upper, done, i = c
+            bad = (lam <= lower) | (lam > upper)
+            lam = jnp.where(bad & ~done, jnp.maximum(1e-3 * upper, jnp.sqrt(lower * upper)),
+                            lam)
+            pn, q = norms(lam)
+            fp = pn - delta
+            done = done | (jnp.abs(fp) <= 0.1 * delta)
+            lower = jnp.where(fp > 0, jnp.maximum(lower, lam), lower)
+            upper = jnp.where(fp < 0, jnp.minimum(upper, lam), upper)
+            newton = lam + fp / delta * jnp.square(pn) / jnp.maximum(q, tiny)
+            return jnp.where(done, lam, jnp.maximum(lower, newton)), lower, upper, done, i + 1
 
-    # a loop that ends once lambda is found, or at once where the Gauss-Newton step fits
-    # (lambda = 0): a fixed count of 10 would run every kernel of the body 10 times a trial;
-    # bounded (10, static), so that UnrolledAdjoint's reverse mode runs through it
-    fits = gn_norm <= 1.1 * delta
-    lam = inner_while_loop(lambda c: ~c[3] & (c[4] < 10), body,
-                           (lam, lower, upper, fits, jnp.zeros((), jnp.int32)), 10)[0]
-    return jnp.where(fits, jnp.zeros_like(lam), lam)
+        # a loop that ends once lambda is found: a fixed count of 10 would run every kernel
+        # of the body 10 times a trial; bounded (10, static), so that UnrolledAdjoint's
+        # reverse mode runs through it
+        lam = inner_while_loop(lambda c: ~c[3] & (c[4] < 10), body,
+                               (lam, lower, upper, jnp.zeros((), bool),
+                                jnp.zeros((), jnp.int32)), 10)[0]
+        return jnp.concatenate([coefficients(lam)[0], lam[None]])
+
+    # lambda = 0 where the Gauss-Newton step fits: a conditional, so that such a trial runs
+    # none of the search's set-up (its bounds and first guess are a dozen small kernels)
+    gn = lambda: jnp.concatenate([sp.gn_coef, jnp.zeros((1,), sp.s.dtype)])  # noqa: E731
+    return lax.cond(spectrum().gn_norm <= 1.1 * delta_par()[0], gn, solve)
 
 
 class _Trial(NamedTuple):
@@ -301,16 +396,22 @@ class _Trial(NamedTuple):
 
 
 _TRIAL_SCALARS = ("k", "delta", "par", "accepted", "reduction_converged", "radius_converged",
-                  "stalled", "nonfinite", "done", "sum_squares")
+                  "stalled", "nonfinite", "done", "sum_squares") + (
+    # and the step's scalars that no trial changes (carried through unchanged): as operands
+    # of the loop, each would be written by a kernel of its own before it
+    "first", "fnorm", "xnorm", "a_norm", "gn_norm", "gn_q", "full_rank", "gn_prered")
+_TRIAL_INVARIANTS = _TRIAL_SCALARS[10:]
 
 
 def _pack(dtype: Any, **values: Array) -> Array:
     # elementwise selects rather than a stack: XLA writes a stack's (concatenate's) parts
-    # in place, one kernel each, where a chain of selects is one loop fusion
-    index = jnp.arange(len(_TRIAL_SCALARS))
+    # in place, one kernel each, where a chain of selects is one loop fusion; the masks are
+    # NumPy constants (computed by jnp, XLA hoists each out of the loops as a kernel)
+    index = np.arange(len(_TRIAL_SCALARS))
     packed = jnp.zeros(len(_TRIAL_SCALARS), dtype)
     for i, name in enumerate(_TRIAL_SCALARS):
-        packed = jnp.where(index == i, jnp.asarray(values[name]).astype(dtype), packed)
+        if name in values:
+            packed = jnp.where(index == i, jnp.asarray(values[name]).astype(dtype), packed)
     return packed
 
 
@@ -335,12 +436,12 @@ class _LevenbergMarquardtSolver(SteppingSolver):
         residuals = Residuals(self.problem, objective.p)
         xf = ravel_pytree(x)[0]
         if self.dense:
-            rfac, qtr = _factorised(residuals.jacobian(xf, self.m), residuals(xf))
+            factor = _factorised(residuals.jacobian(xf, self.m), residuals(xf))
         else:
-            rfac = qtr = jnp.zeros((0,), self.dtype)
+            factor = jnp.zeros((0, self.n + 1), self.dtype)
         zero = jnp.zeros((), self.dtype)
-        return _LMState(rfac, qtr, jnp.ones_like(xf), zero, zero, jnp.ones((), bool),
-                        jnp.zeros((), bool))
+        return _LMState.of(factor, jnp.ones_like(xf), zero, zero, jnp.ones((), bool),
+                           jnp.zeros((), bool))
 
     def step(self, objective: Objective, x, f, g, state: _LMState) -> Step:
         residuals = Residuals(self.problem, objective.p)
@@ -361,62 +462,104 @@ class _LevenbergMarquardtSolver(SteppingSolver):
             # stays out of the null space; scipy's rule for its pseudo-inverse)
             s = jnp.where(s > eps * max(self.m, self.n) * s[0], s, 0.0)
             c = u.T @ state.qtr
-            a = s * c
-            # the relative reduction the Gauss-Newton step predicts: |r's part in range(J)|^2
-            gn_prered = jnp.sum(jnp.square(jnp.where(s > 0, c, 0.0))) / jnp.square(fnorm)
+            # with the relative reduction the Gauss-Newton step predicts (|r's part in
+            # range(J)|^2) and |D x|, in the spectrum's one reduction
+            rows = [jnp.square(jnp.where(s > 0, c, 0.0))]
+            if s.size == xf.size:
+                spectrum, (sums, roots) = _spectrum(s, s * c, *rows, jnp.square(diag * xf))
+                xnorm = roots[1]
+            else:
+                spectrum, (sums, _) = _spectrum(s, s * c, *rows)
+                xnorm = _norm(diag * xf)
+            gn_prered = sums[0] / jnp.square(fnorm)
         else:  # matrix-free: the unscaled norm (column norms would cost n products)
             diag = state.diag
             _, jvp, vjp = residuals.linearized(xf)
-        xnorm = _norm(diag * xf)
+            xnorm = _norm(diag * xf)
         delta0 = jnp.where(state.first, jnp.where(xnorm == 0, alg.factor, alg.factor * xnorm),
                            state.delta)
+        packed_dtype = jnp.result_type(delta0, state.par)
+        invariants = dict(first=state.first, fnorm=fnorm, xnorm=xnorm)
+        if self.dense:
+            invariants.update(a_norm=spectrum.a_norm, gn_norm=spectrum.gn_norm,
+                              gn_q=spectrum.gn_q, full_rank=spectrum.full_rank,
+                              gn_prered=gn_prered)
+        # packed where the packed dtype holds them exactly
+        packed_invariants = {name: v for name, v in invariants.items()
+                             if jnp.result_type(v) in (jnp.dtype(bool), packed_dtype)}
 
-        def trial_step(delta, par):
-            """(step p, scaled norm |D p|, par, predicted relative reduction, dirder)."""
+        def invariant(t: _Trial, name: str) -> Array:
+            if name not in packed_invariants:
+                return invariants[name]
+            return t.flag(name) if invariants[name].dtype == bool else t.get(name)
+
+        def trial_step(t: _Trial, fnorm: Array):
+            """(trial point x + p, scaled norms |D p| and |D (x + p)|, par, the model's
+            terms (dense: |J p| and sqrt(par) |D p|; matrix-free: the predicted relative
+            reduction), whether p is the Gauss-Newton step, the reduction the Gauss-Newton
+            step predicts)."""
             if self.dense:
-                par = _secular_parameter(s, a, delta, par)
-                d = jnp.square(s) + par
-                safe = d > 0
-                coef = jnp.where(safe, a / jnp.where(safe, d, 1.0), 0.0)
-                scaled = -(vt.T @ coef)
+                # delta and par are read inside the conditional's branches: passed as
+                # operands, each would be a kernel of its own
+                packed = _step_coefficients(
+                    lambda: spectrum._replace(**{name: invariant(t, name) for name in (
+                        "a_norm", "gn_norm", "gn_q", "full_rank")}),
+                    lambda: (t.get("delta"), t.get("par")))
+                coef, par = packed[:-1], packed[-1]
+                x_trial = xf - (vt.T @ coef) / diag
                 # V's columns are orthonormal: |J p| = |S V^T D p| = |S coef| and
-                # |D p| = |coef|, two reductions of one small vector (one kernel) rather than
-                # a second product with V and two reductions of their own
-                jp = _norm(s * coef)
-                pnorm = _norm(coef)
-                temp1, temp2 = jp / fnorm, _sqrt(par) * pnorm / fnorm
-                return (scaled / diag, pnorm, par, jnp.square(temp1) + 2 * jnp.square(temp2),
-                        -(jnp.square(temp1) + jnp.square(temp2)), par == 0, gn_prered)
+                # |D p| = |coef|: with |D x_trial|, the reductions of one small stacked
+                # array (one kernel) rather than a second product with V and three
+                # reductions of their own
+                rows = [s * coef, coef, diag * x_trial]
+                if s.size == xf.size:
+                    jp, pnorm, xnorm_trial = _norm(jnp.stack(rows), axis=1)
+                else:
+                    jp, pnorm, xnorm_trial = (_norm(v) for v in rows)
+                # divided by |r| with the trial's |r| (body): one kernel for three divisions
+                return (x_trial, pnorm, xnorm_trial, par,
+                        jnp.stack([jp, _sqrt(par) * pnorm]), par == 0,
+                        invariant(t, "gn_prered"))
             # Steihaug-CG on the Gauss-Newton model within |p| <= delta
             maxiter = alg.cg_maxiter if alg.cg_maxiter is not None else 2 * self.n
+            delta, par = t.get("delta"), t.get("par")
             p, model, boundary = steihaug_cg(lambda v: vjp(jvp(v)), gf, delta,
                                              alg.cg_rtol * _norm(gf), maxiter)
             prered = -2 * model / jnp.square(fnorm)
             # inside the region, the step is the Gauss-Newton one (to CG's tolerance)
             gn = jnp.where(boundary, jnp.inf, prered)
-            return p, _norm(p), jnp.zeros_like(par), prered, -prered, ~boundary, gn
+            x_trial = xf + p
+            return (x_trial, _norm(p), _norm(diag * x_trial), jnp.zeros_like(par), prered,
+                    ~boundary, gn)
 
         def cond(t: _Trial):
             return ~t.flag("done")
 
         def body(t: _Trial) -> _Trial:
-            t_delta, t_par = t.get("delta"), t.get("par")
-            p, pnorm, par, prered, dirder, inside, gn_prered = trial_step(t_delta, t_par)
-            delta = jnp.where(state.first, jnp.minimum(t_delta, pnorm), t_delta)
-            x_trial = xf + p
+            t_delta = t.get("delta")
+            fnorm, xnorm = invariant(t, "fnorm"), invariant(t, "xnorm")
+            x_trial, pnorm, xnorm_trial, par, model, inside, gn_prered = trial_step(t, fnorm)
+            delta = jnp.where(invariant(t, "first"), jnp.minimum(t_delta, pnorm), t_delta)
             r_trial = residuals(x_trial)
             # |r|^2 is kept for the accepted point's value: a sum of m squares is three
             # kernels on XLA's CPU backend (squares, partial sums, their sum)
             sum_squares = jnp.sum(jnp.square(r_trial))
             fnorm1 = _sqrt(sum_squares)
             finite = jnp.isfinite(fnorm1)
-            actred = jnp.where(finite & (0.1 * fnorm1 < fnorm),
-                               1 - jnp.square(fnorm1 / fnorm), -1.0)
-            ratio = jnp.where(prered != 0, actred / jnp.where(prered != 0, prered, 1.0), 0.0)
-            # Moré's radius update (MINPACK lmder)
-            shrink = jnp.where(actred >= 0, 0.5,
-                               0.5 * dirder / jnp.where(dirder + 0.5 * actred != 0,
-                                                        dirder + 0.5 * actred, 1.0))
+            if self.dense:  # model: |J p| and sqrt(par) |D p|, to divide by |r|
+                temp1, temp2, fratio = jnp.concatenate([model, fnorm1[None]]) / fnorm
+                prered = jnp.square(temp1) + 2 * jnp.square(temp2)
+                dirder = -(jnp.square(temp1) + jnp.square(temp2))
+            else:  # model: the predicted relative reduction
+                prered, dirder, fratio = model, -model, fnorm1 / fnorm
+            actred = jnp.where(finite & (0.1 * fnorm1 < fnorm), 1 - jnp.square(fratio), -1.0)
+            # the ratio and Moré's radius update (MINPACK lmder): two divisions, one kernel
+            denominator = dirder + 0.5 * actred
+            quotients = (jnp.stack([actred, 0.5 * dirder])
+                         / jnp.stack([jnp.where(prered != 0, prered, 1.0),
+                                      jnp.where(denominator != 0, denominator, 1.0)]))
+            ratio = jnp.where(prered != 0, quotients[0], 0.0)
+            shrink = jnp.where(actred >= 0, 0.5, quotients[1])
             shrink = jnp.where(~finite | (0.1 * fnorm1 >= fnorm) | (shrink < 0.1), 0.1, shrink)
             low = ratio <= 0.25
             grow = ~low & ((par == 0) | (ratio >= 0.75))
@@ -424,7 +567,7 @@ class _LevenbergMarquardtSolver(SteppingSolver):
                               jnp.where(grow, pnorm / 0.5, delta))
             par = jnp.where(low, par / shrink, jnp.where(grow, 0.5 * par, par))
             accepted = finite & (ratio >= 1e-4)
-            xnorm_new = jnp.where(accepted, _norm(diag * x_trial), xnorm)
+            xnorm_new = jnp.where(accepted, xnorm_trial, xnorm)
             # Moré's tests; but a region that stops the Gauss-Newton step (non-finite values
             # ahead, say) is small for another reason than convergence, so the reduction
             # the Gauss-Newton step predicts must be small too, and the step must be it
@@ -439,31 +582,47 @@ class _LevenbergMarquardtSolver(SteppingSolver):
                 reduction_converged=reduced, radius_converged=radius, stalled=stalled,
                 nonfinite=t.flag("nonfinite") | ~finite,
                 done=accepted | reduced | radius | stalled | (k >= alg.max_trials),
-                sum_squares=sum_squares))
+                sum_squares=sum_squares,
+                **{name: t.get(name) for name in packed_invariants}))
 
         false = jnp.zeros((), bool)
         t = inner_while_loop(cond, body, _Trial(
             xf, jnp.zeros((self.m,), jnp.result_type(f)), _pack(
-                jnp.result_type(delta0, state.par), k=0, delta=delta0, par=state.par,
+                packed_dtype, k=0, delta=delta0, par=state.par,
                 accepted=False, reduction_converged=zero_residual, radius_converged=False,
-                stalled=False, nonfinite=False, done=zero_residual, sum_squares=0.0)),
+                stalled=False, nonfinite=False, done=zero_residual, sum_squares=0.0,
+                **packed_invariants)),
             alg.max_trials)
         accepted, trials = t.flag("accepted"), t.get("k").astype(jnp.int32)
         x_new = jnp.where(accepted, t.x, xf)
-        if self.dense:
-            rfac, qtr = lax.cond(
-                accepted, lambda: _factorised(residuals.jacobian(t.x, self.m), t.r),
-                lambda: (state.rfac, state.qtr))
-            g_new = jnp.where(accepted, (rfac.T @ qtr).astype(self.dtype), gf)  # J^T r
-        else:
-            rfac, qtr = state.rfac, state.qtr
-            g_new = jnp.where(accepted, jax.vjp(residuals, x_new)[1](t.r)[0], gf)
         f_new = jnp.where(accepted, (0.5 * t.get("sum_squares")).astype(f.dtype), f)
+        if self.dense and jnp.result_type(f) == state.factor.dtype == self.dtype:
+            # the new point's factorisation, x, J^T r and f as one array from the
+            # conditional (one kernel writes it, where each of them would be a kernel
+            # after it, a select of the old and new values)
+            def accept():
+                factor = _factorised(residuals.jacobian(t.x, self.m), t.r)
+                return jnp.concatenate([factor.ravel(), t.x, factor[:, :-1].T @ factor[:, -1],
+                                        (0.5 * t.get("sum_squares"))[None]])
+
+            size = state.factor.size
+            out = lax.cond(accepted, accept, lambda: jnp.concatenate(
+                [state.factor.ravel(), xf, gf, f[None]]))
+            factor = out[:size].reshape(state.factor.shape)
+            x_new, g_new, f_new = out[size:size + self.n], out[size + self.n:-1], out[-1]
+        elif self.dense:
+            factor = lax.cond(
+                accepted, lambda: _factorised(residuals.jacobian(t.x, self.m), t.r),
+                lambda: state.factor)
+            g_new = jnp.where(accepted, (factor[:, :-1].T @ factor[:, -1]).astype(self.dtype),
+                              gf)  # J^T r
+        else:
+            factor = state.factor
+            g_new = jnp.where(accepted, jax.vjp(residuals, x_new)[1](t.r)[0], gf)
         unravel = ravel_pytree(x)[1]
         nonfinite = state.nonfinite | t.flag("nonfinite")
-        new_state = _LMState(rfac, qtr, diag, t.get("delta").astype(state.delta.dtype),
-                             t.get("par").astype(state.par.dtype), state.first & ~accepted,
-                             nonfinite)
+        new_state = state.after(factor, diag, t.get("delta"), t.get("par"), accepted,
+                                t.flag("nonfinite"))
         return Step(unravel(x_new), f_new, unravel(g_new), new_state, trials,
                     accepted.astype(jnp.int32), false, t.flag("stalled") & ~accepted,
                     nonfinite, t.flag("reduction_converged"), t.flag("radius_converged"))
