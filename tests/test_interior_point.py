@@ -512,3 +512,30 @@ def test_hs116_published_minimum():
                                        0.1908154, 0.4605717, 574.0803, 74.08043, 500.0162,
                                        0.1, 20.23413, 77.34755, 0.00673039], rtol=2e-3,
                                atol=1e-4)
+
+
+def test_a_redundant_equality_keeps_the_run_at_its_local_minimum():
+    """Hock & Schittkowski's problem 55: six linear equalities in six variables, one of them
+    (x4 + x5 + x6 = 2) implied by the other five, so the Newton matrix's equality rows are
+    rank-deficient at every iterate. By hand, with t = x1 in [0, 1] the feasible set is the
+    segment x = (t, (t + 4)/3, (5 - 4t)/3, 1 - t, (2 - t)/3, (1 + 4t)/3), on which f(t) = t/3 +
+    16/3 + exp(t - t^2) has f'(1) = -2/3: from the published start (1, 2, 0, 0, 0, 2) the
+    nearest minimum is t = 1, x = (1, 5/3, 1/3, 0, 1/3, 5/3), f = 20/3 (the global one is t =
+    0, f = 19/3). Read against its own row only, a rounding-sized pivot of an equality row
+    passed as nonzero: the jitted run stopped at f = 20/3 + 3.4e-6 (sif2jax's HS55, also
+    jitted, ended FAILURE with multipliers of 1e40); the inertia test now reads each pivot
+    against the size of what its elimination subtracted as well."""
+    def equalities(x, p):
+        x1, x2, x3, x4, x5, x6 = x
+        return jnp.stack([x1 + 2 * x2 + 5 * x5 - 6, x1 + x2 + x3 - 3, x4 + x5 + x6 - 2,
+                          x1 + x4 - 1, x2 + x5 - 2, x3 + x6 - 2])
+
+    prob = OptimizationProblem(
+        lambda x, p: x[0] + 2 * x[1] + 4 * x[4] + jnp.exp(x[0] * x[3]),
+        jnp.array([1.0, 2.0, 0.0, 0.0, 0.0, 2.0]),
+        bounds=(jnp.zeros(6), jnp.array([1.0, jnp.inf, jnp.inf, 1.0, jnp.inf, jnp.inf])),
+        constraints=[Constraint(equalities, 0.0, 0.0)])
+    sol = jax.jit(lambda x0: solve(prob.replace(x0=x0), IP))(prob.x0)
+    assert sol.retcode == ReturnCode.SUCCESS
+    np.testing.assert_allclose(sol.x, [1.0, 5 / 3, 1 / 3, 0.0, 1 / 3, 5 / 3], atol=1e-7)
+    np.testing.assert_allclose(sol.objective, 20 / 3, rtol=1e-8)

@@ -121,7 +121,8 @@ def ldl(matrix: Array) -> tuple[Array, Array]:
 
 def _inertia(pivots: Array, scale: Array, n: int) -> tuple[Array, Array]:
     """(right, singular): n positive pivots and the rest negative; any pivot within
-    rounding of zero, relative to ``scale`` (one per pivot: its row's largest entry)."""
+    rounding of zero, relative to ``scale`` (one per pivot: the larger of its row's largest
+    entry and the sum its elimination subtracted)."""
     size = pivots.size
     zero_tol = size * jnp.finfo(pivots.dtype).eps * jnp.where(scale > 0, scale, 1.0)
     positive = jnp.sum(pivots > zero_tol)
@@ -161,10 +162,12 @@ def factorise(nlp: NLP, hessian: Array, jac: Array, sigma: Array, mu: Array,
     def decompose(delta_w, delta_c):
         matrix, sigma_s, weights = _matrix(nlp, hessian, jac, sigma, delta_w, delta_c)
         lower, pivots = ldl(matrix)
-        # each pivot against its own row's entries: a global scale is delta_w's once it
-        # grows, under which every constraint row's pivot reads as zero
-        right, singular = _inertia(pivots, jnp.max(jnp.abs(matrix), axis=1, initial=0.0),
-                                   nlp.n)
+        # each pivot against its own row's entries (a global scale is delta_w's once it
+        # grows, under which every constraint row's pivot reads as zero) and against what
+        # its elimination subtracted, sum_j L_kj^2 |d_j|: its rounding error's size
+        scale = jnp.maximum(jnp.max(jnp.abs(matrix), axis=1, initial=0.0),
+                            (lower ** 2) @ jnp.abs(pivots))
+        right, singular = _inertia(pivots, scale, nlp.n)
         right = right & jnp.all(jnp.isfinite(pivots)) & jnp.all(jnp.isfinite(lower))
         return lower, pivots, sigma_s, weights, right, singular
 
