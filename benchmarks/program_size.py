@@ -305,9 +305,11 @@ LIMITS: dict[str, str] = {
     "optsolve.GaussNewton": (f"the SVD least-squares solve of J d = -r, {_TRIAL}, and "
                              f"{_DRIVER}; optimistix solves by QR, one trial a step"),
     "optsolve.LevenbergMarquardt": (
-        "Moré's trial loop inside each iteration (the SVD of R D^-1, the secular equation's "
-        "loop, the trial's residuals and radius update), the QR of [J | r] behind a "
-        f"conditional on acceptance, and {_DRIVER}"),
+        "Moré's trial loop inside each iteration (the SVD of R D^-1 before it; in it the "
+        "secular equation's search behind a conditional on the Gauss-Newton step fitting, "
+        "the trial's residuals, their sum of squares (3 kernels: partial sums of 32, then "
+        "their sum) and the radius update, its scalars packed in one array), the QR of "
+        f"[J | r] behind a conditional on acceptance, and {_DRIVER}"),
     "optsolve.NewtonRaphson": ("the scaled LU solve, its SVD (damped step) fallback, the "
                               f"line search on |F|^2, and {_DRIVER}"),
     "optsolve.Broyden": ("the solve with the secant matrix B and its rank-one update, the "
