@@ -130,6 +130,10 @@ class DescentSolver(SteppingSolver):
     level) or FAILURE (otherwise).
     """
 
+    # The model that update_model resets to gives steepest descent itself (the direction
+    # -g, flagged steepest): no carried flag forces it after a failed search.
+    resets_to_steepest: ClassVar[bool] = False
+
     def __init__(self, algorithm: Algorithm, problem: OptimizationProblem):
         self.alg = algorithm
         self.problem = problem
@@ -179,7 +183,9 @@ class DescentSolver(SteppingSolver):
         xf, gf = Flat.ravel(x), Flat.ravel(g)
         d, steepest = self.direction(state.model, xf, gf, state, flat)
         slope = jnp.vdot(gf, d)
-        descent = (slope < 0) & jnp.isfinite(slope) & ~state.retry
+        descent = (slope < 0) & jnp.isfinite(slope)
+        if not self.resets_to_steepest:
+            descent = descent & ~state.retry
         sd = self.steepest_direction(xf, gf, flat)
         d = jnp.where(descent, d, sd)
         steepest = jnp.where(descent, steepest, True)
@@ -203,8 +209,10 @@ class DescentSolver(SteppingSolver):
             state.f_best)
         progress = lower | (g_norm < state.g_best)
         idle = jnp.where(progress, 0, state.idle + 1).astype(jnp.int32)
-        new_state = DescentState(model, res.alpha, d, gf, k.astype(jnp.int32),
-                                 ~res.decreased & ~steepest,
+        # a method whose reset model gives steepest descent needs no retry flag: it keeps
+        # the one it was given (not a value its loop carries)
+        retry = state.retry if self.resets_to_steepest else ~res.decreased & ~steepest
+        new_state = DescentState(model, res.alpha, d, gf, k.astype(jnp.int32), retry,
                                  jnp.minimum(f_new, state.f_best),
                                  jnp.minimum(g_norm, state.g_best), idle)
         failed = ~res.decreased & steepest & ~res.stalled
