@@ -250,7 +250,29 @@ def test_failure_linesearch_ascent_direction():
     for ls in (Zoom(), Backtracking()):
         res = ls.search(fun, x, f0, g0, -d, 1.0)
         assert not bool(res.decreased) and float(res.alpha) == 0.0
-        np.testing.assert_array_equal(np.asarray(res.x), np.asarray(x))
+        if isinstance(ls, Zoom):  # backtracking's x is its last trial: the caller keeps x
+            np.testing.assert_array_equal(np.asarray(res.x), np.asarray(x))
+
+
+def test_backtracking_accepts_finite_points_only():
+    """A step that overflows x is not accepted even where f and its gradient are finite
+    there and the approximate Armijo test holds (an infinite slope): the methods' steps
+    (DescentSolver.keeps_point) rely on an accepted point being finite."""
+    @jax.custom_jvp
+    def f(x):
+        return jnp.sum(jnp.where(jnp.isfinite(x), 0.5 * x ** 2, -1.0))
+
+    @f.defjvp
+    def _(primals, tangents):
+        (x,), (t,) = primals, tangents
+        return f(x), jnp.vdot(jnp.where(jnp.isfinite(x), x, 1.0), t)
+
+    fun = jax.value_and_grad(f)
+    x = jnp.array([1.0])
+    f0, g0 = fun(x)
+    assert Backtracking().finite_points(False)
+    res = Backtracking().search(fun, x, f0, g0, jnp.array([-1e10]), 1e308)
+    assert not bool(res.decreased) or bool(jnp.all(jnp.isfinite(res.x)))
 
 
 # -------------------------------------------------------------------- numerical failure

@@ -130,6 +130,10 @@ class DescentSolver(SteppingSolver):
     level) or FAILURE (otherwise).
     """
 
+    # The model that update_model resets to gives steepest descent itself (the direction
+    # -g, flagged steepest): no carried flag forces it after a failed search.
+    resets_to_steepest: ClassVar[bool] = False
+
     def __init__(self, algorithm: Algorithm, problem: OptimizationProblem):
         self.alg = algorithm
         self.problem = problem
@@ -139,6 +143,10 @@ class DescentSolver(SteppingSolver):
         self.default_gtol = default_gtol(self.dtype)
         self.default_maxiters = type(algorithm).default_maxiters
         self.linesearch: LineSearch = algorithm.linesearch
+        # With a search that accepts finite points only, a step that fails returns its
+        # start point (see NativeSolver.keeps_point).
+        bounded = problem.bounds is not None and problem.has_bounds
+        self.keeps_point = self.linesearch.finite_points(bounded)
 
     # -- hooks
     def init_model(self, x: Array, g: Array) -> PyTree:
@@ -175,30 +183,42 @@ class DescentSolver(SteppingSolver):
         xf, gf = Flat.ravel(x), Flat.ravel(g)
         d, steepest = self.direction(state.model, xf, gf, state, flat)
         slope = jnp.vdot(gf, d)
-        descent = (slope < 0) & jnp.isfinite(slope) & ~state.retry
+        descent = (slope < 0) & jnp.isfinite(slope)
+        if not self.resets_to_steepest:
+            descent = descent & ~state.retry
         sd = self.steepest_direction(xf, gf, flat)
         d = jnp.where(descent, d, sd)
         steepest = jnp.where(descent, steepest, True)
         alpha0 = self.initial_step(state, f, gf, d, steepest)
         res = self.linesearch.search(flat.value_and_grad, xf, f, gf, d, alpha0, flat.bounds)
-        s, y = res.x - xf, res.g - gf
+        if self.keeps_point:
+            # The search accepts finite points only: where it found no decrease the step
+            # keeps its start point, and the driver needs no select of its own (a second
+            # kernel per value).
+            x_new, f_new, g_new = (jnp.where(res.decreased, a, b) for a, b in
+                                   ((res.x, xf), (res.f, f), (res.g, gf)))
+        else:  # the search's own start point where it found no decrease
+            x_new, f_new, g_new = res.x, res.f, res.g
+        s, y = x_new - xf, g_new - gf
         # No decrease along a model direction: the hook drops the model, so the next
         # iteration retries with steepest descent.
-        model = self.update_model(state.model, s, y, res.g, res.decreased)
+        model = self.update_model(state.model, s, y, g_new, res.decreased)
         k = jnp.where(res.decreased, state.k + 1, 0)
-        g_norm = _grad_norm(res.x, res.g, flat.bounds)
-        lower = res.f < state.f_best - float(jnp.finfo(state.f_best.dtype).eps) * jnp.abs(
+        g_norm = _grad_norm(x_new, g_new, flat.bounds)
+        lower = f_new < state.f_best - float(jnp.finfo(state.f_best.dtype).eps) * jnp.abs(
             state.f_best)
         progress = lower | (g_norm < state.g_best)
         idle = jnp.where(progress, 0, state.idle + 1).astype(jnp.int32)
-        new_state = DescentState(model, res.alpha, d, gf, k.astype(jnp.int32),
-                                 ~res.decreased & ~steepest,
-                                 jnp.minimum(res.f, state.f_best),
+        # a method whose reset model gives steepest descent needs no retry flag: it keeps
+        # the one it was given (not a value its loop carries)
+        retry = state.retry if self.resets_to_steepest else ~res.decreased & ~steepest
+        new_state = DescentState(model, res.alpha, d, gf, k.astype(jnp.int32), retry,
+                                 jnp.minimum(f_new, state.f_best),
                                  jnp.minimum(g_norm, state.g_best), idle)
         failed = ~res.decreased & steepest & ~res.stalled
         stalled = ((~res.decreased & steepest & res.stalled) | (res.decreased & tiny_step(s, xf))
                    | (idle >= _IDLE_ITERATIONS))
-        return Step(flat.unravel(res.x), res.f, flat.unravel(res.g), new_state, res.evals,
+        return Step(flat.unravel(x_new), f_new, flat.unravel(g_new), new_state, res.evals,
                     res.evals, failed, stalled, res.nonfinite)
 
     def steepest_direction(self, x: Array, g: Array, flat: Flat) -> Array:

@@ -30,8 +30,9 @@ class LineSearchResult(NamedTuple):
     """The accepted point of a line search and what it cost.
 
     Attributes:
-      x, f, g: the accepted point, its value and gradient (the start point when
-        ``decreased`` is False).
+      x, f, g: the accepted point, its value and gradient where ``decreased``; elsewhere
+        the start point (zoom) or the last trial (backtracking: the caller keeps its start
+        point there).
       alpha: the accepted step length (0 when nothing was accepted).
       evals: value-and-gradient evaluations made.
       decreased: a point satisfying the sufficient-decrease (Armijo) condition was found.
@@ -113,7 +114,9 @@ def backtracking_search(fun: Fun, x: Array, f0: Array, g0: Array, d: Array, alph
         slope_a = jnp.vdot(ga, step).astype(st)
         armijo = (fa <= f0 + c1 * slope0) | _approx_armijo(fa, f0, slope_a, slope0, c1)
         finite = jnp.isfinite(fa) & jnp.all(jnp.isfinite(ga))
-        ok = finite & armijo & (slope0 < 0)
+        # A finite slope g0 . (x_a - x) also makes x_a finite (a non-finite entry makes the
+        # product inf or NaN), even where the approximate test accepts an infinite slope.
+        ok = finite & armijo & (slope0 < 0) & jnp.isfinite(slope0)
         return xa, fa, ga, ok, ~finite
 
     a0 = jnp.asarray(alpha0).astype(st)
@@ -131,11 +134,9 @@ def backtracking_search(fun: Fun, x: Array, f0: Array, g0: Array, d: Array, alph
     i, a, xa, fa, ga, ok, nonfinite = inner_while_loop(
         cond, body, (jnp.ones((), jnp.int32), a0, xa, fa, ga, ok, nonfinite), max_steps - 1)
     stalled = ~ok & _is_flat(f0, jnp.vdot(g0, xa - x).astype(st) / a, a, fa)
-    return LineSearchResult(
-        jnp.where(ok, xa, x), jnp.where(ok, fa.astype(f_start.dtype), f_start),
-        jnp.where(ok, ga, g0), jnp.where(ok, a, 0.0).astype(x.dtype), i, ok, stalled,
-        nonfinite,
-    )
+    # the trial unselected: the caller's select of its next point is then the only one
+    return LineSearchResult(xa, fa.astype(f_start.dtype), ga,
+                            jnp.where(ok, a, 0.0).astype(x.dtype), i, ok, stalled, nonfinite)
 
 
 @pytree_dataclass
@@ -166,6 +167,11 @@ class Backtracking:
         """Search along ``d`` from ``x`` starting at step ``alpha0``; see the class doc."""
         return backtracking_search(fun, x, f0, g0, d, alpha0, self.c1, self.shrink,
                                    self.max_steps, bounds)
+
+    def finite_points(self, bounded: bool) -> bool:
+        """Whether an accepted point is always finite (on a problem with bounds or
+        without): it is, its slope ``g0 . (x_a - x)`` being finite."""
+        return True
 
 
 # From this many variables the zoom search makes and tests its first trial apart, and runs
@@ -328,6 +334,12 @@ class Zoom:
         stalled = ~decreased & _is_flat(f0, dphi0, a_last, f_last)
         return LineSearchResult(x_lo, f_lo.astype(f_start.dtype), g_lo, a_lo.astype(x.dtype), i,
                                 decreased, stalled, nonfinite)
+
+    def finite_points(self, bounded: bool) -> bool:
+        """Whether an accepted point is always finite: with bounds (a backtracking
+        search, see :meth:`Backtracking.finite_points`); without, a long step ``a d`` may
+        overflow where f and its slope along d stay finite."""
+        return bounded
 
     def _first_apart(self, probe, tests, advance, more, ended, carry0):
         """The search with its first trial made and tested outside the loop: it ends most

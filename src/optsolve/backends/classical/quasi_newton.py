@@ -67,6 +67,9 @@ class _LBFGSSolver(DescentSolver):
     # resets the model itself, so the driver keeps it as it is rather than selecting the
     # previous one, a copy of the whole memory each iteration (a cost on small solves).
     select_state = False
+    # the emptied memory applies gamma = 1: -(g + 0), steepest descent (a zero entry of g
+    # may change sign, as at the first iteration)
+    resets_to_steepest = True
 
     def init_model(self, x, g):
         m = self.alg.memory_size
@@ -265,6 +268,7 @@ class BFGSModel(NamedTuple):
 
 class _BFGSSolver(DescentSolver):
     select_state = False  # as for L-BFGS: a failed step resets H itself
+    resets_to_steepest = True  # H = I and Hg = g: the direction -Hg is -g exactly
 
     def init_model(self, x, g):
         return BFGSModel(jnp.eye(self.n, dtype=self.dtype), g, jnp.zeros((), jnp.int32))

@@ -124,12 +124,11 @@ def _stepping_loop(solver: SteppingSolver, objective: Objective, problem: Optimi
         step = solver.step(objective, carry.x, carry.f, carry.g, carry.state)
         f_ok, g_ok, x_ok = all_finite(step.f), all_finite(step.g), all_finite(step.x)
         ok = f_ok & g_ok & x_ok & ~step.failed
-        if solver.select_state:
-            x, f, g, state = select(ok, (step.x, step.f, step.g, step.state),
-                                     (carry.x, carry.f, carry.g, carry.state))
+        if solver.keeps_point:
+            x, f, g = step.x, step.f, step.g
         else:
             x, f, g = select(ok, (step.x, step.f, step.g), (carry.x, carry.f, carry.g))
-            state = step.state
+        state = select(ok, step.state, carry.state) if solver.select_state else step.state
         iteration = carry.iteration + ok.astype(INT)
         stalled = jnp.zeros((), bool)
         if solver.detect_stall:

@@ -52,6 +52,10 @@ class NativeSolver(abc.ABC):
         select over large states (quasi-Newton memories) every iteration.
       default_gtol: the gtol used when ``solve`` got none (None: no gradient test).
       default_maxiters: likewise for maxiters (None: no limit).
+      keeps_point: a step's x, f and g are the previous ones wherever the driver fails it
+        (its failure; a non-finite x, f or g only where the previous one was), so the
+        driver does not select them: with the solver's own select that would be a second
+        kernel per carried value.
       tests_tolerances: the solver tests ``ftol`` and ``xtol`` itself, in its own terms
         (reported through ``Step.reduction_converged`` / ``radius_converged``), in place of
         the driver's tests; it reads them from the options :meth:`bind_options` hands it.
@@ -59,6 +63,7 @@ class NativeSolver(abc.ABC):
 
     detect_stall: ClassVar[bool] = False
     select_state: ClassVar[bool] = True
+    keeps_point: ClassVar[bool] = False
     tests_tolerances: ClassVar[bool] = False
     default_gtol: float | None = None
     default_maxiters: int | None = None
