@@ -250,8 +250,12 @@ def test_failure_linesearch_ascent_direction():
     for ls in (Zoom(), Backtracking()):
         res = ls.search(fun, x, f0, g0, -d, 1.0)
         assert not bool(res.decreased) and float(res.alpha) == 0.0
-        if isinstance(ls, Zoom):  # backtracking's x is its last trial: the caller keeps x
+        if isinstance(ls, Zoom):
             np.testing.assert_array_equal(np.asarray(res.x), np.asarray(x))
+        else:  # backtracking's x is its last trial (halved each time): the caller keeps x
+            last = x + 0.5 ** (int(res.evals) - 1) * -d
+            np.testing.assert_allclose(np.asarray(res.x), np.asarray(last), rtol=1e-12)
+            np.testing.assert_allclose(float(res.f), float(fun(last)[0]), rtol=1e-12)
 
 
 def test_backtracking_accepts_finite_points_only():
