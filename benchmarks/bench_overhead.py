@@ -127,11 +127,11 @@ def main(repeats: int = 301) -> str:
 # Where an eager call's time goes: solve's stages, timed by wrapping them (private names of
 # optsolve, read here only).
 STAGES = {
-    "optsolve.solve_api.solve": {"make_options": "options", "check_objective":
-                                 "the objective's check (its cache key)",
+    "optsolve.solve_api.solve": {"enter_stages": "the call's stages (options, checks, the "
+                                 "model split)",
                                  "FlatInputs": "flattening the inputs once",
                                  "_eager": "the counts as Python ints",
-                                 "_finish": "the Solution in the user's terms"},
+                                 "leave_stages": "the Solution in the user's terms"},
     "optsolve.backends.native.chunked": {"_template": "the first carry (cached)",
                                          "_first_chunk": "the compiled chunk's dispatch",
                                          "_status": "waiting for the chunk, reading its summary",
