@@ -17,7 +17,11 @@ problem and solves it twice (the second solve: a new problem object, the same fu
 optsolve; optsolve with the cache on (``optsolve.enable_compilation_cache(dir)``, with a
 directory that an unmeasured process of the same script filled first, a script's second
 run; its deterministic measure is JAX's count of cache hits and misses in the process); and
-the peer (optimistix where it is installed, the ``bench`` extra).
+the peer (optimistix where it is installed, the ``bench`` extra). Every process reads the
+modules' compiled bytecode from one directory (``PYTHONPYCACHEPREFIX``), written by one
+unmeasured run of each runner first, as an install writes it: an environment with
+``PYTHONDONTWRITEBYTECODE`` set would otherwise make each process compile optsolve's source
+again (about 0.2 s of its import), while the peers' installed bytecode is read.
 
 The processes run in turns, in a new order each turn (seeded); each figure is the median
 over the turns, with the smallest and largest in brackets; the ratio to the peer is taken
@@ -47,7 +51,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 NOTES = (
     "Import is `import optsolve` (or `import optimistix`) in a bare interpreter, jax's own "
-    "import included; first solve is everything after it up to the first result (x64 on, "
+    "import included, every module read from its compiled bytecode (written by one "
+    "unmeasured run of each runner, as an install writes it); first solve is everything after it up to the first result (x64 on, "
     "the problem built, tracing, compilation, the run); second solve is the same call on "
     "a new problem object, the compiled program reused. With the cache on, the first "
     "solve still traces and lowers the program, then loads XLA's executable from disk "
@@ -147,13 +152,20 @@ PROBLEMS = {"lbfgs": ("optsolve.LBFGS", "optimistix.LBFGS"),
             "adam": ("optsolve.Adam", "optax.adam fori_loop")}
 
 
-def run_child(problem: str, mode: str, cache: str | None) -> dict:
-    """One fresh process of ``mode`` on ``problem``: its timings (s) and cache events."""
+def run_child(problem: str, mode: str, cache: str | None, bytecode: str) -> dict:
+    """One fresh process of ``mode`` on ``problem``: its timings (s) and cache events.
+    ``bytecode``: the directory of Python's compiled modules (``PYTHONPYCACHEPREFIX``)."""
     script = (f"PROBLEM = {problem!r}\nMODE = {mode!r}\nCACHE = {cache!r}\n"
               f"ADAM_STEPS = {ADAM_STEPS}\n" + _CHILD)
     # a cache the user set up for JAX would turn the no-cache runners into cached ones
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
     env.pop("JAX_ENABLE_X64", None)
+    # Every library's modules imported from their compiled bytecode, as after an install
+    # (pip writes it; an editable install on first import). A PYTHONDONTWRITEBYTECODE
+    # environment would make every process compile optsolve's source again, while the
+    # peers' installed bytecode is read.
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env["PYTHONPYCACHEPREFIX"] = bytecode
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                          env=env, check=False, timeout=600)
     if out.returncode:
@@ -177,15 +189,17 @@ def measure(turns: int) -> dict[tuple[str, str], list[dict]]:
     runs = [(problem, mode) for problem in PROBLEMS
             for mode in ("optsolve", "optsolve-cache", _peer(problem)) if mode is not None]
     results: dict[tuple[str, str], list[dict]] = {r: [] for r in runs}
-    with tempfile.TemporaryDirectory() as cache:
-        for problem in PROBLEMS:  # each script's first run: it fills the cache
-            run_child(problem, "optsolve-cache", cache)
+    with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as bytecode:
+        # one unmeasured run of each: it writes every module's bytecode, and the cached
+        # runners' first run fills the compilation cache
+        for problem, mode in runs:
+            run_child(problem, mode, cache, bytecode)
         order = list(runs)
         shuffle = random.Random(0).shuffle
         for _ in range(turns):
             shuffle(order)
             for problem, mode in order:
-                results[problem, mode].append(run_child(problem, mode, cache))
+                results[problem, mode].append(run_child(problem, mode, cache, bytecode))
     return results
 
 
