@@ -77,16 +77,22 @@ def _approx_armijo(fa: Array, f0: Array, slope_a: Array, slope_0: Array, c1: Any
     return (fa <= f0 + _flat_tolerance(f0)) & (slope_a <= (2 * c1 - 1) * slope_0)
 
 
-def _is_flat(f0: Array, dphi0: Array, a: Array, fa: Array) -> Array:
-    """True when no decrease above rounding is possible along the direction: the trial at
-    step ``a`` is within rounding of ``f0``, or the quadratic through ``(0, f0, dphi0)`` and
-    ``(a, fa)`` predicts a best decrease below rounding (a steep valley that the direction
-    crosses, where the gradient cannot be followed in floating point)."""
+def _is_flat(f0: Array, predicted: Array, fa: Array) -> Array:
+    """True when no decrease above rounding is possible along the direction: the trial is
+    within rounding of ``f0``, or the quadratic through ``f0``, the slope at 0 and the
+    trial's value ``fa`` predicts a best decrease below rounding (a steep valley that the
+    direction crosses, where the gradient cannot be followed in floating point).
+
+    ``predicted``: the first-order change to the trial, ``phi'(0) a``. With the quadratic's
+    curvature ``c = (fa - f0 - phi'(0) a) / a^2``, its best decrease ``phi'(0)^2 / (4 c)`` is
+    below ``noise`` where ``(phi'(0) a)^2 <= 4 (fa - f0 - phi'(0) a) noise``: no divisions,
+    whose shared results XLA computes in kernels of their own.
+    """
     eps = jnp.finfo(f0.dtype).eps
     noise = 64 * eps * jnp.maximum(jnp.abs(f0), jnp.finfo(f0.dtype).tiny)
-    curvature = (fa - f0 - dphi0 * a) / (a * a)
-    best_decrease = jnp.where(curvature > 0, dphi0 * dphi0 / (4 * curvature), jnp.inf)
-    return jnp.isfinite(fa) & ((fa - f0 <= noise) | (best_decrease <= noise))
+    rise = fa - f0 - predicted  # c a^2
+    small_decrease = (rise > 0) & (predicted * predicted <= 4 * rise * noise)
+    return jnp.isfinite(fa) & ((fa - f0 <= noise) | small_decrease)
 
 
 def backtracking_search(fun: Fun, x: Array, f0: Array, g0: Array, d: Array, alpha0: Array,
@@ -117,23 +123,25 @@ def backtracking_search(fun: Fun, x: Array, f0: Array, g0: Array, d: Array, alph
         # A finite slope g0 . (x_a - x) also makes x_a finite (a non-finite entry makes the
         # product inf or NaN), even where the approximate test accepts an infinite slope.
         ok = finite & armijo & (slope0 < 0) & jnp.isfinite(slope0)
-        return xa, fa, ga, ok, ~finite
+        return xa, fa, ga, slope0, ok, ~finite
 
     a0 = jnp.asarray(alpha0).astype(st)
-    xa, fa, ga, ok, nonfinite = trial(a0)
+    xa, fa, ga, slope0, ok, nonfinite = trial(a0)
 
     def cond(c):
-        return ~c[5] & (c[0] < max_steps)
+        return ~c[6] & (c[0] < max_steps)
 
     def body(c):
         i, a, *_, seen = c
         a = a * shrink
-        xa, fa, ga, ok, nonfinite = trial(a)
-        return i + 1, a, xa, fa, ga, ok, seen | nonfinite
+        xa, fa, ga, slope0, ok, nonfinite = trial(a)
+        return i + 1, a, xa, fa, ga, slope0, ok, seen | nonfinite
 
-    i, a, xa, fa, ga, ok, nonfinite = inner_while_loop(
-        cond, body, (jnp.ones((), jnp.int32), a0, xa, fa, ga, ok, nonfinite), max_steps - 1)
-    stalled = ~ok & _is_flat(f0, jnp.vdot(g0, xa - x).astype(st) / a, a, fa)
+    i, a, xa, fa, ga, slope0, ok, nonfinite = inner_while_loop(
+        cond, body, (jnp.ones((), jnp.int32), a0, xa, fa, ga, slope0, ok, nonfinite),
+        max_steps - 1)
+    # the last trial's first-order change g0 . (x_a - x), as its test computed it
+    stalled = ~ok & _is_flat(f0, slope0, fa)
     # the trial unselected: the caller's select of its next point is then the only one
     return LineSearchResult(xa, fa.astype(f_start.dtype), ga,
                             jnp.where(ok, a, 0.0).astype(x.dtype), i, ok, stalled, nonfinite)
@@ -187,17 +195,23 @@ class _ZoomCarry(NamedTuple):
     i: Array
     done: Array
     a: Array          # next trial step
-    a_lo: Array       # best step so far satisfying sufficient decrease (0 = the start)
-    f_lo: Array
-    d_lo: Array       # directional derivative at a_lo
+    # (step, value, directional derivative) of the bracket's ends, each end one array: a
+    # loop writes each carried array in a kernel of its own
+    lo: Array         # the best step so far satisfying sufficient decrease (0 = the start)
     x_lo: Array
     g_lo: Array
-    a_hi: Array       # the other end of the bracket (inf while still bracketing)
-    f_hi: Array
-    d_hi: Array
+    hi: Array         # the other end of the bracket (step inf while still bracketing)
     a_last: Array     # the last trial step and its value (for the stall test)
     f_last: Array
     nonfinite: Array  # some trial had a non-finite value or derivative
+
+    @property
+    def a_lo(self) -> Array:
+        return self.lo[0]
+
+    @property
+    def f_lo(self) -> Array:
+        return self.lo[1]
 
 
 def _cubic_min(a_lo, f_lo, d_lo, a_hi, f_hi, d_hi):
@@ -266,8 +280,9 @@ class Zoom:
         inf = jnp.asarray(jnp.inf, dtype)
         zero = jnp.zeros((), dtype)
         a0 = jnp.asarray(alpha0).astype(dtype)
-        carry0 = _ZoomCarry(jnp.zeros((), jnp.int32), jnp.zeros((), bool), a0, zero, f0,
-                            dphi0, x, g0, inf, inf, zero, a0, inf, jnp.zeros((), bool))
+        carry0 = _ZoomCarry(jnp.zeros((), jnp.int32), jnp.zeros((), bool), a0,
+                            jnp.stack([zero, f0, dphi0]), x, g0, jnp.stack([inf, inf, zero]),
+                            a0, inf, jnp.zeros((), bool))
 
         def probe(a):
             xa = x + a.astype(x.dtype) * d
@@ -290,14 +305,14 @@ class Zoom:
             xa, fa, ga, da = trial
             finite, bad, wolfe = tests(c.f_lo, a, fa, da)
             # The minimiser lies between a and the old best when the slope points back.
-            flip = ~bad & ~wolfe & (da * jnp.sign(c.a_hi - c.a_lo) >= 0)
+            flip = ~bad & ~wolfe & (da * jnp.sign(c.hi[0] - c.lo[0]) >= 0)
             move_lo = ~bad
-            a_hi = jnp.where(bad, a, jnp.where(flip, c.a_lo, c.a_hi))
-            f_hi = jnp.where(bad, jnp.where(finite, fa, inf), jnp.where(flip, c.f_lo, c.f_hi))
-            d_hi = jnp.where(bad, jnp.where(finite, da, zero), jnp.where(flip, c.d_lo, c.d_hi))
-            a_lo = jnp.where(move_lo, a, c.a_lo)
-            f_lo = jnp.where(move_lo, fa, c.f_lo)
-            d_lo = jnp.where(move_lo, da, c.d_lo)
+            hi = jnp.where(bad, jnp.stack([a, jnp.where(finite, fa, inf),
+                                           jnp.where(finite, da, zero)]),
+                           jnp.where(flip, c.lo, c.hi))
+            lo = jnp.where(move_lo, jnp.stack([a, fa, da]), c.lo)
+            a_lo, f_lo, d_lo = lo
+            a_hi, f_hi, d_hi = hi
             x_lo = jnp.where(move_lo, xa, c.x_lo)
             g_lo = jnp.where(move_lo, ga, c.g_lo)
             bracketing = jnp.isinf(a_hi)
@@ -314,9 +329,8 @@ class Zoom:
             a_next = jnp.where(bracketing, 2.0 * a, jnp.where(inside, cubic, fallback))
             # steps closer than x's rounding reach the same points
             tiny = ~bracketing & (jnp.abs(width) <= 10 * float(jnp.finfo(x.dtype).eps) * jnp.abs(a_lo))
-            return _ZoomCarry(c.i + 1, wolfe | tiny, a_next, a_lo, f_lo, d_lo, x_lo, g_lo,
-                              a_hi, f_hi, d_hi, a, jnp.where(finite, fa, inf),
-                              c.nonfinite | ~finite)
+            return _ZoomCarry(c.i + 1, wolfe | tiny, a_next, lo, x_lo, g_lo, hi, a,
+                              jnp.where(finite, fa, inf), c.nonfinite | ~finite)
 
         def more(c: _ZoomCarry):
             return ~c.done & (c.i < self.max_steps)
@@ -331,7 +345,7 @@ class Zoom:
             found = self._first_apart(probe, tests, advance, more, ended, carry0)
         x_lo, f_lo, g_lo, a_lo, i, a_last, f_last, nonfinite = found
         decreased = a_lo > 0
-        stalled = ~decreased & _is_flat(f0, dphi0, a_last, f_last)
+        stalled = ~decreased & _is_flat(f0, dphi0 * a_last, f_last)
         return LineSearchResult(x_lo, f_lo.astype(f_start.dtype), g_lo, a_lo.astype(x.dtype), i,
                                 decreased, stalled, nonfinite)
 
