@@ -108,9 +108,10 @@ class DescentState(NamedTuple):
     g: Array           # gradient at the previous iterate (for CG's beta)
     k: Array           # iterations since the last restart
     retry: Array       # the last search failed along a model direction: use steepest descent
-    f_best: Array      # the lowest objective so far
-    g_best: Array      # the smallest (projected) gradient inf-norm so far
-    idle: Array        # iterations since f_best or g_best last improved
+    # (the lowest objective, the smallest (projected) gradient inf-norm) so far, in the
+    # wider of f's and x's dtypes: one array, which a loop writes in one kernel
+    best: Array
+    idle: Array        # iterations since either of them last improved
 
 
 # Iterations without a new lowest objective (beyond rounding) nor a new smallest gradient
@@ -174,8 +175,9 @@ class DescentSolver(SteppingSolver):
         zero = jnp.zeros((), self.dtype)
         flat = Flat(objective, self.problem)
         return DescentState(self.init_model(xf, gf), zero, jnp.zeros_like(xf), gf,
-                            jnp.zeros((), jnp.int32), jnp.zeros((), bool), f,
-                            _grad_norm(xf, gf, flat.bounds), jnp.zeros((), jnp.int32))
+                            jnp.zeros((), jnp.int32), jnp.zeros((), bool),
+                            _pair(f, _grad_norm(xf, gf, flat.bounds)),
+                            jnp.zeros((), jnp.int32))
 
     def step(self, objective: Objective, x: PyTree, f: Array, g: PyTree,
              state: DescentState) -> Step:
@@ -205,16 +207,16 @@ class DescentSolver(SteppingSolver):
         model = self.update_model(state.model, s, y, g_new, res.decreased)
         k = jnp.where(res.decreased, state.k + 1, 0)
         g_norm = _grad_norm(x_new, g_new, flat.bounds)
-        lower = f_new < state.f_best - float(jnp.finfo(state.f_best.dtype).eps) * jnp.abs(
-            state.f_best)
-        progress = lower | (g_norm < state.g_best)
+        # each best in its own dtype again (exactly: they were widened)
+        f_best, g_best = state.best[0].astype(f_new.dtype), state.best[1].astype(g_norm.dtype)
+        lower = f_new < f_best - float(jnp.finfo(f_best.dtype).eps) * jnp.abs(f_best)
+        progress = lower | (g_norm < g_best)
         idle = jnp.where(progress, 0, state.idle + 1).astype(jnp.int32)
         # a method whose reset model gives steepest descent needs no retry flag: it keeps
         # the one it was given (not a value its loop carries)
         retry = state.retry if self.resets_to_steepest else ~res.decreased & ~steepest
         new_state = DescentState(model, res.alpha, d, gf, k.astype(jnp.int32), retry,
-                                 jnp.minimum(f_new, state.f_best),
-                                 jnp.minimum(g_norm, state.g_best), idle)
+                                 jnp.minimum(_pair(f_new, g_norm), state.best), idle)
         failed = ~res.decreased & steepest & ~res.stalled
         stalled = ((~res.decreased & steepest & res.stalled) | (res.decreased & tiny_step(s, xf))
                    | (idle >= _IDLE_ITERATIONS))
@@ -223,6 +225,13 @@ class DescentSolver(SteppingSolver):
 
     def steepest_direction(self, x: Array, g: Array, flat: Flat) -> Array:
         return -g
+
+
+def _pair(f: Array, g_norm: Array) -> Array:
+    """``(f, g_norm)`` as one array of the wider of their dtypes (each widened exactly)."""
+    with jax.numpy_dtype_promotion("standard"):
+        dtype = jnp.promote_types(f.dtype, g_norm.dtype)
+    return jnp.stack([f.astype(dtype), g_norm.astype(dtype)])
 
 
 def _grad_norm(x: Array, g: Array, bounds: tuple[Array, Array] | None) -> Array:
