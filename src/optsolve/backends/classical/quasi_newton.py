@@ -49,17 +49,33 @@ _DOT_FROM = 256
 class LBFGSModel(NamedTuple):
     """The last ``m`` pairs in compact form, oldest first; unused slots are zero.
 
-    ``W[0]`` holds the steps s_i, ``W[1]`` the gradient changes y_i (rows); ``Rinv`` the
-    inverse of the upper triangle R of ``s_i . y_j`` (i <= j; identity on unused slots), ``D``
-    its diagonal ``s_i . y_i`` and ``YY`` the Gram matrix ``y_i . y_j``.
+    ``W[0]`` holds the steps s_i, ``W[1]`` the gradient changes y_i (rows); ``RY[0]`` the
+    inverse of the upper triangle R of ``s_i . y_j`` (i <= j; identity on unused slots) and
+    ``RY[1]`` the Gram matrix ``y_i . y_j``; ``Dg`` R's diagonal ``s_i . y_i`` followed by
+    gamma. Arrays of one shape are stacked: a loop writes each carried array in a kernel
+    of its own.
     """
 
     W: Array
-    Rinv: Array
-    D: Array
-    YY: Array
-    gamma: Array
+    RY: Array
+    Dg: Array
     count: Array
+
+    @property
+    def Rinv(self) -> Array:
+        return self.RY[0]
+
+    @property
+    def YY(self) -> Array:
+        return self.RY[1]
+
+    @property
+    def D(self) -> Array:
+        return self.Dg[:-1]
+
+    @property
+    def gamma(self) -> Array:
+        return self.Dg[-1]
 
 
 class _LBFGSSolver(DescentSolver):
@@ -74,8 +90,10 @@ class _LBFGSSolver(DescentSolver):
     def init_model(self, x, g):
         m = self.alg.memory_size
         zeros = lambda *shape: jnp.zeros(shape, self.dtype)
-        return LBFGSModel(zeros(2, m, self.n), jnp.eye(m, dtype=self.dtype), zeros(m),
-                          zeros(m, m), jnp.ones((), self.dtype), jnp.zeros((), jnp.int32))
+        return LBFGSModel(zeros(2, m, self.n), jnp.stack([jnp.eye(m, dtype=self.dtype),
+                                                          zeros(m, m)]),
+                          jnp.concatenate([zeros(m), jnp.ones((1,), self.dtype)]),
+                          jnp.zeros((), jnp.int32))
 
     def _apply_inverse(self, model: LBFGSModel, q: Array) -> Array:
         """``H q`` from the compact representation (Byrd, Nocedal & Schnabel 1994, Thm 2.2):
@@ -140,7 +158,8 @@ class _LBFGSSolver(DescentSolver):
         D = jnp.concatenate([model.D[1:], ys[None]])
         YY = (jnp.zeros_like(model.YY).at[:-1, :-1].set(model.YY[1:, 1:])
               .at[:, -1].set(col[1]).at[-1, :].set(col[1]))
-        return LBFGSModel(W, Rinv, D, YY, ys / yy, jnp.minimum(model.count + 1, m))
+        return LBFGSModel(W, jnp.stack([Rinv, YY]), jnp.concatenate([D, (ys / yy)[None]]),
+                          jnp.minimum(model.count + 1, m))
 
 
 # XLA's CPU runtime runs a loop body's kernels one after another in the calling thread only
