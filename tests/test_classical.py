@@ -279,6 +279,28 @@ def test_backtracking_accepts_finite_points_only():
     assert not bool(res.decreased) or bool(jnp.all(jnp.isfinite(res.x)))
 
 
+@pytest.mark.parametrize("dphi0, curvature, expected", [
+    (-1e-6, 1e3, True),    # a steep valley: the quadratic's best decrease is 2.5e-16
+    (-1e-3, 1.0, False),   # best decrease 2.5e-7, above rounding
+    (-1e-3, -1.0, True),   # below the tangent line: a decrease, within "not higher"
+    (-1e-3, 2e-3, False),  # a trial above f0 by 1e-3; best decrease 1.25e-4
+])
+def test_stall_test_is_the_quadratics_best_decrease(dphi0, curvature, expected):
+    """A search stalls where the quadratic through f0, the slope at 0 and the trial's value
+    predicts a best decrease dphi0^2 / (4 c) below 64 eps |f0| (or the trial is within that
+    of f0): the closed form, on phi(a) = f0 + dphi0 a + c a^2 at a = 1."""
+    from optsolve.backends.classical.linesearch import _is_flat
+
+    f0, a = 1.0, 1.0
+    fa = f0 + dphi0 * a + curvature * a * a
+    noise = 64 * np.finfo(np.float64).eps * abs(f0)
+    best = dphi0 ** 2 / (4 * curvature) if curvature > 0 else np.inf
+    assert ((fa - f0 <= noise) or best <= noise) == expected
+    flat = _is_flat(jnp.asarray(f0), jnp.asarray(dphi0 * a), jnp.asarray(fa))
+    assert bool(flat) == expected
+    assert not bool(_is_flat(jnp.asarray(f0), jnp.asarray(dphi0 * a), jnp.asarray(jnp.nan)))
+
+
 # -------------------------------------------------------------------- numerical failure
 
 def test_failure_nan_at_start():
