@@ -305,10 +305,12 @@ def _gradient_parts(solver: GradientStepSolver, problem: OptimizationProblem,
             # x_prev moves only in the running branch: a stop keeps the previous good
             # iterate without a select over every parameter at every step.
             moves = is_running if gate is None else is_running & gate
+            # a skipped step (running) took its batch: x is the iterate it evaluated; without
+            # skips the branch runs only once stopped, where x_prev stays as it was
+            held_prev = carry.x_prev if gate is None else select(is_running, x, carry.x_prev)
             upd, x_prev, carried = lax.cond(
                 moves, lambda: (solver.update(objective, x, f, g, carry.state), x, carried),
-                # a skipped step (running) took its batch: x is the iterate it evaluated
-                lambda: (hold(), select(is_running, x, carry.x_prev), carry.carried))
+                lambda: (hold(), held_prev, carry.carried))
         # A failed update ends the run at x, which counts as completed (finish subtracts
         # the failing step, so the counter takes one more).
         status = jnp.where(upd.failed, int(ReturnCode.FAILURE), status).astype(INT)
