@@ -476,3 +476,32 @@ def test_zoom_makes_the_same_trials_with_its_first_trial_apart(make, monkeypatch
     assert (apart.stats.iterations, apart.stats.f_evals) == \
         (one_loop.stats.iterations, one_loop.stats.f_evals)
     np.testing.assert_allclose(apart.x, one_loop.x, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("bounded", [False, True], ids=["unbounded", "bounds"])
+@pytest.mark.parametrize("case", ["finite", "nan_g", "inf_x", "tiny_step"])
+def test_one_reduction_gives_the_step_measures_of_the_separate_ones(case, bounded):
+    """The line-search methods hand the driver the gradient norm and the finiteness of g
+    and x from one reduction (descent._measures): each equals its own definition, the
+    projected inf-norm (_grad_norm), every entry finite, and tiny_step."""
+    from optsolve.backends.classical.descent import _grad_norm, _measures, tiny_step
+
+    x_prev = jnp.array([1.0, -2.0, 3.0, 0.5])
+    s = jnp.array([1e-3, -2e-3, 0.0, 4e-3])
+    g = jnp.array([0.5, -1.5, 2.0, -0.25])
+    if case == "nan_g":
+        g = g.at[2].set(jnp.nan)
+    if case == "tiny_step":
+        s = 2 * jnp.finfo(jnp.float64).eps * x_prev
+    x = x_prev + s
+    if case == "inf_x":
+        x = x.at[1].set(-jnp.inf)
+    bounds = (jnp.full(4, -1.5), jnp.full(4, 1.0)) if bounded else None
+    g_norm, g_finite, x_finite, tiny = _measures(x, g, s, x_prev, bounds)
+    expected = _grad_norm(x, g, bounds)
+    assert (bool(jnp.isnan(g_norm)) and bool(jnp.isnan(expected))) \
+        or float(g_norm) == float(expected)
+    assert bool(g_finite) == bool(jnp.all(jnp.isfinite(g)))
+    assert bool(x_finite) == bool(jnp.all(jnp.isfinite(x)))
+    assert bool(tiny) == bool(tiny_step(s, x_prev))
+    assert bool(tiny) == (case == "tiny_step")

@@ -134,6 +134,8 @@ class DescentSolver(SteppingSolver):
     # The model that update_model resets to gives steepest descent itself (the direction
     # -g, flagged steepest): no carried flag forces it after a failed search.
     resets_to_steepest: ClassVar[bool] = False
+    # every trial of a line search evaluates the value and the gradient
+    evaluates_together: ClassVar[bool] = True
 
     def __init__(self, algorithm: Algorithm, problem: OptimizationProblem):
         self.alg = algorithm
@@ -206,7 +208,7 @@ class DescentSolver(SteppingSolver):
         # iteration retries with steepest descent.
         model = self.update_model(state.model, s, y, g_new, res.decreased)
         k = jnp.where(res.decreased, state.k + 1, 0)
-        g_norm = _grad_norm(x_new, g_new, flat.bounds)
+        g_norm, g_finite, x_finite, tiny = _measures(x_new, g_new, s, xf, flat.bounds)
         # each best in its own dtype again (exactly: they were widened)
         f_best, g_best = state.best[0].astype(f_new.dtype), state.best[1].astype(g_norm.dtype)
         lower = f_new < f_best - float(jnp.finfo(f_best.dtype).eps) * jnp.abs(f_best)
@@ -218,10 +220,13 @@ class DescentSolver(SteppingSolver):
         new_state = DescentState(model, res.alpha, d, gf, k.astype(jnp.int32), retry,
                                  jnp.minimum(_pair(f_new, g_norm), state.best), idle)
         failed = ~res.decreased & steepest & ~res.stalled
-        stalled = ((~res.decreased & steepest & res.stalled) | (res.decreased & tiny_step(s, xf))
+        stalled = ((~res.decreased & steepest & res.stalled) | (res.decreased & tiny)
                    | (idle >= _IDLE_ITERATIONS))
-        return Step(flat.unravel(x_new), f_new, flat.unravel(g_new), new_state, res.evals,
-                    res.evals, failed, stalled, res.nonfinite)
+        g_tree = flat.unravel(g_new)
+        return Step(flat.unravel(x_new), f_new, g_tree, new_state, res.evals, res.evals,
+                    failed, stalled, res.nonfinite,
+                    grad_norm=g_norm.astype(jnp.result_type(*jax.tree_util.tree_leaves(g_tree))),
+                    g_finite=g_finite, x_finite=x_finite)
 
     def steepest_direction(self, x: Array, g: Array, flat: Flat) -> Array:
         return -g
@@ -239,6 +244,23 @@ def _grad_norm(x: Array, g: Array, bounds: tuple[Array, Array] | None) -> Array:
     if bounds is not None:
         g = x - jnp.clip(x - g, bounds[0], bounds[1])
     return jnp.max(jnp.abs(g))
+
+
+def _measures(x: Array, g: Array, s: Array, x_prev: Array,
+              bounds: tuple[Array, Array] | None) -> tuple[Array, Array, Array, Array]:
+    """At the new point ``x`` (gradient ``g``), reached by the step ``s`` from ``x_prev``:
+    the gradient's inf-norm (projected onto the bounds, as :func:`_grad_norm`), whether g
+    and x are finite, and whether the step is tiny (as :func:`tiny_step`), from one
+    reduction: one kernel, not four. A maximum with a NaN is NaN, so a finite maximum of
+    |g| means every entry of g is finite; ``|s| - 4 eps |x_prev| <= 0`` holds exactly where
+    ``|s| <= 4 eps |x_prev|`` does (a difference of two floats keeps its sign)."""
+    eps = jnp.finfo(x.dtype).eps
+    rows = [jnp.abs(g), jnp.abs(x), jnp.abs(s) - 4 * eps * jnp.abs(x_prev)]
+    if bounds is not None:
+        rows.append(jnp.abs(x - jnp.clip(x - g, bounds[0], bounds[1])))
+    largest = jnp.max(jnp.stack(rows), axis=1)
+    return (largest[-1] if bounds is not None else largest[0], jnp.isfinite(largest[0]),
+            jnp.isfinite(largest[1]), largest[2] <= 0)
 
 
 def tiny_step(s: Array, x: Array) -> Array:

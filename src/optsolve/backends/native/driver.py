@@ -72,7 +72,7 @@ class _Carry(NamedTuple):
     state: PyTree
     iteration: jax.Array
     f_evals: jax.Array
-    grad_evals: jax.Array
+    grad_evals: jax.Array | None  # None: f_evals (a solver that evaluates both together)
     status: jax.Array
     reason: jax.Array
     t_start: jax.Array
@@ -86,6 +86,7 @@ def _stepping_loop(solver: SteppingSolver, objective: Objective, problem: Optimi
     """The loop for solvers whose steps return the new point's value and gradient."""
     rules = Rules(options, solver, problem.bounds)
     tracker = Tracker(options)
+    together = solver.evaluates_together
 
     def init() -> _Carry:
         start = start_point(problem, options,
@@ -117,12 +118,14 @@ def _stepping_loop(solver: SteppingSolver, objective: Objective, problem: Optimi
         zero, one = jnp.zeros((), INT), jnp.ones((), INT)
         best = tracker.update_best(tracker.first_best(x0, state0, None, f0.dtype), ok0, x0,
                                    state0, None, f0, score, zero)
-        return _Carry(x0, f0, g0, state0, zero, one, one, status, reason,
-                      rules.start_time(f0), record0, base_counts(start), best)
+        return _Carry(x0, f0, g0, state0, zero, one, None if together else one, status,
+                      reason, rules.start_time(f0), record0, base_counts(start), best)
 
     def body(carry: _Carry) -> _Carry:
         step = solver.step(objective, carry.x, carry.f, carry.g, carry.state)
-        f_ok, g_ok, x_ok = all_finite(step.f), all_finite(step.g), all_finite(step.x)
+        f_ok = all_finite(step.f)
+        g_ok = all_finite(step.g) if step.g_finite is None else step.g_finite
+        x_ok = all_finite(step.x) if step.x_finite is None else step.x_finite
         ok = f_ok & g_ok & x_ok & ~step.failed
         if solver.keeps_point:
             x, f, g = step.x, step.f, step.g
@@ -139,7 +142,10 @@ def _stepping_loop(solver: SteppingSolver, objective: Objective, problem: Optimi
         stop = rules.callback_stop((carry.status == RUNNING) & ok, iteration, x, f, g)
         nonfinite_trials = jnp.zeros((), bool) if step.nonfinite_trials is None \
             else step.nonfinite_trials
-        converged = rules.converged(x, f, g, carry.x, carry.f, True)
+        # the solver's measure is that of its new x, which is x wherever it matters: a step
+        # that is not ok fails the run, and neither the tests nor the history count it
+        grad_norm = rules.grad_norm(x, g) if step.grad_norm is None else step.grad_norm
+        converged = rules.converged(x, f, g, carry.x, carry.f, True, grad_norm)
         if step.reduction_converged is not None:
             converged = converged._replace(reduction=ok & step.reduction_converged)
         if step.radius_converged is not None:
@@ -150,13 +156,13 @@ def _stepping_loop(solver: SteppingSolver, objective: Objective, problem: Optimi
         status, reason = checks.verdict()
         due = ok & tracker.due(iteration)
         evaluation, score = tracker.evaluation_at(objective, x, due, f.dtype)
-        record = record_at(carry.record, iteration, f, rules.grad_norm(x, g), keep=ok,
+        record = record_at(carry.record, iteration, f, grad_norm, keep=ok,
                            metrics=tracker.metrics_at(objective, x, f.dtype),
                            evaluation=evaluation, evaluated=due, violation=step.violation)
         best = tracker.update_best(carry.best, ok, x, state, None, f, score, iteration)
+        grad_evals = None if together else carry.grad_evals + step.grad_evals.astype(INT)
         return _Carry(x, f, g, state, iteration, carry.f_evals + step.f_evals.astype(INT),
-                      carry.grad_evals + step.grad_evals.astype(INT), status, reason,
-                      carry.t_start, record, carry.base, best)
+                      grad_evals, status, reason, carry.t_start, record, carry.base, best)
 
     def finish(final: _Carry) -> Solution:
         start = final.base
@@ -165,7 +171,8 @@ def _stepping_loop(solver: SteppingSolver, objective: Objective, problem: Optimi
             x=x, objective=f, retcode=final.status,
             stats=Stats(iterations=start.iterations + final.iteration,
                         f_evals=start.f_evals + final.f_evals,
-                        grad_evals=start.grad_evals + final.grad_evals, time=None),
+                        grad_evals=start.grad_evals + (
+                            final.f_evals if together else final.grad_evals), time=None),
             original=state, state=state, history=history_of(final.record),
             reason=final.reason,
         )

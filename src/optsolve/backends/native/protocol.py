@@ -39,6 +39,13 @@ class Step(NamedTuple):
     # ``violation`` method reports one (then on every step of a run with a history), else
     # None. Last in the tuple, so that positional constructions keep working.
     violation: jax.Array | None = None
+    # The driver's own measures at the new x, where the solver computed them in one of its
+    # kernels: the gradient's (projected) inf-norm, as gtol and the history take it, and
+    # whether every entry of g and of x is finite; None: the driver computes them (a
+    # reduction over the iterate each).
+    grad_norm: jax.Array | None = None
+    g_finite: jax.Array | None = None
+    x_finite: jax.Array | None = None
 
 
 class NativeSolver(abc.ABC):
@@ -56,6 +63,9 @@ class NativeSolver(abc.ABC):
         (its failure; a non-finite x, f or g only where the previous one was), so the
         driver does not select them: with the solver's own select that would be a second
         kernel per carried value.
+      evaluates_together: every evaluation the solver makes is of the value and the
+        gradient together (a step's ``f_evals`` and ``grad_evals`` are always equal), so
+        the driver counts them once: one counter less to write at every step.
       tests_tolerances: the solver tests ``ftol`` and ``xtol`` itself, in its own terms
         (reported through ``Step.reduction_converged`` / ``radius_converged``), in place of
         the driver's tests; it reads them from the options :meth:`bind_options` hands it.
@@ -64,6 +74,7 @@ class NativeSolver(abc.ABC):
     detect_stall: ClassVar[bool] = False
     select_state: ClassVar[bool] = True
     keeps_point: ClassVar[bool] = False
+    evaluates_together: ClassVar[bool] = False
     tests_tolerances: ClassVar[bool] = False
     default_gtol: float | None = None
     default_maxiters: int | None = None

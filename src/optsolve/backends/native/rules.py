@@ -63,12 +63,13 @@ class Rules:
     def grad_norm(self, x, g) -> jax.Array:
         return stationarity(x, g, self.bounds)
 
-    def converged(self, x, f, g, x_prev, f_prev, has_prev) -> Converged:
-        """gtol on the (projected) gradient; ftol and xtol against the previous iterate."""
+    def converged(self, x, f, g, x_prev, f_prev, has_prev, grad_norm=None) -> Converged:
+        """gtol on the (projected) gradient (``grad_norm``, where the caller has it);
+        ftol and xtol against the previous iterate."""
         false = jnp.zeros((), bool)
         by_g = by_f = by_x = false
         if self.gtol is not None:
-            by_g = self.grad_norm(x, g) <= self.gtol
+            by_g = (self.grad_norm(x, g) if grad_norm is None else grad_norm) <= self.gtol
         if self.ftol is not None:
             # Only a step that moved x tests ftol: a rejected trust-region step, or a zero
             # update (a warm-up schedule at 0), leaves f unchanged without converging.
