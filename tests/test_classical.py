@@ -258,10 +258,12 @@ def test_failure_linesearch_ascent_direction():
             np.testing.assert_allclose(float(res.f), float(fun(last)[0]), rtol=1e-12)
 
 
-def test_backtracking_accepts_finite_points_only():
+@pytest.mark.parametrize("search", [Backtracking(), Zoom()], ids=["backtracking", "zoom"])
+def test_line_searches_accept_finite_points_only(search):
     """A step that overflows x is not accepted even where f and its gradient are finite
     there and the approximate Armijo test holds (an infinite slope): the methods' steps
-    (DescentSolver.keeps_point) rely on an accepted point being finite."""
+    (DescentSolver.keeps_point) rely on an accepted point being finite. Here every trial
+    from 1e308 on overflows x to -inf, where f is -1, below f0 = 0.5."""
     @jax.custom_jvp
     def f(x):
         return jnp.sum(jnp.where(jnp.isfinite(x), 0.5 * x ** 2, -1.0))
@@ -274,9 +276,11 @@ def test_backtracking_accepts_finite_points_only():
     fun = jax.value_and_grad(f)
     x = jnp.array([1.0])
     f0, g0 = fun(x)
-    assert Backtracking().finite_points(False)
-    res = Backtracking().search(fun, x, f0, g0, jnp.array([-1e10]), 1e308)
-    assert not bool(res.decreased) or bool(jnp.all(jnp.isfinite(res.x)))
+    assert search.finite_points(False)
+    res = search.search(fun, x, f0, g0, jnp.array([-1e10]), 1e308)
+    assert bool(jnp.all(jnp.isfinite(res.x))) or not bool(res.decreased)
+    if bool(res.decreased):  # an accepted point is a finite one with a lower value
+        assert float(res.f) < float(f0) and float(res.f) == float(fun(res.x)[0])
 
 
 @pytest.mark.parametrize("dphi0, curvature, expected", [

@@ -22,7 +22,8 @@ from jax.flatten_util import ravel_pytree
 from optsolve.backends.native.chunked import run_iterative
 from optsolve.backends.native.protocol import Step, SteppingSolver
 from optsolve.backends.native.objective import Objective
-from optsolve.backends.classical.linesearch import Backtracking, LineSearch, Zoom, check_linesearch
+from optsolve.backends.classical.linesearch import (Backtracking, LineSearch, Zoom,
+                                                   _scalar_dtype, check_linesearch)
 from optsolve.solve_api.algorithm import Algorithm
 from optsolve.solve_api.options import SolveOptions
 from optsolve.solve_api.problem import OptimizationProblem
@@ -150,6 +151,8 @@ class DescentSolver(SteppingSolver):
         # start point (see NativeSolver.keeps_point).
         bounded = problem.bounds is not None and problem.has_bounds
         self.keeps_point = self.linesearch.finite_points(bounded)
+        # where the search returns its last trial on failure, the step keeps its start point
+        self.selects_start = self.keeps_point and not self.linesearch.keeps_start(bounded)
 
     # -- hooks
     def init_model(self, x: Array, g: Array) -> PyTree:
@@ -195,7 +198,7 @@ class DescentSolver(SteppingSolver):
         steepest = jnp.where(descent, steepest, True)
         alpha0 = self.initial_step(state, f, gf, d, steepest)
         res = self.linesearch.search(flat.value_and_grad, xf, f, gf, d, alpha0, flat.bounds)
-        if self.keeps_point:
+        if self.selects_start:
             # The search accepts finite points only: where it found no decrease the step
             # keeps its start point, and the driver needs no select of its own (a second
             # kernel per value).
@@ -234,8 +237,7 @@ class DescentSolver(SteppingSolver):
 
 def _pair(f: Array, g_norm: Array) -> Array:
     """``(f, g_norm)`` as one array of the wider of their dtypes (each widened exactly)."""
-    with jax.numpy_dtype_promotion("standard"):
-        dtype = jnp.promote_types(f.dtype, g_norm.dtype)
+    dtype = _scalar_dtype(g_norm, f)
     return jnp.stack([f.astype(dtype), g_norm.astype(dtype)])
 
 

@@ -181,6 +181,11 @@ class Backtracking:
         without): it is, its slope ``g0 . (x_a - x)`` being finite."""
         return True
 
+    def keeps_start(self, bounded: bool) -> bool:
+        """Whether a search that accepts no point returns its start (x, f, g) itself: it
+        returns its last trial, which the caller replaces by its start."""
+        return False
+
 
 # From this many variables the zoom search makes and tests its first trial apart, and runs
 # its loop only when that trial is not accepted: this skips the loop's set-up (its carry
@@ -194,16 +199,39 @@ _FIRST_TRIAL_APART_FROM = 256
 class _ZoomCarry(NamedTuple):
     i: Array
     done: Array
-    a: Array          # next trial step
-    # (step, value, directional derivative) of the bracket's ends, each end one array: a
-    # loop writes each carried array in a kernel of its own
-    lo: Array         # the best step so far satisfying sufficient decrease (0 = the start)
+    # The bracket's ends, each (step, value, directional derivative), and the steps: one
+    # (3, 3) array, as a loop writes each carried array in a kernel of its own. Rows: lo,
+    # the best step so far satisfying sufficient decrease (0 = the start); hi, the other
+    # end of the bracket (step inf while still bracketing); the steps, (the next trial
+    # step, the last trial step, its value (for the stall test)).
+    scalars: Array
     x_lo: Array
     g_lo: Array
-    hi: Array         # the other end of the bracket (step inf while still bracketing)
-    a_last: Array     # the last trial step and its value (for the stall test)
-    f_last: Array
     nonfinite: Array  # some trial had a non-finite value or derivative
+
+    @property
+    def lo(self) -> Array:
+        return self.scalars[0]
+
+    @property
+    def hi(self) -> Array:
+        return self.scalars[1]
+
+    @property
+    def steps(self) -> Array:
+        return self.scalars[2]
+
+    @property
+    def a(self) -> Array:
+        return self.steps[0]
+
+    @property
+    def a_last(self) -> Array:
+        return self.steps[1]
+
+    @property
+    def f_last(self) -> Array:
+        return self.steps[2]
 
     @property
     def a_lo(self) -> Array:
@@ -280,30 +308,40 @@ class Zoom:
         inf = jnp.asarray(jnp.inf, dtype)
         zero = jnp.zeros((), dtype)
         a0 = jnp.asarray(alpha0).astype(dtype)
-        carry0 = _ZoomCarry(jnp.zeros((), jnp.int32), jnp.zeros((), bool), a0,
-                            jnp.stack([zero, f0, dphi0]), x, g0, jnp.stack([inf, inf, zero]),
-                            a0, inf, jnp.zeros((), bool))
+        carry0 = _ZoomCarry(jnp.zeros((), jnp.int32), jnp.zeros((), bool),
+                            jnp.stack([jnp.stack([zero, f0, dphi0]), jnp.stack([inf, inf, zero]),
+                                       jnp.stack([a0, a0, inf])]), x, g0, jnp.zeros((), bool))
+
+        # the tests' bounds that no trial changes, as one array: computed apart, outside
+        # the loop, each would take a kernel of its own
+        tolerance = _flat_tolerance(f0)
+        limits = lax.optimization_barrier(
+            jnp.stack([f0 + tolerance, (2 * c1 - 1) * dphi0, -c2 * dphi0, tolerance]))
 
         def probe(a):
             xa = x + a.astype(x.dtype) * d
             fa, ga = fun(xa)
             return xa, fa.astype(dtype), ga, jnp.vdot(ga, d).astype(dtype)
 
-        def tests(f_lo, a, fa, da):
+        def tests(f_lo, a, trial):
             """(finite, approximately sufficient, too long, strong Wolfe) for the trial a.
             Too long: no sufficient decrease, or no better than the best so far (where f is
-            flat at rounding level, the approximate Wolfe test decides by the derivative)."""
-            finite = jnp.isfinite(fa) & jnp.isfinite(da)
-            flat_ok = _approx_armijo(fa, f0, da, dphi0, c1)
+            flat at rounding level, the approximate Wolfe test decides by the derivative).
+            Finite: the point too, which a finite value and slope do not make it (a long
+            step may overflow x)."""
+            xa, fa, _, da = trial
+            f_flat, d_flat, d_wolfe, tolerance = limits
+            finite = jnp.isfinite(fa) & jnp.isfinite(da) & jnp.all(jnp.isfinite(xa))
+            flat_ok = (fa <= f_flat) & (da <= d_flat)  # _approx_armijo's test
             sufficient = (fa <= f0 + c1 * a * dphi0) | flat_ok
-            better = (fa < f_lo) | (flat_ok & (fa <= f_lo + _flat_tolerance(f0)))
+            better = (fa < f_lo) | (flat_ok & (fa <= f_lo + tolerance))
             bad = ~finite | ~sufficient | ~better
-            return finite, bad, ~bad & (jnp.abs(da) <= -c2 * dphi0)
+            return finite, bad, ~bad & (jnp.abs(da) <= d_wolfe)
 
         def advance(c: _ZoomCarry, trial) -> _ZoomCarry:
             a = c.a
             xa, fa, ga, da = trial
-            finite, bad, wolfe = tests(c.f_lo, a, fa, da)
+            finite, bad, wolfe = tests(c.f_lo, a, trial)
             # The minimiser lies between a and the old best when the slope points back.
             flip = ~bad & ~wolfe & (da * jnp.sign(c.hi[0] - c.lo[0]) >= 0)
             move_lo = ~bad
@@ -329,8 +367,9 @@ class Zoom:
             a_next = jnp.where(bracketing, 2.0 * a, jnp.where(inside, cubic, fallback))
             # steps closer than x's rounding reach the same points
             tiny = ~bracketing & (jnp.abs(width) <= 10 * float(jnp.finfo(x.dtype).eps) * jnp.abs(a_lo))
-            return _ZoomCarry(c.i + 1, wolfe | tiny, a_next, lo, x_lo, g_lo, hi, a,
-                              jnp.where(finite, fa, inf), c.nonfinite | ~finite)
+            steps = jnp.stack([a_next, a, jnp.where(finite, fa, inf)])
+            return _ZoomCarry(c.i + 1, wolfe | tiny, jnp.stack([lo, hi, steps]), x_lo, g_lo,
+                              c.nonfinite | ~finite)
 
         def more(c: _ZoomCarry):
             return ~c.done & (c.i < self.max_steps)
@@ -350,10 +389,17 @@ class Zoom:
                                 decreased, stalled, nonfinite)
 
     def finite_points(self, bounded: bool) -> bool:
-        """Whether an accepted point is always finite: with bounds (a backtracking
-        search, see :meth:`Backtracking.finite_points`); without, a long step ``a d`` may
-        overflow where f and its slope along d stay finite."""
-        return bounded
+        """Whether an accepted point is always finite: it is. With bounds the search is
+        backtracking (see :meth:`Backtracking.finite_points`); without, a trial point
+        with a non-finite entry counts as a non-finite trial (too long), so that a long
+        step that overflows x is never accepted where f and its slope stay finite."""
+        return True
+
+    def keeps_start(self, bounded: bool) -> bool:
+        """Whether a search that accepts no point returns its start (x, f, g) itself: the
+        zoom search does (its best point so far is the start); with bounds, as
+        backtracking, it returns its last trial."""
+        return not bounded
 
     def _first_apart(self, probe, tests, advance, more, ended, carry0):
         """The search with its first trial made and tested outside the loop: it ends most
@@ -376,7 +422,7 @@ class Zoom:
             return ended(inner_while_loop(lambda state: more(state[0]), body, (carry0, first),
                                           self.max_steps)[0])
 
-        return lax.cond(tests(f0, a0, first[1], first[3])[2], accept_first, search_on)
+        return lax.cond(tests(f0, a0, first)[2], accept_first, search_on)
 
 
 LineSearch = Backtracking | Zoom
