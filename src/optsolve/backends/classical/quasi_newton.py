@@ -305,9 +305,12 @@ class _BFGSSolver(DescentSolver):
         ys, yy, sg, yu, ug = jnp.sum(left * right, axis=1)
         ys, yy, ok = _curvature_test(ys, yy, decreased, s.dtype)
         # Before the first update H_0 = (s.y / y.y) I (N&W eq. 6.20).
-        scale = jnp.where(model.count == 0, ys / yy, 1.0)
+        # both divisions as one (correctly rounded either way): XLA computes a division
+        # that several products read in a kernel of its own
+        ratios = jnp.stack([ys, jnp.ones_like(ys)]) / jnp.stack([yy, ys])
+        scale = jnp.where(model.count == 0, ratios[0], 1.0)
         Hy = scale * u
-        rho = 1.0 / ys
+        rho = ratios[1]
         c = rho * (1.0 + rho * scale * yu)
         Hyg = scale * ug
         H_new = (scale * model.H + c * s[:, None] * s[None, :]
