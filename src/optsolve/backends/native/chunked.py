@@ -46,17 +46,22 @@ def _chunk(solver, problem: OptimizationProblem, options: SolveOptions, first: j
            carry_in: FlatCarry, budget: jax.Array):
     """``budget`` more iterations from ``carry_in`` (from the start where ``first``): the
     carry after them, the Solution there (``original`` None: the host sets it to the state,
-    one output fewer), and :class:`_Summary`'s numbers stacked in one int array, which the
-    host reads in one transfer."""
+    one output fewer; the return code, reason and counts None: they are the summary's),
+    and :class:`_Summary`'s numbers stacked in one int array, which the host reads in one
+    transfer."""
     loop = loop_of(solver, problem, options)
     carry = lax.cond(first, lambda _: loop.init(), lambda c: c.unpack(), carry_in)
     end = carry.iteration + budget
     final = lax.while_loop(lambda c: running(c) & (c.iteration < end), loop.body, carry)
-    solution = replace(loop.finish(final), original=None)
+    solution = loop.finish(final)
     stats = solution.stats
     summary = jnp.stack([jnp.asarray(v, INT) for v in (
         solution.retcode, solution.reason, stats.iterations, stats.f_evals, stats.grad_evals,
         final.iteration)])
+    # the summary's numbers go out once: as outputs of their own too, XLA would compute
+    # each in a kernel of its own (the host puts them back, see _on_host)
+    solution = replace(solution, original=None, retcode=None, reason=None,
+                       stats=replace(stats, iterations=None, f_evals=None, grad_evals=None))
     return FlatCarry.of(final), FlatCarry.of(solution), summary
 
 
