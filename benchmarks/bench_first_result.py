@@ -23,6 +23,11 @@ unmeasured run of each runner first, as an install writes it: an environment wit
 ``PYTHONDONTWRITEBYTECODE`` set would otherwise make each process compile optsolve's source
 again (about 0.2 s of its import), while the peers' installed bytecode is read.
 
+The deterministic measure of each runner (without the cache): the fused kernels XLA
+compiled for its first result, in the largest loop and in all its programs, counted in the
+optimised programs that one more unmeasured process dumps (``--xla_dump_to``), as
+``program_size.py`` counts them; compile time follows them.
+
 The processes run in turns, in a new order each turn (seeded); each figure is the median
 over the turns, with the smallest and largest in brackets; the ratio to the peer is taken
 within each turn (both processes ran under the same load), then its median and min-max.
@@ -152,9 +157,11 @@ PROBLEMS = {"lbfgs": ("optsolve.LBFGS", "optimistix.LBFGS"),
             "adam": ("optsolve.Adam", "optax.adam fori_loop")}
 
 
-def run_child(problem: str, mode: str, cache: str | None, bytecode: str) -> dict:
+def run_child(problem: str, mode: str, cache: str | None, bytecode: str,
+              dump: str | None = None) -> dict:
     """One fresh process of ``mode`` on ``problem``: its timings (s) and cache events.
-    ``bytecode``: the directory of Python's compiled modules (``PYTHONPYCACHEPREFIX``)."""
+    ``bytecode``: the directory of Python's compiled modules (``PYTHONPYCACHEPREFIX``);
+    ``dump``: a directory for XLA's optimised programs (not for a measured run)."""
     script = (f"PROBLEM = {problem!r}\nMODE = {mode!r}\nCACHE = {cache!r}\n"
               f"ADAM_STEPS = {ADAM_STEPS}\n" + _CHILD)
     # a cache the user set up for JAX would turn the no-cache runners into cached ones
@@ -166,11 +173,28 @@ def run_child(problem: str, mode: str, cache: str | None, bytecode: str) -> dict
     # peers' installed bytecode is read.
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     env["PYTHONPYCACHEPREFIX"] = bytecode
+    if dump is not None:
+        env["XLA_FLAGS"] = f"--xla_dump_to={dump} --xla_dump_hlo_as_text"
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                          env=env, check=False, timeout=600)
     if out.returncode:
         raise RuntimeError(f"{problem} / {mode} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def compiled_kernels(problem: str, mode: str, bytecode: str) -> tuple[int, int] | None:
+    """The deterministic measure of a first result: the fused kernels XLA compiled for it
+    in one process, (in the largest loop, in all its programs), counted as
+    ``program_size.py`` counts them; None without that benchmark's dependencies."""
+    try:
+        from program_size import loop_kernels
+    except ImportError:
+        return None
+    with tempfile.TemporaryDirectory() as dump:
+        run_child(problem, mode, None, bytecode, dump)
+        counts = [loop_kernels(path.read_text())
+                  for path in Path(dump).glob("*cpu_after_optimizations.txt")]
+    return max(loop for loop, _ in counts), sum(total for _, total in counts)
 
 
 def _spread(values: list[float], scale: float = 1.0, digits: int = 2) -> str:
@@ -184,29 +208,34 @@ def _peer(problem: str) -> str | None:
     return "optimistix" if importlib.util.find_spec("optimistix") is not None else None
 
 
-def measure(turns: int) -> dict[tuple[str, str], list[dict]]:
-    """Every (problem, runner)'s results, ``turns`` fresh processes each, in shuffled turns."""
+def measure(turns: int) -> tuple[dict[tuple[str, str], list[dict]], dict]:
+    """Every (problem, runner)'s results, ``turns`` fresh processes each, in shuffled turns,
+    and the kernels each runner without the cache compiles (:func:`compiled_kernels`)."""
     runs = [(problem, mode) for problem in PROBLEMS
             for mode in ("optsolve", "optsolve-cache", _peer(problem)) if mode is not None]
     results: dict[tuple[str, str], list[dict]] = {r: [] for r in runs}
+    kernels = {}
     with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as bytecode:
         # one unmeasured run of each: it writes every module's bytecode, and the cached
         # runners' first run fills the compilation cache
         for problem, mode in runs:
             run_child(problem, mode, cache, bytecode)
+        for problem, mode in runs:  # another unmeasured one, dumping XLA's programs
+            if mode != "optsolve-cache":
+                kernels[problem, mode] = compiled_kernels(problem, mode, bytecode)
         order = list(runs)
         shuffle = random.Random(0).shuffle
         for _ in range(turns):
             shuffle(order)
             for problem, mode in order:
                 results[problem, mode].append(run_child(problem, mode, cache, bytecode))
-    return results
+    return results, kernels
 
 
 def main(turns: int = 5) -> str:
     from common import machine_line, markdown_table
 
-    results = measure(turns)
+    results, kernels = measure(turns)
     rows = []
     for (problem, mode), runs in results.items():
         ours, peer_name = PROBLEMS[problem]
@@ -224,14 +253,17 @@ def main(turns: int = 5) -> str:
                  if mode == "optsolve-cache" else "-")
         loss = f"{statistics.median(r['value'] for r in runs):.6f}" if problem == "adam" \
             else "-"
+        counted = kernels.get((problem, mode))
+        compiled = "-" if counted is None else f"{counted[0]} / {counted[1]}"
         rows.append([name, _spread([r["import"] for r in runs]),
                      _spread([r["first"] for r in runs]), _spread(total),
-                     _spread([r["second"] for r in runs], 1e3, 1), ratio, spread, cache,
-                     loss])
+                     _spread([r["second"] for r in runs], 1e3, 1), ratio, spread, compiled,
+                     cache, loss])
     table = markdown_table(
         ["runner", "import (s)", "first solve (s)", "import + first (s)", "second solve (ms)",
-         "import + first / peer", "that ratio: min-max over turns", "cache hits / misses",
-         "final loss (Adam)"], rows)
+         "import + first / peer", "that ratio: min-max over turns",
+         "fused kernels compiled: loop / all", "cache hits / misses", "final loss (Adam)"],
+        rows)
     return "\n\n".join([
         "### Import and first result",
         f"Chained Rosenbrock n = 10, float64, L-BFGS and BFGS; the digits MLP 64-32-10, "

@@ -274,9 +274,10 @@ ROWS = [
 
 # What limits each optsolve count, read in the loop's optimised HLO
 # (``jax.jit(fn).lower(x0).compile().as_text()``) and the profile's thunk names.
-_DRIVER = ("the driver's tests of every step (finiteness of f, g and x, the gradient norm, "
-           "the status and reason, the best-so-far values (one array) and the idle counter: "
-           "about 10 kernels)")
+_DRIVER = ("the driver's tests of every step (finiteness of f, g and x and the gradient "
+           "norm, which the line-search methods hand it from one reduction with their "
+           "tiny-step test; the status and reason, the best-so-far values (one array) and "
+           "the idle counter: about 7 kernels)")
 _TRIAL = ("the line search's first trial made before its loop (f, g and the tests twice in "
           "the program): entering the loop every iteration instead measured 10 more "
           "executed thunks per iteration")
@@ -287,9 +288,10 @@ LIMITS: dict[str, str] = {
         "count). optimistix makes one trial per outer step, with no inner loop and no "
         "per-step finiteness test"),
     "optsolve.LBFGS(Zoom)": (
-        f"the zoom search's bracket and cubic (one loop: the trial's 4 kernels, 2 selects of "
-        f"the best point and its gradient, about 8 scalar kernels, each end of the bracket "
-        f"one array); {_DRIVER}"),
+        f"the zoom search's bracket and cubic (one loop: the trial's 4 kernels, the "
+        f"finiteness of its point, 2 selects of the best point and its gradient, 6 kernels "
+        f"of scalars, the bracket's two ends and the steps being one (3, 3) array); "
+        f"{_DRIVER}"),
     "optsolve.BFGS(Backtracking)": (
         f"{_TRIAL}; {_DRIVER}. optimistix.BFGS's loop is one trial a step, its update behind "
         "a conditional: a different structure, not more arithmetic"),
