@@ -88,11 +88,18 @@ class FlatInputs:
     which the layers below reuse within :meth:`reused` instead of flattening them again (a
     model's flattening runs in Python, at every ask)."""
 
-    def __init__(self, *objects: Any):
+    def __init__(self, *objects: Any, known: "FlatInputs | None" = None):
+        """``known``: flattens made before, reused for the very objects they hold."""
         self.objects = objects
-        self.flat = [jax.tree_util.tree_flatten(obj) for obj in objects]
+        self.flat = [jax.tree_util.tree_flatten(obj) if known is None else
+                     known.flat_of(obj) for obj in objects]
         self.traced = any(isinstance(leaf, jax.core.Tracer)
                           for leaves, _ in self.flat for leaf in leaves)
+
+    def flat_of(self, obj: Any) -> tuple[list, Any]:
+        """``tree_flatten(obj)``: this object's own where it holds that very object."""
+        flat = next((f for k, f in zip(self.objects, self.flat) if k is obj), None)
+        return jax.tree_util.tree_flatten(obj) if flat is None else flat
 
     def first(self, n: int) -> tuple[list, Any]:
         """``tree_flatten`` of the tuple of the first ``n`` objects."""
@@ -120,8 +127,7 @@ def flatten_inputs(*objects: Any) -> tuple[list, Any]:
         return jax.tree_util.tree_flatten(objects)
     leaves, treedefs = [], []
     for obj in objects:
-        flat = next((f for k, f in zip(known.objects, known.flat) if k is obj), None)
-        obj_leaves, treedef = jax.tree_util.tree_flatten(obj) if flat is None else flat
+        obj_leaves, treedef = known.flat_of(obj)
         leaves += obj_leaves
         treedefs.append(treedef)
     return leaves, jax.tree_util.treedef_tuple(treedefs)

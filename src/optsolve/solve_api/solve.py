@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from optsolve.solve_api import host, recompilation
+from optsolve.solve_api import host, plans, recompilation
 from optsolve.solve_api.batches import Batches
 from optsolve.solve_api.checkpoint import Checkpoint
 from optsolve.solve_api.capabilities import resume_point
@@ -242,6 +242,19 @@ def solve(problem: OptimizationProblem, algorithm: Any, *, maxiters: int | None 
     check_key(key)
     if resume is not None and not isinstance(resume, Solution):
         resume_point(problem, resume)  # its error
+    algorithm = as_algorithm(algorithm)
+    given = dict(maxiters=maxiters, maxtime=maxtime, gtol=gtol, ftol=ftol, history=history,
+                 progress=progress, eval_every=eval_every, keep=keep, nonfinite=nonfinite,
+                 max_consecutive_skips=max_consecutive_skips, **options)
+    planned, inputs = None, None
+    if all(v is None for v in (callback, adjoint, resume, data, batch_size, epochs, metrics,
+                               evaluate, checkpoint, checkpoint_every)):
+        inputs = FlatInputs(problem, algorithm)  # the plan's key, reused below
+        planned = plans.key(inputs, given)
+        plan = plans.lookup(planned)
+        if plan is not None:  # the stages change nothing here: their checks passed before
+            return _with_problem(_run(plan.call(problem, algorithm), inputs, planned=True),
+                                 problem)
     # the call as the backends take it, one stage at a time, and each stage's inverse on
     # the Solution on the way back
     def finish(solution: Solution) -> Solution:
@@ -258,8 +271,9 @@ def solve(problem: OptimizationProblem, algorithm: Any, *, maxiters: int | None 
                       on_data=data is not None, finish=finish),
               Batches(data, batch_size, key, epochs), StartProjection(), Multipliers()]
     call = enter_stages(stages, Call(problem, resume, as_callback(callback), metrics, evaluate,
-                                     as_algorithm(algorithm), adjoint=adjoint))
-    return finish(_run(call))
+                                     algorithm, adjoint=adjoint))
+    plans.record(planned, call, problem, algorithm)
+    return finish(_run(call, inputs))
 
 
 class Options(Stage):
@@ -287,13 +301,17 @@ class Options(Stage):
         return dataclasses.replace(call, options=opts)
 
 
-def _run(call: Call) -> Solution:
+def _run(call: Call, known: FlatInputs | None = None, planned: bool = False) -> Solution:
     """The run every call ends in: the algorithm's backend through the adjoint, in the
-    caller's trace, or eagerly (progress bar, Ctrl-C, timing, one set of result types)."""
+    caller's trace, or eagerly (progress bar, Ctrl-C, timing, one set of result types).
+
+    ``known``: flattens made before, reused for the objects they hold; ``planned``: the
+    call's structure has run before (:mod:`~optsolve.solve_api.plans`)."""
     problem, opts, adjoint = call.problem, call.options, call.adjoint
     algorithm = call.algorithm.specialised_for(problem)
     backend = backend_for(algorithm)
-    inputs = FlatInputs(problem, algorithm, opts)  # flattened once for the layers below
+    # flattened once for the layers below
+    inputs = FlatInputs(problem, algorithm, opts, known=known)
     traced = inputs.traced or host.under_a_trace()
     # a class trait (no configuration changes it): read once, not via capabilities()
     if (opts.maxiters is not None and not is_traced(opts.maxiters) and int(opts.maxiters) == 0
@@ -303,7 +321,8 @@ def _run(call: Call) -> Solution:
     if traced:
         return adjoint.apply(backend, problem, algorithm, opts)
     # the problem and the algorithm: the options' functions are the hooks
-    recompilation.note(*inputs.first(2), (opts.callback, opts.metrics, opts.evaluate))
+    if not planned:  # a planned structure has been noted: its key holds the note's
+        recompilation.note(*inputs.first(2), (opts.callback, opts.metrics, opts.evaluate))
     start = time.perf_counter()
     with progress_bar(opts.progress, call.steps), host.HostCalls() as calls, inputs.reused():
         solution = adjoint.apply(backend, problem, algorithm, opts)

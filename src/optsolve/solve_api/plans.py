@@ -1,0 +1,77 @@
+"""What ``solve``'s stages make of a plain call, cached on the call's structure.
+
+The stages (:mod:`~optsolve.solve_api.stages`) check a call and turn it into the backends'
+terms. For a plain call (no resume, hooks, data, checkpoint or adjoint given; a problem with
+no bounds, constraints, aux, maximisation, scipy form or trained subset) every stage returns
+the problem and the algorithm unchanged, and what they make, the options, the adjoint and the
+run's length, depends only on the call's structure: the problem's and the algorithm's pytree
+structure and leaf shapes and dtypes, and solve's keyword values. A later call of that
+structure takes the recorded plan instead of running the stages again (an eager call's
+Python before dispatch). Each plan is recorded only after the stages have checked the call
+and returned it unchanged, so a hit never skips a check the stages would make.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+
+from optsolve.solve_api import host
+from optsolve.solve_api.cache import BoundedCache
+from optsolve.solve_api.options import SolveOptions
+from optsolve.solve_api.pytree import FlatInputs, leaf_spec
+from optsolve.solve_api.stages import Call
+
+_PLANS = BoundedCache(64)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What the stages made of a plain call: its options, adjoint and run length."""
+
+    options: SolveOptions
+    adjoint: Any
+    steps: int | None
+
+    def call(self, problem: Any, algorithm: Any) -> Call:
+        """The call the backends take for ``problem`` and ``algorithm``."""
+        return Call(problem, algorithm=algorithm, options=self.options, adjoint=self.adjoint,
+                    steps=self.steps)
+
+
+def key(inputs: FlatInputs, given: dict[str, Any]) -> tuple | None:
+    """The plan's key for a call of ``inputs`` (its problem and algorithm flattened) and
+    solve's keyword values ``given``; None where the call is not one a plan may stand for
+    (traced, under a trace, bounded or constrained, or a value that cannot be hashed)."""
+    problem = inputs.objects[0]
+    if inputs.traced or problem.has_bounds or problem.constraints or host.under_a_trace():
+        return None
+    (problem_leaves, problem_def), (algorithm_leaves, algorithm_def) = inputs.flat
+    try:
+        # the type too: True == 1 == 1.0 hash alike, and only some of them are valid
+        values = tuple((name, type(value), value) for name, value in given.items())
+        specs = tuple(leaf_spec(leaf) for leaf in problem_leaves + algorithm_leaves)
+        found = (problem_def, algorithm_def, specs, values, jax.config.jax_enable_x64)
+        hash(found)
+    except (TypeError, ValueError):
+        return None
+    return found
+
+
+def lookup(found: tuple | None) -> Plan | None:
+    """The plan recorded for ``found``, or None."""
+    return None if found is None else _PLANS.get(found)
+
+
+def record(found: tuple | None, call: Call, problem: Any, algorithm: Any) -> None:
+    """Record ``call`` (after the stages) as the plan of ``found`` where the stages left the
+    problem and the algorithm as given and added nothing of the call's own."""
+    if found is None or call.problem is not problem or call.algorithm is not algorithm:
+        return
+    if any(part is not None for part in (call.resume, call.callback, call.metrics,
+                                         call.evaluate, call.options.checkpoint)) or \
+            call.trains_model:
+        return
+    _PLANS.put(found, Plan(call.options, call.adjoint, call.steps))
