@@ -7,14 +7,18 @@ call's own cost shows):
   digits (1797 samples), softmax cross-entropy;
 - the same parameters as a plain dict of arrays (``nnx.state(model).to_pure_dict()``), with
   f merging them into the module: what the model's own pytree flattening costs;
+- the same module with f the sum of its parameters' squares (no data): the call's own cost
+  on the MLP's structure, with a computation too small to vary between calls;
 - a 10-variable quadratic: the call's floor (validation, dispatch, reading the result).
 
 Runners for each: ``solve(prob, Adam(1e-3), maxiters=1)`` called eagerly; the same call
 inside ``jax.jit`` (one compiled program, compiled once: the computation itself, with
 jit's own dispatch); and, for the MLP, a hand-written jitted optax step. The overhead is
-eager minus jitted.
+eager minus jitted, per turn of the interleaved runs (the median and the quartiles of the
+per-turn differences). The deterministic measure beside it: the Python function calls an
+eager call makes (cProfile over 100 calls).
 
-Goal (issue 18): the eager call's overhead on the NNX MLP at most 0.2 ms.
+Goal (issue 37): the eager call's overhead on the NNX MLP at most 0.2 ms.
 
 Run: ``python benchmarks/bench_overhead.py`` (``--profile``: the median time of each stage
 of an eager call).
@@ -22,6 +26,9 @@ of an eager call).
 
 from __future__ import annotations
 
+import cProfile
+import pstats
+import statistics
 import sys
 from pathlib import Path
 
@@ -35,11 +42,13 @@ from threadpoolctl import threadpool_limits
 sys.path.insert(0, str(Path(__file__).parent))
 
 import optsolve  # noqa: E402
-from common import interleaved_medians, machine_line, markdown_table  # noqa: E402
+from common import interleaved_times, machine_line, markdown_table  # noqa: E402
 
 NOTES = (
     "The overhead is what an eager call adds to the compiled computation: validating the "
-    "problem and the options, the caches' keys (each a flatten of the problem), the "
+    "problem and the options (once per structure: a later plain call of that structure "
+    "takes the recorded plan, solve_api/plans.py), the caches' keys (one flatten of the "
+    "problem), the "
     "compiled chunk's dispatch (flattening its arguments, unflattening its results), the "
     "host reading the return code and the counts, and building the Solution. An NNX "
     "module is a pytree whose flattening runs in Python (a few tens of microseconds per "
@@ -71,8 +80,13 @@ def main(repeats: int = 301) -> str:
         nnx.replace_by_pure_dict(filled, params)
         return loss(nnx.merge(graphdef, filled), p)
 
+    def squares(m, _p):
+        return sum(jnp.sum(v ** 2) for v in jax.tree_util.tree_leaves(nnx.state(m)))
+
     problems = {
         "NNX MLP (module as x0)": optsolve.OptimizationProblem(loss, model),
+        "the same module, f without the data (sum of squares)":
+            optsolve.OptimizationProblem(squares, MLP(nnx.Rngs(1))),
         "the MLP's parameters as a dict of arrays":
             optsolve.OptimizationProblem(loss_of_dict, state.to_pure_dict()),
         "10-variable quadratic": optsolve.OptimizationProblem(
@@ -88,7 +102,7 @@ def main(repeats: int = 301) -> str:
         return optax.apply_updates(state, updates)
 
     jitted_solve = jax.jit(lambda prob: optsolve.solve(prob, algorithm, maxiters=1))
-    medians = {}
+    medians, spreads, calls = {}, {}, {}
     for name, prob in problems.items():
         # each problem's runners interleaved among themselves: a call that follows another
         # problem's multi-threaded matmul would pay for that one's threads winding down
@@ -100,20 +114,27 @@ def main(repeats: int = 301) -> str:
         for fn in runners.values():  # compile, then one warm call
             jax.block_until_ready(fn())
             jax.block_until_ready(fn())
-        medians.update(interleaved_medians(runners, repeats))
+        times = interleaved_times(runners, repeats)
+        medians.update({key: statistics.median(ts) for key, ts in times.items()})
+        turns = [e - j for e, j in zip(times[(name, "eager")], times[(name, "jitted")])]
+        spreads[name] = statistics.quantiles(turns, n=4)
+        calls[name] = python_calls(runners[(name, "eager")])
     rows = []
     for name in problems:
         eager, jitted = medians[(name, "eager")], medians[(name, "jitted")]
+        low, mid, high = spreads[name]
         rows.append([name, f"{eager * 1e3:.3f}", f"{jitted * 1e3:.3f}",
-                     f"{(eager - jitted) * 1e3:.3f}", f"{eager / jitted:.2f}x"])
+                     f"{mid * 1e3:.3f} [{low * 1e3:.3f}-{high * 1e3:.3f}]",
+                     f"{eager / jitted:.2f}x", f"{calls[name]:.0f}"])
     return "\n".join([
         "### The fixed cost of an eager solve call: Adam, maxiters=1, float32",
         "",
         markdown_table(["problem", "eager solve (ms)", "the same solve under jax.jit (ms)",
-                        "overhead: eager - jitted (ms)", "eager / jitted"], rows),
+                        "overhead: eager - jitted, per turn (ms): median [quartiles]",
+                        "eager / jitted", "Python calls per eager call"], rows),
         "",
         f"A hand-written jitted optax step on the MLP: "
-        f"{medians[('hand', 'step')] * 1e3:.3f} ms. Goal (issue 18): an overhead of at most "
+        f"{medians[('hand', 'step')] * 1e3:.3f} ms. Goal (issue 37): an overhead of at most "
         f"0.2 ms on the NNX MLP. Medians of {repeats} interleaved calls after warm-up; BLAS "
         "pinned to 1 thread.",
         "",
@@ -124,14 +145,26 @@ def main(repeats: int = 301) -> str:
     ])
 
 
+def python_calls(run, calls: int = 100) -> float:
+    """The Python function calls one ``run()`` makes (cProfile's count, a mean over
+    ``calls``): the deterministic measure of an eager call's own work."""
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        run()
+    profiler.disable()
+    return pstats.Stats(profiler).total_calls / calls
+
+
 # Where an eager call's time goes: solve's stages, timed by wrapping them (private names of
 # optsolve, read here only).
 STAGES = {
     "optsolve.solve_api.solve": {"enter_stages": "the call's stages (options, checks, the "
-                                 "model split)",
+                                 "model split; skipped where a plan stands for them)",
                                  "FlatInputs": "flattening the inputs once",
                                  "_eager": "the counts as Python ints",
                                  "leave_stages": "the Solution in the user's terms"},
+    "optsolve.solve_api.plans": {"key": "the plan's key (leaf shapes and dtypes, keywords)"},
     "optsolve.backends.native.chunked": {"_template": "the first carry (cached)",
                                          "_first_chunk": "the compiled chunk's dispatch",
                                          "_status": "waiting for the chunk, reading its summary",
@@ -140,12 +173,14 @@ STAGES = {
 
 
 def profile(calls: int = 500) -> str:
-    """Median time of each stage of an eager solve (and of the whole call), per problem."""
+    """Median time of each stage of an eager solve (and of the whole call), per problem:
+    each stage's time summed over one call (0 where the call skips it)."""
     import collections
     import importlib
     import time
 
     spent = collections.defaultdict(list)
+    in_call = collections.defaultdict(float)
     for module_name, stages in STAGES.items():
         module = importlib.import_module(module_name)
         for attr, label in stages.items():
@@ -154,7 +189,7 @@ def profile(calls: int = 500) -> str:
                 try:
                     return _inner(*args, **kwargs)
                 finally:
-                    spent[_label].append(time.perf_counter() - start)
+                    in_call[_label] += time.perf_counter() - start
             setattr(module, attr, timed)
     digits = load_digits()
     x = jnp.asarray(digits.data / 16.0, jnp.float32)
@@ -174,9 +209,12 @@ def profile(calls: int = 500) -> str:
         spent.clear()
         totals = []
         for _ in range(calls):
+            in_call.clear()
             start = time.perf_counter()
             optsolve.solve(prob, optsolve.Adam(1e-3), maxiters=1)
             totals.append(time.perf_counter() - start)
+            for label in labels:
+                spent[label].append(in_call[label])
         median = lambda ts: sorted(ts)[len(ts) // 2] * 1e3  # noqa: E731
         columns[name] = [median(spent[label]) for label in labels] + [median(totals)]
     rows = [[label] + [f"{columns[name][i]:.3f}" for name in problems]
