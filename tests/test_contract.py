@@ -493,6 +493,35 @@ def test_no_recompilation_for_new_numbers(cls):
     assert counter.count == 0
 
 
+@pytest.mark.parametrize("cls", CLASSES, ids=_id)
+def test_a_planned_call_equals_the_staged_call_of_its_own_numbers(cls, monkeypatch):
+    # the first call records a plan where the stages change nothing (solve_api/plans.py);
+    # the next call of that structure, every number new, takes it, and must solve its own
+    # numbers: everything equal to the same call made through the stages
+    import importlib
+    from optsolve.solve_api import plans
+    solve_module = importlib.import_module("optsolve.solve_api.solve")
+    entered, enter = [], solve_module.enter_stages
+    monkeypatch.setattr(solve_module, "enter_stages",
+                        lambda stages, call: entered.append(1) or enter(stages, call))
+    prob, alg = _problem(cls), CASES[cls].make()
+    k = CASES[cls].iterations
+    plans._PLANS.clear()
+    solve(prob, alg, maxiters=k)
+    scaled = jax.tree_util.tree_map(
+        lambda v: v * 0.5 if jnp.issubdtype(jnp.result_type(v), jnp.floating) else v, alg)
+    moved = prob.replace(p=11.0, x0=_start(cls) + 0.1)
+    planned = solve(moved, scaled, maxiters=k)
+    assert len(entered) == (2 if prob.has_bounds else 1)
+    plans._PLANS.clear()
+    staged = solve(moved, scaled, maxiters=k)
+    np.testing.assert_array_equal(np.asarray(planned.x), np.asarray(staged.x))
+    np.testing.assert_array_equal(np.asarray(planned.objective), np.asarray(staged.objective))
+    assert planned.retcode == staged.retcode
+    for count in ("iterations", "f_evals", "grad_evals"):
+        assert getattr(planned.stats, count) == getattr(staged.stats, count), count
+
+
 def _negated_with_aux(x, p):
     """-_objective, with an auxiliary output: maximising it is minimising _objective."""
     return -_objective(x, p), {"x": x, "scaled": p * _point(x)[0]}

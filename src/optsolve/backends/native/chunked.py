@@ -23,7 +23,7 @@ import numpy as np
 from jax import lax
 
 from optsolve.backends.native.driver import loop_of, run_whole, running
-from optsolve.backends.native.prepared import FlatCarry, Prepared, zeros_of
+from optsolve.backends.native.prepared import FlatCarry, Prepared, SharingLeaves, zeros_of
 from optsolve.backends.native.rules import INT
 from optsolve.backends.native.protocol import GradientStepSolver
 from optsolve.solve_api.cache import BoundedCache
@@ -62,7 +62,8 @@ def _chunk(solver, problem: OptimizationProblem, options: SolveOptions, first: j
     # each in a kernel of its own (the host puts them back, see _on_host)
     solution = replace(solution, original=None, retcode=None, reason=None,
                        stats=replace(stats, iterations=None, f_evals=None, grad_evals=None))
-    return FlatCarry.of(final), FlatCarry.of(solution), summary
+    carry = FlatCarry.of(final)
+    return carry, SharingLeaves.of(solution, carry), summary
 
 
 class _Summary(NamedTuple):
@@ -77,9 +78,10 @@ class _Summary(NamedTuple):
     done: int
 
 
-def _on_host(flat: FlatCarry, summary: _Summary) -> Solution:
-    """A chunk's Solution, its numbers the host's."""
-    solution = flat.unpack()
+def _on_host(flat: SharingLeaves, carry: FlatCarry, summary: _Summary) -> Solution:
+    """A chunk's Solution (its leaves shared with the chunk's ``carry`` output taken from
+    it), its numbers the host's."""
+    solution = flat.unpack(carry)
     return replace(solution, original=solution.state, retcode=summary.retcode,
                    reason=summary.reason,
                    stats=replace(solution.stats, iterations=summary.iterations,
@@ -186,7 +188,7 @@ def _run_chunks(make_solver, problem, algorithm, options) -> Solution:
         options = replace(options, checkpoint=None)
     prepared = Prepared(make_solver, problem, algorithm, options)
     chunk = prepared(_chunk)
-    last = None  # the last completed chunk's Solution (flat) and summary
+    last = None  # the last completed chunk's Solution (flat), carry and summary
 
     def solution() -> Solution:  # rebuilt only where it is returned or written
         return _on_host(*last)
@@ -204,10 +206,10 @@ def _run_chunks(make_solver, problem, algorithm, options) -> Solution:
                 status = _status(summary, options)  # waits for the chunk
             except KeyboardInterrupt:
                 # The chunk in flight ends within one chunk's time: wait for it, then stop.
-                last = in_flight, _read(summary)
-                return solution() if last[1].retcode != RUNNING else _interrupted(
+                last = in_flight, carry, _read(summary)
+                return solution() if last[2].retcode != RUNNING else _interrupted(
                     solution(), make_solver, problem, algorithm)
-            last = in_flight, status
+            last = in_flight, carry, status
             if status.retcode != RUNNING:
                 return solution()
             if interrupt_requested():

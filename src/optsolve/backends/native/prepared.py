@@ -43,6 +43,40 @@ class FlatCarry:
         return jax.tree_util.tree_unflatten(self.treedef, self.leaves)
 
 
+@jax.tree_util.register_pytree_node_class
+class SharingLeaves:
+    """A tree whose leaves that are some carry's own (the same traced values: a Solution's x
+    and optimizer state are the carry's) are left out of a compiled call's outputs, which
+    would copy each into a buffer of its own; the host takes them from the carry.
+
+    ``where[i]`` is the carry leaf that is the tree's leaf i, or -1 for one of its own."""
+
+    def __init__(self, own: list, static: tuple):
+        self.own, self.static = list(own), static
+
+    def tree_flatten(self):
+        return self.own, self.static
+
+    @classmethod
+    def tree_unflatten(cls, static, own):
+        return cls(own, static)
+
+    @classmethod
+    def of(cls, tree: Any, carry: FlatCarry) -> "SharingLeaves":
+        """``tree`` with its leaves that are ``carry``'s own shared (inside a compiled call)."""
+        leaves, treedef = jax.tree_util.tree_flatten(tree)
+        index = {id(leaf): i for i, leaf in enumerate(carry.leaves)}
+        where = tuple(index.get(id(leaf), -1) for leaf in leaves)
+        return cls([leaf for leaf, w in zip(leaves, where) if w < 0], (treedef, where))
+
+    def unpack(self, carry: FlatCarry) -> Any:
+        """The tree, its shared leaves taken from ``carry`` (the call's carry output)."""
+        treedef, where = self.static
+        own = iter(self.own)
+        return jax.tree_util.tree_unflatten(
+            treedef, [next(own) if w < 0 else carry.leaves[w] for w in where])
+
+
 def zeros_of(spec: jax.ShapeDtypeStruct) -> jax.Array:
     """Zeros of ``spec``'s shape and dtype (a typed PRNG key included), placed once."""
     if jax.dtypes.issubdtype(spec.dtype, jax.dtypes.extended):  # typed PRNG keys
