@@ -18,7 +18,7 @@ from typing import Any
 
 import jax
 
-from optsolve.solve_api import host
+from optsolve.solve_api import host, sense
 from optsolve.solve_api.cache import BoundedCache
 from optsolve.solve_api.options import SolveOptions
 from optsolve.solve_api.pytree import FlatInputs, leaf_spec
@@ -41,12 +41,21 @@ class Plan:
                     steps=self.steps)
 
 
+def may_stand_for(problem: Any) -> bool:
+    """Whether the stages may leave ``problem`` unchanged, read from its static fields alone
+    (a problem they change, or check by value, is never planned: its key's flatten would be
+    wasted)."""
+    return (getattr(problem, "trainable", None) is None and sense.is_plain(problem)
+            and not problem.has_bounds and not problem.constraints
+            and getattr(problem, "x0_form", None) is None)
+
+
 def key(inputs: FlatInputs, given: dict[str, Any]) -> tuple | None:
-    """The plan's key for a call of ``inputs`` (its problem and algorithm flattened) and
-    solve's keyword values ``given``; None where the call is not one a plan may stand for
-    (traced, under a trace, bounded or constrained, or a value that cannot be hashed)."""
-    problem = inputs.objects[0]
-    if inputs.traced or problem.has_bounds or problem.constraints or host.under_a_trace():
+    """The plan's key for a call of ``inputs`` (its problem, one :func:`may_stand_for`
+    accepts, and its algorithm, flattened) and solve's keyword values ``given``; None where
+    the call is not one a plan may stand for (traced, under a trace, or a value that cannot
+    be hashed)."""
+    if inputs.traced or host.under_a_trace():
         return None
     (problem_leaves, problem_def), (algorithm_leaves, algorithm_def) = inputs.flat
     try:

@@ -248,7 +248,8 @@ def solve(problem: OptimizationProblem, algorithm: Any, *, maxiters: int | None 
                  max_consecutive_skips=max_consecutive_skips, **options)
     planned, inputs = None, None
     if all(v is None for v in (callback, adjoint, resume, data, batch_size, epochs, metrics,
-                               evaluate, checkpoint, checkpoint_every)):
+                               evaluate, checkpoint, checkpoint_every)) and \
+            plans.may_stand_for(problem):
         inputs = FlatInputs(problem, algorithm)  # the plan's key, reused below
         planned = plans.key(inputs, given)
         plan = plans.lookup(planned)
