@@ -194,9 +194,11 @@ def test_closure_approach_recompiles_for_comparison():
         return jax.lax.fori_loop(0, 10, body, (x, state))[0]
 
     train_jit = jax.jit(train, static_argnums=0)
+    x0 = jnp.zeros(3)
+    train_jit(optax.adam(0.05), x0)  # the small programs of a first call (zeros) compiled
     with count_compilations() as counter:
         for lr in (0.1, 0.2, 0.3):
-            train_jit(optax.adam(lr), jnp.zeros(3))
+            train_jit(optax.adam(lr), x0)
     assert counter.count == 3
 
 
@@ -280,10 +282,15 @@ def test_lbfgs_through_solve_equals_optax_documented_loop():
     for _ in range(30):
         x, state = step(x, state)
         trials += int(optax.tree.get(state, "num_linesearch_steps"))
-    sol = solve(prob, tx, maxiters=30)
-    np.testing.assert_allclose(sol.x, x, rtol=1e-10)
-    # value and gradient are reused from the line search: x0 plus one per trial, none more
-    assert int(sol.stats.f_evals) == int(sol.stats.grad_evals) == 1 + trials
+    # Under jit the solve is compiled as the loop is (XLA's default emitters): the same
+    # numbers. An eager solve of a problem this small is compiled with XLA's classic
+    # emitters (compile_options.py), whose rounding differs; 30 iterations on Rosenbrock
+    # (not converged) amplify it to about 1e-6 relative.
+    jitted = jax.jit(lambda x0: solve(OptimizationProblem(rosenbrock, x0), tx, maxiters=30))
+    for sol, rtol in ((jitted(prob.x0), 1e-10), (solve(prob, tx, maxiters=30), 1e-5)):
+        np.testing.assert_allclose(sol.x, x, rtol=rtol)
+        # value and gradient are reused from the line search: x0 plus one per trial
+        assert int(sol.stats.f_evals) == int(sol.stats.grad_evals) == 1 + trials
 
 
 def test_backtracking_line_search_counts_value_only_trials():

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from optsolve.backends.native.compile_options import chunk_options, is_small, refused
 from optsolve.backends.native.driver import loop_of, run_whole, running
 from optsolve.backends.native.prepared import FlatCarry, Prepared, SharingLeaves, zeros_of
 from optsolve.backends.native.rules import INT
@@ -95,23 +96,27 @@ def _first_carry(solver, problem: OptimizationProblem, options: SolveOptions) ->
     return FlatCarry.of(loop_of(solver, problem, options).init())
 
 
-def _template(prepared: Prepared) -> tuple[FlatCarry, int]:
-    """A zero carry with the structure, shapes and dtypes of the run's first carry, and the
-    first chunk's budget (cached: finding the carry traces the objective)."""
+def _template(prepared: Prepared) -> tuple[FlatCarry, int, bool]:
+    """A zero carry with the structure, shapes and dtypes of the run's first carry, the
+    first chunk's budget, and whether the run's arrays are small (see
+    :func:`~optsolve.backends.native.compile_options.is_small`); cached: finding the carry
+    traces the objective."""
     def make():
-        shapes = jax.eval_shape(prepared(_first_carry))
+        program, shapes = jax.make_jaxpr(prepared(_first_carry), return_shape=True)()
         problem = jax.tree_util.tree_unflatten(prepared.treedef, prepared.leaves)[0]
-        return jax.tree_util.tree_map(zeros_of, shapes), _size(problem)
+        return (jax.tree_util.tree_map(zeros_of, shapes), _size(problem),
+                is_small(program))
 
     try:
         key = (prepared.make_solver, prepared.treedef,
                tuple(leaf_spec(leaf) for leaf in prepared.leaves))
         hash(key)
     except TypeError:
-        template, size = make()
+        template, size, small = make()
     else:
-        template, size = _TEMPLATES.get_or_make(key, make)
-    return template, _FIRST_BUDGET_SMALL if size <= _SMALL_SIZE else _FIRST_BUDGET_LARGE
+        template, size, small = _TEMPLATES.get_or_make(key, make)
+    return template, _FIRST_BUDGET_SMALL if size <= _SMALL_SIZE else _FIRST_BUDGET_LARGE, \
+        small
 
 
 _VALUES = BoundedCache(64)
@@ -135,13 +140,21 @@ def _size(problem: OptimizationProblem) -> int:
     return sum(np.size(leaf) for leaf in jax.tree_util.tree_leaves(problem.x0))
 
 
-def _first_chunk(prepared: Prepared, chunk, most: int | None) -> tuple:
-    """The first chunk's outputs (its carry, Solution and summary) and its budget (at most
-    ``most`` iterations where given)."""
+def _first_chunk(prepared: Prepared, most: int | None) -> tuple:
+    """The first chunk's outputs (its carry, Solution and summary), its budget (at most
+    ``most`` iterations where given) and the compiled chunk, for the chunks after it."""
     def run():
-        template, budget = _template(prepared)
+        template, budget, small = _template(prepared)
         budget = budget if most is None else min(budget, most)
-        return chunk(True, template, budget), budget
+        options = chunk_options(small)
+        chunk = prepared(_chunk, compiler_options=options)
+        try:
+            return chunk(True, template, budget), budget, chunk
+        except jax.errors.JaxRuntimeError as error:
+            if not refused(error, options):
+                raise
+            chunk = prepared(_chunk)
+            return chunk(True, template, budget), budget, chunk
 
     try:
         return run()
@@ -187,7 +200,7 @@ def _run_chunks(make_solver, problem, algorithm, options) -> Solution:
     if checkpoint is not None:
         options = replace(options, checkpoint=None)
     prepared = Prepared(make_solver, problem, algorithm, options)
-    chunk = prepared(_chunk)
+    chunk = None
     last = None  # the last completed chunk's Solution (flat), carry and summary
 
     def solution() -> Solution:  # rebuilt only where it is returned or written
@@ -198,8 +211,8 @@ def _run_chunks(make_solver, problem, algorithm, options) -> Solution:
         while True:
             started = time.perf_counter()
             if carry is None:
-                (carry, in_flight, summary), budget = _first_chunk(
-                    prepared, chunk, None if checkpoint is None else checkpoint.every)
+                (carry, in_flight, summary), budget, chunk = _first_chunk(
+                    prepared, None if checkpoint is None else checkpoint.every)
             else:
                 carry, in_flight, summary = chunk(False, carry, budget)
             try:

@@ -97,18 +97,19 @@ class Prepared:
         self.make_solver = make_solver
         self.leaves, self.treedef = flatten_inputs(problem, algorithm, options)
 
-    def __call__(self, body, *static):
-        """``body(solver, problem, options, *static, *args)`` compiled, with the fixed
-        arguments bound: a function of ``*args``. Compiled functions are cached by the
-        fixed arguments' structure."""
+    def __call__(self, body, *static, compiler_options: dict | None = None):
+        """``body(solver, problem, options, *static, *args)`` compiled (with XLA's
+        ``compiler_options`` where given), with the fixed arguments bound: a function of
+        ``*args``. Compiled functions are cached by the fixed arguments' structure."""
         treedef, make_solver = self.treedef, self.make_solver
-        key = (body, make_solver, treedef, static)
+        key = (body, make_solver, treedef, static,
+               None if compiler_options is None else tuple(sorted(compiler_options.items())))
 
         def compile_run():
             def run(leaves, *args):
                 problem, algorithm, options = jax.tree_util.tree_unflatten(treedef, leaves)
                 solver = make_solver(algorithm, problem)
                 return body(solver, problem, options, *static, *args)
-            return jax.jit(run)
+            return jax.jit(run, compiler_options=compiler_options)
 
         return functools.partial(_PREPARED.get_or_make(key, compile_run), self.leaves)
