@@ -12,6 +12,7 @@ compilation is the caller's) keep XLA's defaults. docs/benchmarks.md has the mea
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -63,9 +64,14 @@ def is_small(jaxpr: Any) -> bool:
 def chunk_options(small: bool) -> dict | None:
     """The compiler options of an eager chunk (``small``: see :func:`is_small`): the classic
     emitters for a small program on the CPU, else None (XLA's defaults)."""
-    if not small or jax.default_backend() != "cpu" or _unsupported:
+    if not small or _unsupported or not _on_cpu():
         return None
     return dict(CLASSIC_EMITTERS)
+
+
+@functools.cache
+def _on_cpu() -> bool:  # the default backend, fixed once JAX has started
+    return jax.default_backend() == "cpu"
 
 
 def refused(error: Exception, options: dict | None) -> bool:
