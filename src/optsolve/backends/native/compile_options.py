@@ -13,10 +13,11 @@ compilation is the caller's) keep XLA's defaults. docs/benchmarks.md has the mea
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any
 
 import jax
-import numpy as np
+import jax.extend.core
 
 # within it: L-BFGS's memory (2 x 10 x n) up to n = 12, BFGS's model up to n = 16
 SMALL_ARRAY = 256
@@ -29,30 +30,14 @@ _unsupported: set[str] = set()  # options this XLA refused (a later version may 
 def largest_array(jaxpr: Any) -> int:
     """The most elements of any value of ``jaxpr`` (a ClosedJaxpr or Jaxpr): its constants,
     inputs and every intermediate, in the programs nested in it too."""
-    largest, todo, seen = 0, [jaxpr], set()
+    largest, todo = 0, [getattr(jaxpr, "jaxpr", jaxpr)]  # a ClosedJaxpr's own
     while todo:
         program = todo.pop()
-        program = getattr(program, "jaxpr", program)  # a ClosedJaxpr's own
-        if id(program) in seen:
-            continue
-        seen.add(id(program))
         values = [*program.constvars, *program.invars]
-        for eqn in program.eqns:
-            values.extend(eqn.outvars)
-            todo.extend(_programs_in(eqn.params.values()))
-        for value in values:
-            largest = max(largest, int(np.prod(getattr(value.aval, "shape", ()))))
+        values.extend(var for eqn in program.eqns for var in eqn.outvars)
+        largest = max([largest, *(math.prod(getattr(v.aval, "shape", ())) for v in values)])
+        todo.extend(jax.extend.core.subjaxprs(program))
     return largest
-
-
-def _programs_in(params: Any) -> list:
-    found = []
-    for param in params:
-        if hasattr(param, "eqns") or hasattr(getattr(param, "jaxpr", None), "eqns"):
-            found.append(param)
-        elif isinstance(param, (tuple, list)):
-            found.extend(_programs_in(param))
-    return found
 
 
 def is_small(jaxpr: Any) -> bool:
