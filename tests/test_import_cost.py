@@ -19,6 +19,18 @@ def test_import_loads_no_optional_dependency():
     assert out.strip() == "[]"
 
 
+def test_import_loads_no_jax_extension_module():
+    """jax.extend (which loads Pallas) is not needed to import optsolve: after jax and optax,
+    the modules the import loads are its own and a few of jax's."""
+    out = run_without_x64(
+        "import sys, jax, optax\n"
+        "before = set(sys.modules)\n"
+        "import optsolve\n"
+        "print(sorted(m for m in set(sys.modules) - before if m.startswith('jax')))\n")
+    loaded = eval(out.strip().splitlines()[-1])  # a printed list of names
+    assert not [m for m in loaded if m.startswith("jax.extend") or "pallas" in m], loaded
+
+
 def test_scipy_solve_after_the_import():
     """scipy loads when a scipy method first runs, and the run is scipy's own."""
     out = run_without_x64("""

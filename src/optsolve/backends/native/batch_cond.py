@@ -34,7 +34,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.custom_batching import custom_vmap
 from jax.dtypes import float0
-from jax.extend.core import ClosedJaxpr, jaxpr_as_fun
+from jax.core import eval_jaxpr
 
 PyTree = Any
 
@@ -80,7 +80,7 @@ def cond(pred: Any, true_fun: Callable, false_fun: Callable, *operands: PyTree) 
 
 def _run(jaxpr: Any, consts: list, leaves: list) -> list:
     """One branch's flat result from its jaxpr, closed-over values and operands."""
-    return jaxpr_as_fun(ClosedJaxpr(jaxpr, consts))(*leaves)
+    return eval_jaxpr(jaxpr, consts, *leaves)
 
 
 @partial(jax.custom_jvp, nondiff_argnums=(0,))

@@ -17,7 +17,6 @@ import math
 from typing import Any
 
 import jax
-import jax.extend.core
 
 # within it: L-BFGS's memory (2 x 10 x n) up to n = 12, BFGS's model up to n = 16
 SMALL_ARRAY = 256
@@ -36,8 +35,21 @@ def largest_array(jaxpr: Any) -> int:
         values = [*program.constvars, *program.invars]
         values.extend(var for eqn in program.eqns for var in eqn.outvars)
         largest = max([largest, *(math.prod(getattr(v.aval, "shape", ())) for v in values)])
-        todo.extend(jax.extend.core.subjaxprs(program))
+        todo.extend(_nested(program))
     return largest
+
+
+def _nested(program: Any):
+    """The programs in ``program``'s equations' parameters (a loop's body, a conditional's
+    branches, a nested jit), not descending into them."""
+    # jax.extend.core.subjaxprs does this, but importing jax.extend loads Pallas: about a
+    # tenth of `import optsolve` after jax and optax
+    for eqn in program.eqns:
+        for param in eqn.params.values():
+            for value in param if isinstance(param, tuple) else (param,):
+                value = getattr(value, "jaxpr", value)  # a ClosedJaxpr's own
+                if hasattr(value, "eqns"):
+                    yield value
 
 
 def is_small(jaxpr: Any) -> bool:
