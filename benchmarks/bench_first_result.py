@@ -290,9 +290,9 @@ def _against(results: dict, mode: str) -> str:
               for a, b in zip(ours, waited)]
     return (f"optsolve.Adam against the optax loop waited for before its loss: "
             f"{statistics.median(ratios):.2f}x [{min(ratios):.2f}-{max(ratios):.2f}] "
-            "(import + first, per turn). A JAX call returns before its computation ends, so "
-            "the plain loop's 500 steps still run while the loss's eager operations compile; "
-            "solve returns a finished run (its return code read on the host).")
+            f"(import + first, per turn). A JAX call returns before its computation ends, so "
+            f"the plain loop's {ADAM_STEPS} steps still run while the loss's eager operations "
+            "compile; solve returns a finished run (its return code read on the host).")
 
 
 if __name__ == "__main__":
