@@ -23,11 +23,11 @@ def test_import_loads_no_jax_extension_module():
     """jax.extend (which loads Pallas) is not needed to import optsolve: after jax and optax,
     the modules the import loads are its own and a few of jax's."""
     out = run_without_x64(
-        "import sys, jax, optax\n"
+        "import json, sys, jax, optax\n"
         "before = set(sys.modules)\n"
         "import optsolve\n"
-        "print(sorted(m for m in set(sys.modules) - before if m.startswith('jax')))\n")
-    loaded = eval(out.strip().splitlines()[-1])  # a printed list of names
+        "print(json.dumps(sorted(m for m in set(sys.modules) - before if m.startswith('jax'))))\n")
+    loaded = json.loads(out.strip().splitlines()[-1])
     assert not [m for m in loaded if m.startswith("jax.extend") or "pallas" in m], loaded
 
 
