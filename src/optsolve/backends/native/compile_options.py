@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -39,11 +40,11 @@ def largest_array(jaxpr: Any) -> int:
     return largest
 
 
-def _nested(program: Any):
+def _nested(program: Any) -> Iterator[Any]:
     """The programs in ``program``'s equations' parameters (a loop's body, a conditional's
     branches, a nested jit), not descending into them."""
-    # jax.extend.core.subjaxprs does this, but importing jax.extend loads Pallas: about a
-    # tenth of `import optsolve` after jax and optax
+    # jax.extend.core.subjaxprs does this, but importing jax.extend loads Pallas, which
+    # `import optsolve` has no use for (tests/test_import_cost.py)
     for eqn in program.eqns:
         for param in eqn.params.values():
             for value in param if isinstance(param, tuple) else (param,):
