@@ -28,6 +28,7 @@ from jax.custom_derivatives import SymbolicZero
 
 from optsolve.solve_api.linear_solve import CGStatus, cg, cgls, warn_singular
 from optsolve.solve_api.forward_passes import by_forward_passes
+from optsolve.solve_api.host import under_a_trace
 from optsolve.solve_api.kkt import kkt_tangent
 from optsolve.solve_api.loops import CheckpointedScan, while_loop
 from optsolve.solve_api.problem import OptimizationProblem
@@ -317,6 +318,9 @@ class ImplicitAdjoint:
     def apply(self, run: Run, problem: OptimizationProblem, algorithm: Any,
               options: Any) -> Solution:
         """Run the backend with x*(p, bounds) differentiable by the implicit function theorem."""
+        if not under_a_trace() and not is_traced(problem, algorithm):
+            # an eager call's functions hold no tracer: there is no trace to hold one of
+            return run(problem, algorithm, options)
         problem = _hoisted(problem)
         if not is_traced(problem, algorithm):
             # Only traced inputs can be differentiated: concrete ones skip the rule's cost.

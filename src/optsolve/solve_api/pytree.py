@@ -6,10 +6,8 @@ construction, never on the placeholder leaves JAX passes around inside transform
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import dataclasses
-from collections.abc import Iterator
 from typing import Any, TypeVar
 
 import jax
@@ -106,13 +104,23 @@ class FlatInputs:
         return ([leaf for leaves, _ in self.flat[:n] for leaf in leaves],
                 jax.tree_util.treedef_tuple([treedef for _, treedef in self.flat[:n]]))
 
-    @contextlib.contextmanager
-    def reused(self) -> Iterator[None]:
-        token = _REUSED.set(self)
-        try:
-            yield
-        finally:
-            _REUSED.reset(token)
+    def reused(self) -> "_Reused":
+        """A context within which the layers below reuse these flattens."""
+        return _Reused(self)
+
+
+class _Reused:
+    """:meth:`FlatInputs.reused`'s context (a class: a generator's context costs more, on a
+    path every eager call takes)."""
+
+    def __init__(self, inputs: FlatInputs):
+        self.inputs = inputs
+
+    def __enter__(self) -> None:
+        self.token = _REUSED.set(self.inputs)
+
+    def __exit__(self, *exc: Any) -> None:
+        _REUSED.reset(self.token)
 
 
 _REUSED: contextvars.ContextVar[FlatInputs | None] = contextvars.ContextVar("reused",
@@ -143,6 +151,10 @@ def is_traced(*trees: Any) -> bool:
 
 
 _PYTHON_SCALARS = (bool, int, float, complex)
+_SCALAR_SPECS = {t: ("python", t.__name__) for t in _PYTHON_SCALARS}
+# concrete array types met so far (JAX's own), whose shape, dtype and weak_type are read as
+# they are: learnt here, as JAX exports no name for its concrete array type
+_ARRAY_TYPES: set = set()
 
 
 def leaf_spec(leaf: Any) -> tuple:
@@ -152,6 +164,12 @@ def leaf_spec(leaf: Any) -> tuple:
     Read from attributes, without ``jnp.result_type`` (dearer per leaf): it keys the caches
     that every solve consults.
     """
+    kind = type(leaf)
+    spec = _SCALAR_SPECS.get(kind)
+    if spec is not None:
+        return spec
+    if kind in _ARRAY_TYPES:
+        return (leaf.shape, leaf.dtype, leaf.weak_type)
     if isinstance(leaf, _PYTHON_SCALARS):
         # the builtin it derives from (JAX's typed literals subclass float and int)
         return ("python", next(t.__name__ for t in _PYTHON_SCALARS if isinstance(leaf, t)))
@@ -160,7 +178,11 @@ def leaf_spec(leaf: Any) -> tuple:
         dtype = jnp.result_type(leaf)
     elif not isinstance(dtype, np.dtype):  # numpy's scalar types; JAX's extended dtypes (keys)
         dtype = dtype if jax.dtypes.issubdtype(dtype, jax.dtypes.extended) else np.dtype(dtype)
-    return (tuple(np.shape(leaf)), dtype, bool(getattr(leaf, "weak_type", False)))
+    spec = (tuple(np.shape(leaf)), dtype, bool(getattr(leaf, "weak_type", False)))
+    if isinstance(leaf, jax.Array) and not isinstance(leaf, jax.core.Tracer) and \
+            isinstance(dtype, np.dtype) and spec == (leaf.shape, leaf.dtype, leaf.weak_type):
+        _ARRAY_TYPES.add(kind)
+    return spec
 
 
 def tree_spec(tree: Any) -> tuple:

@@ -117,12 +117,14 @@ def _no_iterations(problem: OptimizationProblem, opts) -> Solution:
                     state=None if resume is None else resume.state, history=history)
 
 
+def progress_bar(enabled: bool, total: int | None) -> contextlib.AbstractContextManager:
+    """A tqdm bar that the compiled loop updates through ``host.report_progress`` (none
+    where not ``enabled``)."""
+    return _progress_bar(total) if enabled else contextlib.nullcontext()
+
+
 @contextlib.contextmanager
-def progress_bar(enabled: bool, total: int | None):
-    """A tqdm bar that the compiled loop updates through ``host.report_progress``."""
-    if not enabled:
-        yield None
-        return
+def _progress_bar(total: int | None):
     try:
         from tqdm.auto import tqdm
     except ImportError as err:

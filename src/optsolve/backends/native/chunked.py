@@ -79,10 +79,9 @@ class _Summary(NamedTuple):
     done: int
 
 
-def _on_host(flat: SharingLeaves, carry: FlatCarry, summary: _Summary) -> Solution:
-    """A chunk's Solution (its leaves shared with the chunk's ``carry`` output taken from
-    it), its numbers the host's."""
-    solution = flat.unpack(carry)
+def _on_host(solution: Solution, summary: _Summary) -> Solution:
+    """A chunk's Solution (unpacked by :meth:`SharingLeaves.unpack`) with the host's
+    numbers."""
     return replace(solution, original=solution.state, retcode=summary.retcode,
                    reason=summary.reason,
                    stats=replace(solution.stats, iterations=summary.iterations,
@@ -201,7 +200,7 @@ def _run_chunks(make_solver, problem, algorithm, options) -> Solution:
         options = replace(options, checkpoint=None)
     prepared = Prepared(make_solver, problem, algorithm, options)
     chunk = None
-    last = None  # the last completed chunk's Solution (flat), carry and summary
+    last = None  # the last completed chunk's Solution (the host's numbers not yet in) and summary
 
     def solution() -> Solution:  # rebuilt only where it is returned or written
         return _on_host(*last)
@@ -216,13 +215,16 @@ def _run_chunks(make_solver, problem, algorithm, options) -> Solution:
             else:
                 carry, in_flight, summary = chunk(False, carry, budget)
             try:
+                # the Solution's structure rebuilt (a model's, in Python) while the chunk
+                # computes
+                unpacked = in_flight.unpack(carry)
                 status = _status(summary, options)  # waits for the chunk
             except KeyboardInterrupt:
                 # The chunk in flight ends within one chunk's time: wait for it, then stop.
-                last = in_flight, carry, _read(summary)
-                return solution() if last[2].retcode != RUNNING else _interrupted(
+                last = in_flight.unpack(carry), _read(summary)
+                return solution() if last[1].retcode != RUNNING else _interrupted(
                     solution(), make_solver, problem, algorithm)
-            last = in_flight, carry, status
+            last = unpacked, status
             if status.retcode != RUNNING:
                 return solution()
             if interrupt_requested():
