@@ -34,6 +34,7 @@ class Plan:
     options: SolveOptions
     adjoint: Any
     steps: int | None
+    options_flat: tuple  # tree_flatten(options), which every call of the plan reuses
 
     def call(self, problem: Any, algorithm: Any) -> Call:
         """The call the backends take for ``problem`` and ``algorithm``."""
@@ -83,4 +84,5 @@ def record(found: tuple | None, call: Call, problem: Any, algorithm: Any) -> Non
                                          call.evaluate, call.options.checkpoint)) or \
             call.trains_model:
         return
-    _PLANS.put(found, Plan(call.options, call.adjoint, call.steps))
+    _PLANS.put(found, Plan(call.options, call.adjoint, call.steps,
+                           jax.tree_util.tree_flatten(call.options)))

@@ -26,6 +26,7 @@ def static_field(**kwargs: Any) -> Any:
 
 def pytree_dataclass(cls: type[T]) -> type[T]:
     """Make ``cls`` a frozen dataclass registered as a pytree (with key paths)."""
+    own_init = "__init__" in cls.__dict__  # kept by dataclass: a construction that checks
     # eq=False: fields hold arrays, whose == is elementwise; identity is the only sound equality.
     cls = dataclasses.dataclass(frozen=True, eq=False)(cls)
     fields = dataclasses.fields(cls)
@@ -48,12 +49,27 @@ def pytree_dataclass(cls: type[T]) -> type[T]:
         return obj
 
     jax.tree_util.register_pytree_with_keys(cls, flatten_with_keys, unflatten, flatten)
+    if not own_init and not hasattr(cls, "__post_init__") and all(f.init for f in fields):
+        _UNCHECKED[cls] = (data_names + meta_names, frozenset(data_names + meta_names))
     return cls
+
+
+# pytree dataclasses with no validation of their own: (field names, as a set)
+_UNCHECKED: dict[type, tuple[tuple[str, ...], frozenset]] = {}
 
 
 def replace(obj: T, **changes: Any) -> T:
     """A copy of a pytree dataclass with ``changes``, validated like a fresh construction."""
-    return dataclasses.replace(obj, **changes)
+    unchecked = _UNCHECKED.get(type(obj))
+    if unchecked is None or not changes.keys() <= unchecked[1]:
+        return dataclasses.replace(obj, **changes)
+    # a class with nothing to validate: its fields copied, without dataclasses' generic
+    # construction (results on every eager call's path are replaced several times)
+    new = object.__new__(type(obj))
+    values, fresh = obj.__dict__, new.__dict__
+    for name in unchecked[0]:
+        fresh[name] = changes[name] if name in changes else values[name]
+    return new
 
 
 class Frozen:
@@ -93,6 +109,13 @@ class FlatInputs:
                      known.flat_of(obj) for obj in objects]
         self.traced = any(isinstance(leaf, jax.core.Tracer)
                           for leaves, _ in self.flat for leaf in leaves)
+
+    def including(self, obj: Any, flat: tuple[list, Any]) -> "FlatInputs":
+        """These flattens and ``obj``'s, ``flat`` (``tree_flatten(obj)``, made before)."""
+        more = object.__new__(FlatInputs)
+        more.objects, more.flat = self.objects + (obj,), self.flat + [flat]
+        more.traced = self.traced or any(isinstance(leaf, jax.core.Tracer) for leaf in flat[0])
+        return more
 
     def flat_of(self, obj: Any) -> tuple[list, Any]:
         """``tree_flatten(obj)``: this object's own where it holds that very object."""

@@ -256,8 +256,9 @@ def solve(problem: OptimizationProblem, algorithm: Any, *, maxiters: int | None 
         planned = plans.key(inputs, given)
         plan = plans.lookup(planned)
         if plan is not None:  # the stages change nothing here: their checks passed before
-            return _with_problem(_run(plan.call(problem, algorithm), inputs, planned=True),
-                                 problem)
+            return _with_problem(_run(plan.call(problem, algorithm),
+                                      inputs.including(plan.options, plan.options_flat),
+                                      planned=True), problem)
     # the call as the backends take it, one stage at a time, and each stage's inverse on
     # the Solution on the way back
     def finish(solution: Solution) -> Solution:
@@ -330,14 +331,20 @@ def _run(call: Call, known: FlatInputs | None = None, planned: bool = False) -> 
     with progress_bar(opts.progress, call.steps), host.HostCalls() as calls, inputs.reused():
         solution = adjoint.apply(backend, problem, algorithm, opts)
         # the results of one computation are ready together: a wait on a few leaves, not
-        # a flatten of the whole Solution (a model's x and optimizer state)
-        jax.block_until_ready((solution.objective, solution.retcode))
+        # a flatten of the whole Solution (a model's x and optimizer state); none where the
+        # backend has read its results already
+        if not all(_ready(v) for v in (solution.objective, solution.retcode)):
+            jax.block_until_ready((solution.objective, solution.retcode))
         if opts.progress and np.ndim(solution.retcode) == 0:
             host.advance_progress(int(solution.stats.iterations), solution.objective)
     elapsed = time.perf_counter() - start
     if np.ndim(solution.retcode) != 0:  # a batch (a vmapped problem solved eagerly)
         return replace(solution, stats=replace(solution.stats, time=elapsed))
     return _eager(solution, elapsed, calls.interrupted)
+
+
+def _ready(value: Any) -> bool:
+    return not isinstance(value, jax.Array) or value.is_ready()
 
 
 def _nonfinite_policy(algorithm, nonfinite, max_consecutive_skips, on_data: bool) -> dict:
