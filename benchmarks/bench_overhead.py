@@ -168,7 +168,9 @@ STAGES = {
     "optsolve.backends.native.chunked": {"_template": "the first carry (cached)",
                                          "_first_chunk": "the compiled chunk's dispatch",
                                          "_status": "waiting for the chunk, reading its summary",
-                                         "_on_host": "rebuilding the Solution"},
+                                         "_on_host": "the host's numbers into the Solution"},
+    "optsolve.backends.native.prepared": {
+        "SharingLeaves.unpack": "rebuilding the Solution (while the chunk computes)"},
 }
 
 
@@ -184,13 +186,16 @@ def profile(calls: int = 500) -> str:
     for module_name, stages in STAGES.items():
         module = importlib.import_module(module_name)
         for attr, label in stages.items():
-            def timed(*args, _inner=getattr(module, attr), _label=label, **kwargs):
+            owner, _, name = attr.rpartition(".")  # a module's function or a class's method
+            owner = getattr(module, owner) if owner else module
+
+            def timed(*args, _inner=getattr(owner, name), _label=label, **kwargs):
                 start = time.perf_counter()
                 try:
                     return _inner(*args, **kwargs)
                 finally:
                     in_call[_label] += time.perf_counter() - start
-            setattr(module, attr, timed)
+            setattr(owner, name, timed)
     digits = load_digits()
     x = jnp.asarray(digits.data / 16.0, jnp.float32)
     y = jnp.asarray(digits.target)
