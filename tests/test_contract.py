@@ -512,14 +512,22 @@ def test_a_planned_call_equals_the_staged_call_of_its_own_numbers(cls, monkeypat
         lambda v: v * 0.5 if jnp.issubdtype(jnp.result_type(v), jnp.floating) else v, alg)
     moved = prob.replace(p=11.0, x0=_start(cls) + 0.1)
     planned = solve(moved, scaled, maxiters=k)
-    assert len(entered) == (2 if prob.has_bounds else 1)
+    # a third call takes the run the backend offered the plan, where it did (the compiled
+    # driver's): every number new again
+    again = solve(prob, alg, maxiters=k)
+    assert len(entered) == (3 if prob.has_bounds else 1)
+    ran = [plan.run is not None for plan in plans._PLANS._entries.values()]
+    assert any(ran) == (type(alg).compiled_driver and not prob.has_bounds)
     plans._PLANS.clear()
     staged = solve(moved, scaled, maxiters=k)
-    np.testing.assert_array_equal(np.asarray(planned.x), np.asarray(staged.x))
-    np.testing.assert_array_equal(np.asarray(planned.objective), np.asarray(staged.objective))
-    assert planned.retcode == staged.retcode
-    for count in ("iterations", "f_evals", "grad_evals"):
-        assert getattr(planned.stats, count) == getattr(staged.stats, count), count
+    staged_again = solve(prob, alg, maxiters=k)
+    for one, other in ((planned, staged), (again, staged_again)):
+        np.testing.assert_array_equal(np.asarray(one.x), np.asarray(other.x))
+        np.testing.assert_array_equal(np.asarray(one.objective), np.asarray(other.objective))
+        assert (one.retcode, one.reason) == (other.retcode, other.reason)
+        assert one.message == other.message  # the backend's own words (its finish) too
+        for count in ("iterations", "f_evals", "grad_evals"):
+            assert getattr(one.stats, count) == getattr(other.stats, count), count
 
 
 def _negated_with_aux(x, p):

@@ -9,11 +9,18 @@ structure and leaf shapes and dtypes, and solve's keyword values. A later call o
 structure takes the recorded plan instead of running the stages again (an eager call's
 Python before dispatch). Each plan is recorded only after the stages have checked the call
 and returned it unchanged, so a hit never skips a check the stages would make.
+
+A backend may also hand a plan its *run* (:func:`offer`): the structure-only work below the
+stages (the compiled program, its first carry), which a later call of the structure calls
+with the inputs' leaves, skipping the layers between ``solve`` and that program.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -35,6 +42,14 @@ class Plan:
     adjoint: Any
     steps: int | None
     options_flat: tuple  # tree_flatten(options), which every call of the plan reuses
+    # [the run a backend offered] (a slot filled once, see offer): ``run(leaves, problem,
+    # algorithm)``, leaves those of (problem, algorithm, options); None where it cannot
+    # run the call (the host takes the layers' path then)
+    runs: list = dataclasses.field(default_factory=list)
+
+    @property
+    def run(self) -> Callable[[list, Any, Any], Any] | None:
+        return self.runs[0] if self.runs else None
 
     def call(self, problem: Any, algorithm: Any) -> Call:
         """The call the backends take for ``problem`` and ``algorithm``."""
@@ -86,3 +101,33 @@ def record(found: tuple | None, call: Call, problem: Any, algorithm: Any) -> Non
         return
     _PLANS.put(found, Plan(call.options, call.adjoint, call.steps,
                            jax.tree_util.tree_flatten(call.options)))
+
+
+# the call whose run a backend may offer: (its plan, problem, algorithm)
+_RECORDING: contextvars.ContextVar[tuple | None] = contextvars.ContextVar("recording",
+                                                                         default=None)
+
+
+@contextlib.contextmanager
+def recording(plan: Plan, problem: Any, algorithm: Any) -> Iterator[None]:
+    """Within it, a backend's :func:`offer` for this very call fills ``plan``'s run."""
+    token = _RECORDING.set((plan, problem, algorithm))
+    try:
+        yield
+    finally:
+        _RECORDING.reset(token)
+
+
+def offer(run: Callable[[list, Any, Any], Any], problem: Any, algorithm: Any,
+          options: Any) -> None:
+    """From a backend: ``run``, which runs a call of this structure from the leaves of
+    (problem, algorithm, options), for later calls of the plan being recorded. Taken only
+    where the backend runs the recorded call itself (the same problem, algorithm and
+    options objects: no layer between changed them), and only once."""
+    recorded = _RECORDING.get()
+    if recorded is None:
+        return
+    plan, planned_problem, planned_algorithm = recorded
+    if problem is planned_problem and algorithm is planned_algorithm and \
+            options is plan.options and not plan.runs:
+        plan.runs.append(run)

@@ -256,9 +256,17 @@ def solve(problem: OptimizationProblem, algorithm: Any, *, maxiters: int | None 
         planned = plans.key(inputs, given)
         plan = plans.lookup(planned)
         if plan is not None:  # the stages change nothing here: their checks passed before
-            return _with_problem(_run(plan.call(problem, algorithm),
-                                      inputs.including(plan.options, plan.options_flat),
-                                      planned=True), problem)
+            solution = None if plan.run is None else _planned_run(plan, inputs, problem,
+                                                                  algorithm)
+            if solution is None:
+                # the progress bar is the layers' (host calls update it from the loop)
+                recorded = contextlib.nullcontext() if plan.options.progress else \
+                    plans.recording(plan, problem, algorithm)
+                with recorded:
+                    solution = _run(plan.call(problem, algorithm),
+                                    inputs.including(plan.options, plan.options_flat),
+                                    planned=True)
+            return _with_problem(solution, problem)
     # the call as the backends take it, one stage at a time, and each stage's inverse on
     # the Solution on the way back
     def finish(solution: Solution) -> Solution:
@@ -303,6 +311,21 @@ class Options(Stage):
         opts = replace(opts, **_nonfinite_policy(algorithm, self.nonfinite, self.skips,
                                                  on_data=self.on_data))
         return dataclasses.replace(call, options=opts)
+
+
+def _planned_run(plan: plans.Plan, inputs: FlatInputs, problem: OptimizationProblem,
+                 algorithm: Any) -> Solution | None:
+    """The call run by the run its plan holds (the backend's own, from the inputs' leaves:
+    the layers of :func:`_run` did nothing for this structure but look it up), in eager
+    terms; None where that run cannot take these inputs (the plan then drops it)."""
+    leaves = [leaf for flat, _ in inputs.flat for leaf in flat] + plan.options_flat[0]
+    start = time.perf_counter()
+    with host.HostCalls() as calls:
+        solution = plan.run(leaves, problem, algorithm)
+    if solution is None:
+        plan.runs.clear()
+        return None
+    return _eager(solution, time.perf_counter() - start, calls.interrupted)
 
 
 def _run(call: Call, known: FlatInputs | None = None, planned: bool = False) -> Solution:

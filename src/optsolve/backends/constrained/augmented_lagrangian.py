@@ -42,6 +42,7 @@ method reached) and the backend reports INFEASIBLE with the violation.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, ClassVar, NamedTuple
 
 import jax
@@ -286,8 +287,9 @@ def solve_augmented_lagrangian(problem: OptimizationProblem, algorithm: Any,
     """Run :class:`~optsolve.AugmentedLagrangian` on the shared driver, then say the
     outcome in its terms (:mod:`optsolve.backends.constrained.outcome`)."""
     from optsolve.backends.constrained.outcome import describe_augmented_lagrangian, finished
-    solution = run_iterative(_make_solver, problem, algorithm, options, loop)
-    return finished(problem, algorithm, solution, describe_augmented_lagrangian)
+    return run_iterative(_make_solver, problem, algorithm, options, loop,
+                         after=functools.partial(finished,
+                                                 describe=describe_augmented_lagrangian))
 
 
 def _make_solver(algorithm: Any, problem: OptimizationProblem) -> ALSolver:

@@ -627,8 +627,7 @@ def solve_interior_point(problem: OptimizationProblem, algorithm: Any, options: 
     """Run :class:`~optsolve.InteriorPoint` on the shared driver, then say the outcome in
     its terms (:mod:`optsolve.backends.constrained.outcome`)."""
     from optsolve.backends.constrained.outcome import finished
-    solution = run_iterative(_make_solver, problem, algorithm, options, loop)
-    return finished(problem, algorithm, solution)
+    return run_iterative(_make_solver, problem, algorithm, options, loop, after=finished)
 
 
 def _make_solver(algorithm: Any, problem: OptimizationProblem) -> InteriorPointSolver:

@@ -13,8 +13,10 @@ function, so every chunk shares one compilation.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -27,6 +29,7 @@ from optsolve.backends.native.driver import loop_of, run_whole, running
 from optsolve.backends.native.prepared import FlatCarry, Prepared, SharingLeaves, zeros_of
 from optsolve.backends.native.rules import INT
 from optsolve.backends.native.protocol import GradientStepSolver
+from optsolve.solve_api import plans
 from optsolve.solve_api.cache import BoundedCache
 from optsolve.solve_api.host import interrupt_requested, under_a_trace
 from optsolve.solve_api.loops import Loop as LoopRunner
@@ -40,6 +43,8 @@ from optsolve.solve_api.solution import Solution
 # that they run in one call; large ones, whose iterations may each take long, take few.
 _FIRST_BUDGET_SMALL, _FIRST_BUDGET_LARGE, _SMALL_SIZE = 256, 16, 10_000
 _CHUNK_SECONDS = 0.25     # what later chunks aim at: the longest wait for a Ctrl-C
+# a backend's own finish of a run's Solution: after(problem, algorithm, solution)
+After = Callable[[OptimizationProblem, Any, Solution], Solution]
 _TEMPLATES = BoundedCache(64)
 
 
@@ -141,19 +146,20 @@ def _size(problem: OptimizationProblem) -> int:
 
 def _first_chunk(prepared: Prepared, most: int | None) -> tuple:
     """The first chunk's outputs (its carry, Solution and summary), its budget (at most
-    ``most`` iterations where given) and the compiled chunk, for the chunks after it."""
+    ``most`` iterations where given), the compiled chunk, for the chunks after it, and the
+    first carry it started from."""
     def run():
         template, budget, small = _template(prepared)
         budget = budget if most is None else min(budget, most)
         options = chunk_options(small)
         chunk = prepared(_chunk, compiler_options=options)
         try:
-            return chunk(True, template, budget), budget, chunk
+            return chunk(True, template, budget), budget, chunk, template
         except jax.errors.JaxRuntimeError as error:
             if not refused(error, options):
                 raise
             chunk = prepared(_chunk)
-            return chunk(True, template, budget), budget, chunk
+            return chunk(True, template, budget), budget, chunk, template
 
     try:
         return run()
@@ -164,6 +170,28 @@ def _first_chunk(prepared: Prepared, most: int | None) -> tuple:
             raise
         _TEMPLATES.clear()
         return run()
+
+
+class _PlannedRun:
+    """An eager run of one structure with its structure-only work done (the compiled chunk,
+    the first carry and budget): what a plan keeps (:func:`optsolve.solve_api.plans.offer`)
+    for later calls of that structure, called with the leaves of (problem, algorithm,
+    options)."""
+
+    def __init__(self, compiled, template, budget: int, make_solver, options: SolveOptions,
+                 after: After | None):
+        self.compiled, self.template, self.budget = compiled, template, budget
+        self.make_solver, self.options, self.after = make_solver, options, after
+
+    def __call__(self, leaves: list, problem, algorithm) -> Solution | None:
+        chunk = functools.partial(self.compiled, leaves)
+        try:
+            first = chunk(True, self.template, self.budget)
+        except TypeError:  # a first carry that no longer fits: the layers' path instead
+            return None
+        solution = _chunks(lambda: (first, self.budget, chunk), self.make_solver, problem,
+                           algorithm, self.options, None)
+        return solution if self.after is None else self.after(problem, algorithm, solution)
 
 
 def _status(summary: jax.Array, options: SolveOptions) -> _Summary:
@@ -193,25 +221,40 @@ def _read(summary: jax.Array) -> _Summary:
     return _Summary(*(int(v) for v in np.asarray(summary)))
 
 
-def _run_chunks(make_solver, problem, algorithm, options) -> Solution:
+def _run_chunks(make_solver, problem, algorithm, options, after: After | None) -> Solution:
     # the checkpoint is the host's: kept out of the compiled chunk's (static) options
     checkpoint = options.checkpoint
     if checkpoint is not None:
         options = replace(options, checkpoint=None)
     prepared = Prepared(make_solver, problem, algorithm, options)
-    chunk = None
+
+    def first() -> tuple:
+        outputs, budget, chunk, template = _first_chunk(
+            prepared, None if checkpoint is None else checkpoint.every)
+        if checkpoint is None:  # what a later call of this structure may skip to
+            plans.offer(_PlannedRun(chunk.func, template, budget, make_solver, options,
+                                    after), problem, algorithm, options)
+        return outputs, budget, chunk
+
+    return _chunks(first, make_solver, problem, algorithm, options, checkpoint)
+
+
+def _chunks(first, make_solver, problem, algorithm, options: SolveOptions,
+            checkpoint) -> Solution:
+    """The run's chunks to its stop: ``first()`` dispatches the first one (its outputs,
+    budget and the compiled chunk); between chunks the host reads the summary, answers a
+    Ctrl-C and writes the checkpoints."""
     last = None  # the last completed chunk's Solution (the host's numbers not yet in) and summary
 
     def solution() -> Solution:  # rebuilt only where it is returned or written
         return _on_host(*last)
 
     try:
-        carry, budget = None, None
+        carry, budget, chunk = None, None, None
         while True:
             started = time.perf_counter()
             if carry is None:
-                (carry, in_flight, summary), budget, chunk = _first_chunk(
-                    prepared, None if checkpoint is None else checkpoint.every)
+                (carry, in_flight, summary), budget, chunk = first()
             else:
                 carry, in_flight, summary = chunk(False, carry, budget)
             try:
@@ -242,14 +285,20 @@ def _run_chunks(make_solver, problem, algorithm, options) -> Solution:
 
 
 def run_iterative(make_solver, problem: OptimizationProblem, algorithm: Any,
-                  options: SolveOptions, loop: LoopRunner | None = None) -> Solution:
+                  options: SolveOptions, loop: LoopRunner | None = None,
+                  after: After | None = None) -> Solution:
     """Run ``make_solver(algorithm, problem)`` to a stop with the driver of :mod:`optsolve.backends.native.driver`.
 
     ``make_solver`` must be a module-level function (it keys the compilation cache); the
     algorithm's and the problem's numbers are traced, so new values reuse compiled code.
     Inside a JAX transformation, or in a ``loop`` the adjoint chose, the run is one loop in
     the caller's trace; an eager call runs in interruptible chunks of one compiled function.
+    ``after(problem, algorithm, solution)``: the Solution in the method's own terms, where
+    the backend has any (a later call of the structure that takes the run a plan holds
+    applies it too).
     """
     if loop is not None or is_traced(problem, algorithm, options) or under_a_trace():
-        return _whole_compiled(make_solver, problem, algorithm, options, loop)
-    return _run_chunks(make_solver, problem, algorithm, options)
+        solution = _whole_compiled(make_solver, problem, algorithm, options, loop)
+    else:
+        solution = _run_chunks(make_solver, problem, algorithm, options, after)
+    return solution if after is None else after(problem, algorithm, solution)
