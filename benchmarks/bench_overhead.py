@@ -47,10 +47,11 @@ from common import interleaved_times, machine_line, markdown_table  # noqa: E402
 NOTES = (
     "The overhead is what an eager call adds to the compiled computation: validating the "
     "problem and the options (once per structure: a later plain call of that structure "
-    "takes the recorded plan, solve_api/plans.py), the caches' keys (one flatten of the "
-    "problem), the "
-    "compiled chunk's dispatch (flattening its arguments, unflattening its results), the "
-    "host reading the return code and the counts, and building the Solution. An NNX "
+    "takes the recorded plan, solve_api/plans.py, and from its second call on the run the "
+    "backend handed the plan: the compiled chunk with its first carry, dispatched from the "
+    "inputs' leaves), the plan's key (one flatten of the problem), the compiled chunk's "
+    "dispatch, the host reading the return code and the counts, and the Solution in "
+    "Python's types (the model's structure is rebuilt while the chunk computes). An NNX "
     "module is a pytree whose flattening runs in Python (a few tens of microseconds per "
     "module, per flatten), so every flatten of the problem costs more on the MLP than on "
     "the same parameters as a dict of arrays, whose flattening is JAX's C++.")
@@ -165,8 +166,12 @@ STAGES = {
                                  "_eager": "the counts as Python ints",
                                  "leave_stages": "the Solution in the user's terms"},
     "optsolve.solve_api.plans": {"key": "the plan's key (leaf shapes and dtypes, keywords)"},
-    "optsolve.backends.native.chunked": {"_template": "the first carry (cached)",
-                                         "_first_chunk": "the compiled chunk's dispatch",
+    "optsolve.backends.native.chunked": {"_template": "the first carry (cached; skipped where "
+                                         "a plan holds the run)",
+                                         "_first_chunk": "the compiled chunk's dispatch (within "
+                                         "the layers; skipped where a plan holds the run)",
+                                         "_PlannedRun.__call__": "the run a plan holds "
+                                         "(the chunk's dispatch and the three stages below)",
                                          "_status": "waiting for the chunk, reading its summary",
                                          "_on_host": "the host's numbers into the Solution"},
     "optsolve.backends.native.prepared": {
