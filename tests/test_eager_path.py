@@ -37,3 +37,21 @@ def test_replace_of_a_class_that_checks_still_checks():
         replace(problem, sense="sideways")
     with pytest.raises(ValueError, match="GradientDescent: `learning_rate` must be > 0"):
         replace(optsolve.GradientDescent(), learning_rate=-1.0)
+
+
+def test_leaf_spec_reads_a_jax_array_as_its_first_reading_did():
+    import jax
+    import numpy as np
+
+    from optsolve.solve_api import pytree
+
+    leaves = [jnp.zeros((2, 3), jnp.float32), jnp.asarray(1.5), jnp.int32(4),
+              jax.random.key(0), np.zeros(3), 2.0, True, np.float32(1.0)]
+    pytree._ARRAY_TYPES.clear()
+    first = [pytree.leaf_spec(leaf) for leaf in leaves]  # learns JAX's array type
+    assert pytree._ARRAY_TYPES  # the later readings take the attributes directly
+    assert [pytree.leaf_spec(leaf) for leaf in leaves] == first
+    assert first[:3] == [((2, 3), np.dtype("float32"), False), ((), leaves[1].dtype, True),
+                         ((), np.dtype("int32"), False)]
+    assert first[5:7] == [("python", "float"), ("python", "bool")]
+    assert first[7] == ((), np.dtype("float32"), False)
