@@ -25,7 +25,7 @@ import numpy as np
 from jax import lax
 
 from optsolve.backends.native.compile_options import chunk_options, is_small, refused
-from optsolve.backends.native.driver import loop_of, run_whole, running
+from optsolve.backends.native.driver import loop_of, replays_failures, run_whole, running
 from optsolve.backends.native.prepared import FlatCarry, Prepared, SharingLeaves, zeros_of
 from optsolve.backends.native.rules import INT
 from optsolve.backends.native.protocol import GradientStepSolver
@@ -55,7 +55,7 @@ def _chunk(solver, problem: OptimizationProblem, options: SolveOptions, first: j
     one output fewer; the return code, reason and counts None: they are the summary's),
     and :class:`_Summary`'s numbers stacked in one int array, which the host reads in one
     transfer."""
-    loop = loop_of(solver, problem, options)
+    loop = loop_of(solver, problem, options, replays_failures(solver, options))
     carry = lax.cond(first, lambda _: loop.init(), lambda c: c.unpack(), carry_in)
     end = carry.iteration + budget
     final = lax.while_loop(lambda c: running(c) & (c.iteration < end), loop.body, carry)
@@ -97,7 +97,8 @@ _whole_compiled = jax.jit(run_whole, static_argnums=(0, 4))
 
 
 def _first_carry(solver, problem: OptimizationProblem, options: SolveOptions) -> FlatCarry:
-    return FlatCarry.of(loop_of(solver, problem, options).init())
+    return FlatCarry.of(loop_of(solver, problem, options,
+                                replays_failures(solver, options)).init())
 
 
 def _template(prepared: Prepared) -> tuple[FlatCarry, int, bool]:
@@ -189,8 +190,8 @@ class _PlannedRun:
             first = chunk(True, self.template, self.budget)
         except TypeError:  # a first carry that no longer fits: the layers' path instead
             return None
-        solution = _chunks(lambda: (first, self.budget, chunk), self.make_solver, problem,
-                           algorithm, self.options, None)
+        solution = _chunks(lambda: (first, self.budget, chunk, self.template),
+                           self.make_solver, problem, algorithm, self.options, None)
         return solution if self.after is None else self.after(problem, algorithm, solution)
 
 
@@ -234,7 +235,7 @@ def _run_chunks(make_solver, problem, algorithm, options, after: After | None) -
         if checkpoint is None:  # what a later call of this structure may skip to
             plans.offer(_PlannedRun(chunk.func, template, budget, make_solver, options,
                                     after), problem, algorithm, options)
-        return outputs, budget, chunk
+        return outputs, budget, chunk, template
 
     return _chunks(first, make_solver, problem, algorithm, options, checkpoint)
 
@@ -242,9 +243,12 @@ def _run_chunks(make_solver, problem, algorithm, options, after: After | None) -
 def _chunks(first, make_solver, problem, algorithm, options: SolveOptions,
             checkpoint) -> Solution:
     """The run's chunks to its stop: ``first()`` dispatches the first one (its outputs,
-    budget and the compiled chunk); between chunks the host reads the summary, answers a
-    Ctrl-C and writes the checkpoints."""
+    budget, the compiled chunk and the first carry it started from); between chunks the
+    host reads the summary, answers a Ctrl-C and writes the checkpoints."""
     last = None  # the last completed chunk's Solution (the host's numbers not yet in) and summary
+    # the last two chunks' starts, (first, carry in, iterations done): where a run that keeps
+    # no previous iterate fails, one of them is run again up to its last good iterate
+    starts: list = []
 
     def solution() -> Solution:  # rebuilt only where it is returned or written
         return _on_host(*last)
@@ -254,8 +258,10 @@ def _chunks(first, make_solver, problem, algorithm, options: SolveOptions,
         while True:
             started = time.perf_counter()
             if carry is None:
-                (carry, in_flight, summary), budget, chunk = first()
+                (carry, in_flight, summary), budget, chunk, template = first()
+                starts = [(True, template, 0)]
             else:
+                starts = [starts[-1], (False, carry, last[1].done)]
                 carry, in_flight, summary = chunk(False, carry, budget)
             try:
                 # the Solution's structure rebuilt (a model's, in Python) while the chunk
@@ -269,6 +275,9 @@ def _chunks(first, make_solver, problem, algorithm, options: SolveOptions,
                     solution(), make_solver, problem, algorithm)
             last = unpacked, status
             if status.retcode != RUNNING:
+                if status.retcode == ReturnCode.FAILURE and status.done > 0 and \
+                        replays_failures(make_solver(algorithm, problem), options):
+                    last = _last_good(chunk, starts, *last), status
                 return solution()
             if interrupt_requested():
                 return _interrupted(solution(), make_solver, problem, algorithm)
@@ -282,6 +291,26 @@ def _chunks(first, make_solver, problem, algorithm, options: SolveOptions,
         if last is None:  # during the first compilation: nothing ran yet
             raise
         return _interrupted(solution(), make_solver, problem, algorithm)
+
+
+def _last_good(chunk, starts: list, failed: Solution, status: _Summary) -> Solution:
+    """A failed run that kept no previous iterate (see
+    :func:`~optsolve.backends.native.driver.replays_failures`), with its last good iterate
+    as x: the chunk holding that iterate is run again from its start up to it (the same
+    deterministic steps). Everything else is the failed run's, as a run that keeps its
+    previous iterate returns it (under a trace): the outcome, the value at x, the counts and
+    the state. A Ctrl-C meanwhile waits for that short run."""
+    good = status.done - 1  # the iterate before the failing one (finish counts it so too)
+    first, carry_in, done = next(start for start in reversed(starts) if start[2] <= good)
+    carry, in_flight, summary = chunk(first, carry_in, good - done)
+    while True:
+        try:
+            replayed = in_flight.unpack(carry)
+            jax.block_until_ready(replayed.x)
+            break
+        except KeyboardInterrupt:
+            continue
+    return replace(failed, x=replayed.x)
 
 
 def run_iterative(make_solver, problem: OptimizationProblem, algorithm: Any,

@@ -185,7 +185,8 @@ class _GradientCarry(NamedTuple):
     state: PyTree
     carried: tuple | None  # a model's state that f changes in place (None where it changes none)
     x_prev: PyTree     # the iterate evaluated before x (updated only by running steps, so
-    f_last: jax.Array  # a failure keeps the last good one); the last finite value
+    # a failure keeps the last good one; None where the host replays a failed run instead,
+    f_last: jax.Array  # see replays_failures); the last finite value
     iteration: jax.Array  # index of x in this run
     f_evals: jax.Array
     grad_evals: jax.Array
@@ -225,8 +226,25 @@ class StreamLoop(NamedTuple):
     new_record: Callable[[Any, Objective, int], Any]
 
 
+def replays_failures(solver: NativeSolver, options: SolveOptions) -> bool:
+    """Whether an eager full-batch run of ``solver`` keeps no previous iterate in its loop:
+    where a step fails, the host runs the failed chunk again from its start up to the last
+    good iterate (deterministic), instead of every step copying the iterate it leaves. Only
+    for gradient steps whose run reads nothing else of the previous iterate (ftol, xtol)
+    and that the host can run again unseen (no callback, progress bar, history, time limit,
+    best-iterate tracking, metrics or evaluations)."""
+    return (isinstance(solver, GradientStepSolver) and options.data is None
+            and options.callback is None and not options.progress and not options.history
+            and options.maxtime is None and options.keep == "last" and options.ftol is None
+            and options.get("xtol") is None and options.metrics is None
+            and options.evaluate is None)
+
+
 def _gradient_parts(solver: GradientStepSolver, problem: OptimizationProblem,
-                    options: SolveOptions, stream: bool, guarded: bool = False) -> StreamLoop:
+                    options: SolveOptions, stream: bool, guarded: bool = False,
+                    replayed: bool = False) -> StreamLoop:
+    """``replayed``: a full-batch run that keeps no previous iterate (the host replays a
+    failed run, see :func:`replays_failures`): a failed run's x is its failing iterate."""
     rules = Rules(options, solver, problem.bounds)
     tracker = Tracker(options)
 
@@ -244,7 +262,8 @@ def _gradient_parts(solver: GradientStepSolver, problem: OptimizationProblem,
         zero = jnp.zeros((), INT)
         carried = objective.p.carried if objective.mutates_state(x0) else None
         skipping = stream and (options.nonfinite == "skip" or _skips_itself(state0))
-        carry = _GradientCarry(x0, state0, carried, x0, jnp.zeros((), f_dtype), zero, zero,
+        carry = _GradientCarry(x0, state0, carried, None if replayed else x0,
+                               jnp.zeros((), f_dtype), zero, zero,
                                zero, jnp.asarray(RUNNING, INT), zero, rules.start_time(zero),
                                None, base_counts(start),
                                tracker.first_best(x0, state0, carried, f_dtype),
@@ -285,7 +304,9 @@ def _gradient_parts(solver: GradientStepSolver, problem: OptimizationProblem,
         # on data the callback sees each step's outcome (below), after its update
         stop = false if stream else rules.callback_stop(ok & has_prev, k, point, f, g)
         # x is finite here: an update to a non-finite x shows as a non-finite f first.
-        converged = rules.converged(x, f, g, carry.x_prev, carry.f_last, has_prev)
+        # (Without a previous iterate, no ftol or xtol reads it: see replays_failures.)
+        converged = rules.converged(x, f, g, x if replayed else carry.x_prev, carry.f_last,
+                                    has_prev)
         # maxiters=0 returns x0 with MAXITERS, even where it already meets a tolerance.
         no_steps = rules.maxiters <= 0
         converged = Converged(*(c & ~no_steps for c in converged))
@@ -308,6 +329,13 @@ def _gradient_parts(solver: GradientStepSolver, problem: OptimizationProblem,
             x_prev = x
             if carried is not None:  # a skipped batch's statistics are not kept either
                 carried = select(gate, carried, carry.carried)
+        elif replayed:
+            # no previous iterate: a stopped step keeps x as it is (the host replays a
+            # failed run up to its last good iterate)
+            upd, carried = lax.cond(
+                is_running, lambda: (solver.update(objective, x, f, g, carry.state), carried),
+                lambda: (hold(), carry.carried))
+            x_prev = None
         else:
             # x_prev moves only in the running branch: a stop keeps the previous good
             # iterate without a select over every parameter at every step.
@@ -366,7 +394,7 @@ def _gradient_parts(solver: GradientStepSolver, problem: OptimizationProblem,
             # A run still going (a chunk's end) gives x and state after its last update,
             # whose value is not known yet (the chunked runner evaluates it once).
             back = failed & (final.iteration > 0)
-            x = select(failed, final.x_prev, final.x)
+            x = final.x if replayed else select(failed, final.x_prev, final.x)
             iterations = jnp.where(back, final.iteration - 1, final.iteration)
         best = final.best
         if stream and best is not None:  # the last update's iterate is a candidate too
@@ -390,9 +418,11 @@ def _gradient_parts(solver: GradientStepSolver, problem: OptimizationProblem,
 
 
 def _gradient_loop(solver: GradientStepSolver, objective: Objective,
-                   problem: OptimizationProblem, options: SolveOptions) -> Loop:
-    """The loop for solvers that need only the gradient at the current iterate."""
-    parts = _gradient_parts(solver, problem, options, stream=False)
+                   problem: OptimizationProblem, options: SolveOptions,
+                   replayed: bool = False) -> Loop:
+    """The loop for solvers that need only the gradient at the current iterate
+    (``replayed``: see :func:`_gradient_parts`)."""
+    parts = _gradient_parts(solver, problem, options, stream=False, replayed=replayed)
     return Loop(lambda: parts.init(objective), lambda carry: parts.step(carry, objective),
                 parts.finish)
 
@@ -425,12 +455,15 @@ def build_loop(make_solver: Callable[[Any, OptimizationProblem], NativeSolver],
     return loop_of(make_solver(algorithm, problem), problem, options)
 
 
-def loop_of(solver: NativeSolver, problem: OptimizationProblem, options: SolveOptions) -> Loop:
-    """The parts of the run of ``solver`` (inside a trace)."""
+def loop_of(solver: NativeSolver, problem: OptimizationProblem, options: SolveOptions,
+            replayed: bool = False) -> Loop:
+    """The parts of the run of ``solver`` (inside a trace). ``replayed``: the host replays a
+    failed run (only where :func:`replays_failures` holds), so the loop keeps no previous
+    iterate and a failed run's x is its failing iterate."""
     objective = Objective.from_problem(problem)
     solver.bind_options(options)
     if isinstance(solver, GradientStepSolver):
-        return _gradient_loop(solver, objective, problem, options)
+        return _gradient_loop(solver, objective, problem, options, replayed)
     if isinstance(solver, SteppingSolver):
         return _stepping_loop(solver, objective, problem, options)
     raise TypeError(f"optsolve: {type(solver).__name__} is not a SteppingSolver or a "
