@@ -1,6 +1,6 @@
 """Run every benchmark side by side with its peers and write docs/benchmarks.md.
 
-Usage: ``python benchmarks/run.py [name ...]`` (names: optax, classical, scipy, hypergradient, training, least_squares, models, overhead, vmap, program_size, cutest, data_compiled, first_result, vectorised_de, multistart, interrupt, roots, constrained, constrained_vmap, constrained_large); ``make bench``
+Usage: ``python benchmarks/run.py [name ...]`` (names: optax, classical, scipy, hypergradient, training, least_squares, models, overhead, vmap, program_size, cutest, data_compiled, first_result, model_leaves, vectorised_de, multistart, interrupt, roots, constrained, constrained_vmap, constrained_large); ``make bench``
 runs them all and writes the page anew; a list of names replaces only their own sections. Each benchmark runs in a fresh Python process, so none inherits another's
 compiled executables, threads or memory. BLAS is pinned to one thread (threadpoolctl):
 OpenBLAS's default threads stall small BLAS calls on 2-core VMs (see shared/PEERS.md); JAX's
@@ -30,6 +30,7 @@ BENCHMARKS = {"optax": "bench_optax", "classical": "bench_classical", "scipy": "
               "overhead": "bench_overhead", "vmap": "bench_vmap",
               "program_size": "program_size", "cutest": "bench_cutest",
               "data_compiled": "bench_data_compiled", "first_result": "bench_first_result",
+              "model_leaves": "bench_model_leaves",
               "vectorised_de": "bench_vectorised_de", "multistart": "bench_multistart",
               "interrupt": "bench_interrupt", "roots": "bench_roots",
               "constrained": "bench_constrained",
