@@ -321,6 +321,27 @@ def test_nonfinite_values_fail_with_the_last_finite_iterate(cls):
 
 
 @pytest.mark.parametrize("cls", CLASSES, ids=_id)
+def test_a_failed_eager_run_returns_the_iterate_a_jitted_run_returns(cls):
+    """The last finite iterate of a run into a NaN region is the same eager and jitted: an
+    eager gradient-step run keeps no previous iterate (the host runs the failed chunk again
+    up to it), a jitted one keeps it at every step."""
+    alg = CASES[cls].make()
+    if not alg.capabilities()["jittable"]:
+        pytest.skip("not jittable: the previous rule covers its eager run")
+    if issubclass(cls, optsolve.OptaxAlgorithm) and "learning_rate" in alg.hyperparams:
+        alg = alg.replace(learning_rate=0.5)
+    nonfinite = "fail" if _caps(cls).get("rejects_nonfinite") else None
+    prob = _problem(cls, p=-10.0)
+    eager = solve(prob, alg, maxiters=200, nonfinite=nonfinite)
+    jitted = jax.jit(lambda pr: solve(pr, alg, maxiters=200, nonfinite=nonfinite))(prob)
+    assert int(eager.retcode) == int(jitted.retcode), eager.message
+    np.testing.assert_allclose(np.asarray(eager.x), np.asarray(jitted.x), rtol=1e-10,
+                               atol=1e-12)
+    np.testing.assert_allclose(eager.objective, jitted.objective, rtol=1e-10)
+    assert eager.stats.iterations == int(jitted.stats.iterations)
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=_id)
 def test_nonfinite_reject_passes_over_the_points_or_is_refused(cls):
     """nonfinite='reject', the default where the capability table says the method can pass
     over a point (rejects_nonfinite), runs on through the NaN region: never FAILURE for
