@@ -51,7 +51,10 @@ problem in turn (through one measuring child process, replaced after a kill). ``
 keeps the runners whose names contain one of its words, ``--raw`` writes every record (and
 each worker's records as it goes, ``RAW.SET.I.jsonl``), and ``--from-raw`` makes the
 sections from such files without running anything, merging the runners of separate runs per
-problem; ``--images`` names the profiles' folder (docs/images by default).
+problem; ``--images`` names the profiles' folder (docs/images by default). The records
+docs/benchmarks.md's two tables are made from are kept in benchmarks/results
+(constrained_census.jsonl, bounded_census.jsonl; see its README.md): ``--from-raw`` on them
+makes those sections again.
 
 Run: ``python benchmarks/bench_constrained.py [--max-n 20] [--quick] [--limit K]
 [--set both] [--jobs 2]`` or ``python benchmarks/run.py constrained``.
@@ -810,13 +813,18 @@ def from_raw(paths: list[str], max_n: int, bounded_max_n: int, repeats: int, job
     """The sections from records written by earlier runs (``--raw``; a cut run's
     ``RAW.SET.I.jsonl`` logs serve too), the runners of all of them merged per problem:
     for runners measured in separate runs (``--only``), whose times then carry each run's
-    own load."""
+    own load. A JSONL file holds the bounded set where its name has ``.bounded.`` or starts
+    with ``bounded`` (benchmarks/results/bounded_census.jsonl), the constrained set
+    otherwise."""
     import json
 
     merged = {"constrained": ({}, []), "bounded": ({}, [])}
     for path in paths:
         if path.endswith(".jsonl"):
-            kind = "bounded" if ".bounded." in path else "constrained"
+            # a worker's log (RAW.bounded.I.jsonl) or a kept record (results/bounded_*.jsonl)
+            name = Path(path).name
+            bounded = ".bounded." in name or name.startswith("bounded")
+            kind = "bounded" if bounded else "constrained"
             parts = {kind: {"results": {k: v for line in open(path)
                                         for k, v in json.loads(line).items()},
                             "left_out": []}}
