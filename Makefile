@@ -20,6 +20,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/lint-imports
+	$(BIN)/python -m mypy
 	$(BIN)/python -m pytest -q -n auto --maxprocesses=4 --dist loadgroup tests
 
 docs: $(STAMP)

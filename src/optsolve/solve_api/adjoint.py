@@ -34,6 +34,7 @@ from optsolve.solve_api.loops import CheckpointedScan, while_loop
 from optsolve.solve_api.problem import OptimizationProblem
 from optsolve.solve_api.pytree import is_traced, pytree_dataclass, replace, static_field
 from optsolve.solve_api.returncode import ReturnCode
+from optsolve.solve_api.root_problem import RootProblem
 from optsolve.solve_api.solution import Solution
 from optsolve.solve_api.sensitivity import solution_tangent
 
@@ -118,7 +119,8 @@ def _hoisted(problem: OptimizationProblem) -> OptimizationProblem:
     residual = getattr(problem, "residual", None)
     # string keys throughout: p's pytree flattening sorts them; a residual problem's f is
     # derived from its residual, which is the function converted
-    functions = {"f": problem.f} if residual is None else {"residual": residual}
+    functions: dict[str, Callable[..., Any] | None] = (
+        {"f": problem.f} if residual is None else {"residual": residual})
     functions.update({"grad": problem.grad, "hvp": problem.hvp,
                       **{f"g{i}": c.g for i, c in enumerate(constraints)}})
     if not any(_closes_over_tracers(fn) for fn in functions.values()):
@@ -359,11 +361,14 @@ class ImplicitAdjoint:
 def warn_each(warn: Callable[[Any], None], code: Any) -> None:
     """``warn(c)`` for every return code c in ``code`` (one, or a batch's), at run time
     where the codes are traced."""
-    if isinstance(code, jax.core.Tracer):
-        jax.debug.callback(lambda c: [warn(ci) for ci in np.ravel(c)], code)
-    else:
-        for ci in np.ravel(np.asarray(code)):
+    def warn_all(codes: Any) -> None:
+        for ci in np.ravel(np.asarray(codes)):
             warn(ci)
+
+    if isinstance(code, jax.core.Tracer):
+        jax.debug.callback(warn_all, code)
+    else:
+        warn_all(code)
 
 
 def with_tangent_rule(run: Run, problem: Any, algorithm: Any, options: Any,
@@ -427,7 +432,7 @@ class UnrolledAdjoint:
     algorithms cannot be unrolled at all.
     """
 
-    def apply(self, run: Run, problem: OptimizationProblem, algorithm: Any,
+    def apply(self, run: Run, problem: OptimizationProblem | RootProblem, algorithm: Any,
               options: Any) -> Solution:
         """Run the backend in a differentiable bounded loop of ``maxiters`` steps (``solve``
         has checked that the algorithm can be unrolled)."""

@@ -53,7 +53,7 @@ def argument_error(cls: type, args: tuple, kwargs: dict) -> str | None:
     takes = ", ".join(names) or "no arguments"
     if len(start) + len(takes) + len(needs) > 280:  # a long list, cut: help() has it whole
         room = 280 - len(start) - len(needs) - len(f", ... ({len(names)} in all)")
-        shown = []
+        shown: list[str] = []
         for n in names:
             if len(", ".join(shown + [n])) > room:
                 break
@@ -62,7 +62,7 @@ def argument_error(cls: type, args: tuple, kwargs: dict) -> str | None:
     return f"{start}{takes}{needs}."
 
 
-def _declared_signature(cls: type) -> inspect.Signature:
+def _declared_signature(cls: type[Any]) -> inspect.Signature:
     for klass in cls.__mro__:
         for name in ("_declared_signature", "__signature__"):
             own = klass.__dict__.get(name)

@@ -76,7 +76,7 @@ class Batches(Stage):
         traced = (FlatInputs(problem, algorithm).traced or is_traced(key)
                   or (batch_size is not None and is_traced(data)) or host.under_a_trace())
         if batch_size is not None and (traced or call.adjoint is not None):
-            return self._in_memory(call)
+            return self._in_memory(call, batch_size)
         if traced:
             raise ValueError(
                 "solve: an iterable of batches is fed by the host, so it cannot run inside "
@@ -124,11 +124,12 @@ class Batches(Stage):
         if batch_size is not None:
             sizes = {jnp.shape(a)[0] if jnp.ndim(a) else None
                      for a in jax.tree_util.tree_leaves(data)}
-            if len(sizes) != 1 or None in sizes:
+            samples = next(iter(sizes)) if len(sizes) == 1 else None
+            if samples is None:
                 raise ValueError(
                     "solve: with `batch_size`, `data` must be a pytree of arrays sharing a "
                     f"leading dimension, got leading sizes {sorted(map(str, sizes))}.")
-            if batch_size > sizes.pop():
+            if batch_size > samples:
                 raise ValueError(
                     f"solve: `batch_size`={batch_size} exceeds the number of samples.")
         elif not hasattr(data, "__iter__"):
@@ -143,11 +144,11 @@ class Batches(Stage):
                 "in-memory arrays cut into batches, pass `batch_size` (and `key` to shuffle), "
                 "or pass a list of batches.")
 
-    def _in_memory(self, call: Call) -> Call:
+    def _in_memory(self, call: Call, batch_size: int) -> Call:
         """Training on in-memory arrays inside one compiled loop (under jax.jit, jax.vmap,
         or jax.grad with UnrolledAdjoint): see :mod:`optsolve.backends.native.in_memory`."""
         opts, adjoint = call.options, call.adjoint
-        data, batch_size, epochs = self.data, self.batch_size, self.epochs
+        data, epochs = self.data, self.epochs
         if adjoint is not None:
             _check_adjoint(adjoint)  # an adjoint object, or its error
         if isinstance(adjoint, ImplicitAdjoint):

@@ -34,6 +34,16 @@ class BoundedCache:
         self._entries.move_to_end(key)
         return value
 
+    def check_once(self, key: Hashable, check: Callable[[], None]) -> None:
+        """Run ``check()``, which raises where what it checks is wrong, unless it passed
+        before for ``key`` (a check that raised stored nothing: it runs again)."""
+
+        def passed() -> bool:
+            check()
+            return True
+
+        self.get_or_make(key, passed)
+
     def get(self, key: Hashable, default: Any = None) -> Any:
         """The value cached for ``key`` (now the most recently used), or ``default``."""
         try:

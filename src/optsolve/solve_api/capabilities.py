@@ -21,7 +21,7 @@ from optsolve.solve_api.options import SolveOptions
 from optsolve.solve_api.least_squares import LeastSquaresProblem, check_residual, residual_size
 from optsolve.solve_api.problem import OptimizationProblem
 from optsolve.solve_api.pytree import is_traced, tree_spec
-from optsolve.solve_api.root_problem import RootSystem, root_form, root_solver_names
+from optsolve.solve_api.root_problem import RootProblem, RootSystem, root_form, root_solver_names
 from optsolve.solve_api.registry import algorithm_classes
 
 
@@ -239,7 +239,7 @@ def check_dense_memory(problem: OptimizationProblem, algorithm: Algorithm,
             "the default).")
 
 
-def resume_point(problem: OptimizationProblem, solution: Any) -> Any:
+def resume_point(problem: OptimizationProblem | RootProblem, solution: Any) -> Any:
     """The parts of ``solution`` a run continues from, checked against ``problem``."""
     from optsolve.solve_api.solution import Solution, Stats
     if solution is None:
@@ -268,14 +268,15 @@ def check_objective(problem: OptimizationProblem, *batch: Any) -> None:
 
     ``batch`` may hold arrays or ``jax.ShapeDtypeStruct`` leaves.
     """
+    # jax's Config declares its flags at run time, not as attributes
     key = (problem.f, tree_spec(problem.x0), tree_spec(problem.p), tree_spec(batch),
-           jax.config.jax_enable_x64)
+           jax.config.jax_enable_x64)  # type: ignore[attr-defined]
     if isinstance(problem, LeastSquaresProblem):
-        _CHECKED.get_or_make(key, lambda: check_residual(problem) or True)
+        _CHECKED.check_once(key, lambda: check_residual(problem))
         return
     # The check traces f once; cached per (f, shapes) so repeated solves pay nothing.
-    _CHECKED.get_or_make(key, lambda: _check_objective_uncached(
-        problem.f, problem.x0, problem.p, *batch) or True)
+    _CHECKED.check_once(key, lambda: _check_objective_uncached(
+        problem.f, problem.x0, problem.p, *batch))
 
 
 _CHECKED = BoundedCache(1024)

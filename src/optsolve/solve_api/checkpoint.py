@@ -90,7 +90,10 @@ def save(path: str | os.PathLike, solution: Solution) -> None:
                                "dtype": str(value.dtype)})
     meta = json.dumps({"format": _FORMAT, "leaves": record})
     with open(path, "wb") as fh:
-        np.savez(fh, __meta__=np.frombuffer(meta.encode(), dtype=np.uint8), **arrays)
+        # numpy's stub reads **arrays as possibly naming its allow_pickle flag; every name
+        # here is a leaf_NNNNN
+        np.savez(fh, __meta__=np.frombuffer(meta.encode(), dtype=np.uint8),
+                 **arrays)  # type: ignore[arg-type]
 
 
 @jax.tree_util.register_pytree_node_class
@@ -158,7 +161,10 @@ def _resume_point(path, saved: dict[str, np.ndarray]) -> Solution:
     """The saved Solution without a template: what ``resume=`` needs."""
     fields: dict[str, list[tuple[str, np.ndarray]]] = {}
     for key, value in saved.items():
-        fields.setdefault(_FIELD.match(key).group(1), []).append((key, value))
+        field = _FIELD.match(key)
+        if field is None:
+            raise ValueError(f"load: {path} holds a leaf {key!r} of no Solution field.")
+        fields.setdefault(field.group(1), []).append((key, value))
     if "x" not in fields or "retcode" not in fields:
         raise ValueError(f"load: {path} holds no Solution's x.")
     leaves = lambda name: SavedLeaves([jnp.asarray(v) for _, v in fields[name]],

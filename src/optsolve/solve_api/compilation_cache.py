@@ -47,7 +47,8 @@ def enable_compilation_cache(path: str | os.PathLike | None = None) -> Path:
     """
     directory = (default_path() if path is None else Path(path)).expanduser().resolve()
     directory.mkdir(parents=True, exist_ok=True)
-    current = jax.config.jax_compilation_cache_dir
+    # jax's Config declares its flags at run time, not as attributes
+    current = jax.config.jax_compilation_cache_dir  # type: ignore[attr-defined]
     if current is not None and Path(current).expanduser().resolve() != directory:
         # JAX opens its cache once per process: another directory needs it reopened
         from jax.experimental.compilation_cache import compilation_cache

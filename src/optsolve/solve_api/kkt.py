@@ -60,7 +60,7 @@ _CANDIDATE_GAP = 1e-3
 
 
 def _shapes(problem: OptimizationProblem, x: PyTree) -> list[tuple[int, ...]]:
-    return [tuple(jax.eval_shape(c.g, x, problem.p).shape) for c in problem.constraints]
+    return [tuple(jax.eval_shape(c.g, x, problem.p).shape) for c in problem.constraints or ()]
 
 
 def _sizes(problem: OptimizationProblem, x: PyTree) -> list[int]:

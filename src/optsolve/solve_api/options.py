@@ -13,6 +13,7 @@ import numpy as np
 
 from optsolve.solve_api.algorithm import Algorithm
 from optsolve.solve_api.pytree import pytree_dataclass, static_field
+from optsolve.solve_api.solve_signature import solve_keyword_defaults
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class DataSpec:
@@ -67,9 +68,7 @@ COMMON_OPTIONS = ("maxiters", "maxtime", "gtol", "ftol", "callback", "callback_e
 def solve_keywords() -> tuple[str, ...]:
     """Every keyword ``solve`` takes, the common options first: read from its signature,
     so that the errors listing them stay in step with it."""
-    from optsolve.solve_api.solve import solve  # solve imports this module
-    named = [name for name, param in inspect.signature(solve).parameters.items()
-             if param.kind is inspect.Parameter.KEYWORD_ONLY]
+    named = solve_keyword_defaults()
     return COMMON_OPTIONS + tuple(name for name in named if name not in COMMON_OPTIONS)
 
 

@@ -78,7 +78,9 @@ def key(inputs: FlatInputs, given: dict[str, Any]) -> tuple | None:
         # the type too: True == 1 == 1.0 hash alike, and only some of them are valid
         values = tuple((name, type(value), value) for name, value in given.items())
         specs = tuple(leaf_spec(leaf) for leaf in problem_leaves + algorithm_leaves)
-        found = (problem_def, algorithm_def, specs, values, jax.config.jax_enable_x64)
+        # jax's Config declares its flags at run time, not as attributes
+        x64 = jax.config.jax_enable_x64  # type: ignore[attr-defined]
+        found = (problem_def, algorithm_def, specs, values, x64)
         hash(found)
     except (TypeError, ValueError):
         return None

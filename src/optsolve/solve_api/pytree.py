@@ -8,13 +8,27 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
-from typing import Any, TypeVar
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 T = TypeVar("T")
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+    # what replace copies: a dataclass (every pytree_dataclass is one)
+    D = TypeVar("D", bound=DataclassInstance)
+
+if sys.version_info >= (3, 11):
+    from typing import dataclass_transform
+else:  # the marker only informs type checkers, which read it from 3.11's typing
+    def dataclass_transform(**_: Any) -> Callable[[T], T]:
+        return lambda decorator: decorator
 
 
 def static_field(**kwargs: Any) -> Any:
@@ -24,12 +38,16 @@ def static_field(**kwargs: Any) -> Any:
     return dataclasses.field(metadata=metadata, **kwargs)
 
 
+# declared a dataclass transform: type checkers then know the constructor of every class
+# it makes (its fields, in order, with their defaults) and that its instances are frozen
+@dataclass_transform(frozen_default=True, eq_default=False,
+                     field_specifiers=(dataclasses.field, static_field))
 def pytree_dataclass(cls: type[T]) -> type[T]:
     """Make ``cls`` a frozen dataclass registered as a pytree (with key paths)."""
     own_init = "__init__" in cls.__dict__  # kept by dataclass: a construction that checks
     # eq=False: fields hold arrays, whose == is elementwise; identity is the only sound equality.
     cls = dataclasses.dataclass(frozen=True, eq=False)(cls)
-    fields = dataclasses.fields(cls)
+    fields = dataclasses.fields(cast(Any, cls))  # a dataclass now, which T does not say
     data_names = tuple(f.name for f in fields if not f.metadata.get("static", False))
     meta_names = tuple(f.name for f in fields if f.metadata.get("static", False))
 
@@ -58,7 +76,7 @@ def pytree_dataclass(cls: type[T]) -> type[T]:
 _UNCHECKED: dict[type, tuple[tuple[str, ...], frozenset]] = {}
 
 
-def replace(obj: T, **changes: Any) -> T:
+def replace(obj: D, **changes: Any) -> D:
     """A copy of a pytree dataclass with ``changes``, validated like a fresh construction."""
     unchecked = _UNCHECKED.get(type(obj))
     if unchecked is None or not changes.keys() <= unchecked[1]:
@@ -201,11 +219,11 @@ def leaf_spec(leaf: Any) -> tuple:
         dtype = jnp.result_type(leaf)
     elif not isinstance(dtype, np.dtype):  # numpy's scalar types; JAX's extended dtypes (keys)
         dtype = dtype if jax.dtypes.issubdtype(dtype, jax.dtypes.extended) else np.dtype(dtype)
-    spec = (tuple(np.shape(leaf)), dtype, bool(getattr(leaf, "weak_type", False)))
+    array_spec = (tuple(np.shape(leaf)), dtype, bool(getattr(leaf, "weak_type", False)))
     if isinstance(leaf, jax.Array) and not isinstance(leaf, jax.core.Tracer) and \
-            isinstance(dtype, np.dtype) and spec == (leaf.shape, leaf.dtype, leaf.weak_type):
+            isinstance(dtype, np.dtype) and array_spec == (leaf.shape, leaf.dtype, leaf.weak_type):
         _ARRAY_TYPES.add(kind)
-    return spec
+    return array_spec
 
 
 def tree_spec(tree: Any) -> tuple:

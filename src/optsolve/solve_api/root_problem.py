@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from optsolve.solve_api import scipy_forms
+from optsolve.solve_api.algorithm import Algorithm
 from optsolve.solve_api.cache import BoundedCache
 from optsolve.solve_api.least_squares import LeastSquaresProblem
 from optsolve.solve_api.problem import _check_takes_x_and_p, _check_x0
@@ -193,8 +194,10 @@ _CHECKED = BoundedCache(1024)
 def check_root_function(problem: RootProblem) -> None:
     """Raise a clear error unless ``F(x0, p)`` is real floating point with x0's structure
     and shapes (traced once per F and shapes; cached)."""
-    key = (problem.F, tree_spec(problem.x0), tree_spec(problem.p), jax.config.jax_enable_x64)
-    _CHECKED.get_or_make(key, lambda: _check_uncached(problem) or True)
+    # jax's Config declares its flags at run time, not as attributes
+    x64 = jax.config.jax_enable_x64  # type: ignore[attr-defined]
+    key = (problem.F, tree_spec(problem.x0), tree_spec(problem.p), x64)
+    _CHECKED.check_once(key, lambda: _check_uncached(problem))
 
 
 def _check_uncached(problem: RootProblem) -> None:
@@ -299,7 +302,7 @@ def derived(problem: RootProblem, **changes: Any) -> RootProblem:
 
 # The root traits of the capability table (Algorithm.traits; capabilities.py checks them)
 
-def _caps(algorithm: Any) -> dict[str, Any]:
+def _caps(algorithm: Algorithm | type[Algorithm]) -> dict[str, Any]:
     return algorithm.traits() if isinstance(algorithm, type) else algorithm.capabilities()
 
 

@@ -61,6 +61,7 @@ from optsolve.solve_api.root_problem import (
     krylov_solve, residual_problem, root_system,
 )
 from optsolve.solve_api.solution import Solution
+from optsolve.solve_api.solve_signature import solve_keyword_defaults
 
 PyTree = Any
 
@@ -87,9 +88,7 @@ def default_tol(x0: PyTree) -> float:
 
 
 def _check_keywords(keywords: dict[str, Any]) -> None:
-    from optsolve.solve_api.solve import solve  # solve imports this module
-    defaults = {name: param.default for name, param in inspect.signature(solve).parameters.items()
-                if param.kind is inspect.Parameter.KEYWORD_ONLY}
+    defaults = solve_keyword_defaults()
     for name, value in keywords.items():
         if name in _TAKEN:
             continue

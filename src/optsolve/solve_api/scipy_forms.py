@@ -22,10 +22,13 @@ import numpy as np
 PyTree = Any
 
 
-def scipy_types(*names: str) -> tuple[type, ...]:
+def scipy_types(*names: str) -> tuple[Any, ...]:
     """scipy.optimize's classes of these names, or none while scipy.optimize is not
     imported: a value of one of them exists only once its user has imported scipy.optimize,
-    and so checking for them never imports scipy (which ``import optsolve`` does not)."""
+    and so checking for them never imports scipy (which ``import optsolve`` does not).
+
+    Typed Any, as scipy's classes are to a type checker (scipy ships no stubs): an instance
+    has their attributes (``Bounds.lb``), not only ``object``'s."""
     module = sys.modules.get("scipy.optimize")
     return tuple(getattr(module, name) for name in names) if module is not None else ()
 
@@ -103,7 +106,7 @@ def inner(problem: Any, resume: Any) -> tuple[Any, Any]:
     form = getattr(problem, "x0_form", None)
     if form is None:
         return problem, resume
-    x = getattr(resume, "x", None)
+    x: Any = getattr(resume, "x", None)  # a pytree, or a checkpoint's saved leaves
     saved = getattr(x, "leaves", None) if hasattr(x, "like") else None
     if saved is not None and len(saved) == int(np.prod(form.shape)) and all(
             np.ndim(leaf) == 0 for leaf in saved):

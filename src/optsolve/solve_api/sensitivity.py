@@ -31,7 +31,10 @@ from optsolve.solve_api.problem import OptimizationProblem
 from optsolve.solve_api.stationarity import active_sides
 
 PyTree = Any
-LinearSolve = Callable[[Callable[[jax.Array], jax.Array], jax.Array], jax.Array]
+Vector = jax.Array
+# solve(matvec, b, preconditioner) -> v with H v = b (see solution_tangent's ``solve``)
+LinearSolve = Callable[[Callable[[Vector], Vector], Vector, Callable[[Vector], Vector] | None],
+                       Vector]
 
 _EXACT_DIAGONAL_MAX = 256  # above this, n Hessian products for the diagonal cost too much
 
@@ -51,8 +54,9 @@ def _bound_tangent(x: PyTree, sides: tuple[PyTree, PyTree],
 def hessian_product(problem: OptimizationProblem, x: PyTree) -> Callable[[PyTree], PyTree]:
     """v -> H v at ``x``: the user's ``hvp`` where given, else the gradient linearised once
     (each product then costs a tangent pass, not a recomputation of the gradient)."""
-    if problem.hvp is not None:
-        return lambda v: problem.hvp(x, v, problem.p)
+    hvp = problem.hvp
+    if hvp is not None:
+        return lambda v: hvp(x, v, problem.p)
     grad_fn = problem.grad if problem.grad is not None else jax.grad(problem.f)
     return jax.linearize(lambda y: grad_fn(y, problem.p), x)[1]
 
@@ -131,14 +135,15 @@ def solution_tangent(problem: OptimizationProblem, x: PyTree, p_dot: PyTree | No
 
     b = -ravel_pytree(rhs)[0] if rhs is not None else jnp.zeros_like(flat_x)
     if problem.bounds is None:
-        def matvec(v):
+        def ridged(v):
             return hvp_flat(v) + ridge * v
 
         return unravel(lax.custom_linear_solve(
-            matvec, b, solve=lambda mv, rhs: solve(mv, rhs, inverse_hessian), symmetric=True))
+            ridged, b, solve=lambda mv, rhs: solve(mv, rhs, inverse_hessian), symmetric=True))
 
     sides = active_sides(x, g, problem.bounds,
                          coordinate_curvature(hvp_flat, x, g, problem.bounds))
+    assert sides is not None  # None only without bounds
     free = 1.0 - ravel_pytree(jax.tree_util.tree_map(
         lambda lo, up: (lo | up).astype(flat_x.dtype), *sides))[0]
 

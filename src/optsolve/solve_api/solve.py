@@ -25,6 +25,7 @@ from optsolve.solve_api.returncode import ReturnCode
 from optsolve.solve_api.root_problem import RootProblem
 from optsolve.solve_api.roots import solve_root
 from optsolve.solve_api.solution import History, Solution, Stats
+from optsolve.solve_api.solve_signature import declare_solve_signature
 from optsolve.solve_api.stages import (Call, Maximisation, ModelSplit, Multipliers,
                                        SavedResume, ScipyForms, Stage, StartProjection)
 from optsolve.solve_api.stages import enter as enter_stages
@@ -140,6 +141,8 @@ def _progress_bar(total: int | None):
         bar.close()
 
 
+# the modules below solve (options, roots) read its keywords from here, not by importing it
+@declare_solve_signature
 def solve(problem: OptimizationProblem, algorithm: Any, *, maxiters: int | None = None,
           maxtime: float | None = None, gtol: float | None = None, ftol: float | None = None,
           callback: Callable[..., Any] | None = None, adjoint: Any = None,
@@ -256,8 +259,7 @@ def solve(problem: OptimizationProblem, algorithm: Any, *, maxiters: int | None 
         planned = plans.key(inputs, given)
         plan = plans.lookup(planned)
         if plan is not None:  # the stages change nothing here: their checks passed before
-            solution = None if plan.run is None else _planned_run(plan, inputs, problem,
-                                                                  algorithm)
+            solution = _planned_run(plan, inputs, problem, algorithm)
             if solution is None:
                 # the progress bar is the layers' (host calls update it from the loop)
                 recorded = contextlib.nullcontext() if plan.options.progress else \
@@ -317,11 +319,15 @@ def _planned_run(plan: plans.Plan, inputs: FlatInputs, problem: OptimizationProb
                  algorithm: Any) -> Solution | None:
     """The call run by the run its plan holds (the backend's own, from the inputs' leaves:
     the layers of :func:`_run` did nothing for this structure but look it up), in eager
-    terms; None where that run cannot take these inputs (the plan then drops it)."""
+    terms; None where the plan holds no run or that run cannot take these inputs (the
+    plan then drops it)."""
+    run = plan.run
+    if run is None:
+        return None
     leaves = [leaf for flat, _ in inputs.flat for leaf in flat] + plan.options_flat[0]
     start = time.perf_counter()
     with host.HostCalls() as calls:
-        solution = plan.run(leaves, problem, algorithm)
+        solution = run(leaves, problem, algorithm)
     if solution is None:
         plan.runs.clear()
         return None
@@ -367,7 +373,8 @@ def _run(call: Call, known: FlatInputs | None = None, planned: bool = False) -> 
 
 
 def _ready(value: Any) -> bool:
-    return not isinstance(value, jax.Array) or value.is_ready()
+    # jax's stub of Array lacks is_ready, which every concrete array has
+    return not isinstance(value, jax.Array) or value.is_ready()  # type: ignore[attr-defined]
 
 
 def _nonfinite_policy(algorithm, nonfinite, max_consecutive_skips, on_data: bool) -> dict:

@@ -135,9 +135,10 @@ class StartProjection(Stage):
 
     def enter(self, call: Call) -> Call:
         problem = call.problem
-        if not problem.has_bounds:
+        bounds = problem.bounds
+        if bounds is None or not problem.has_bounds:
             return call
-        lower, upper = problem.bounds
+        lower, upper = bounds
         if not is_traced(problem.x0, lower, upper):
             outside = any(bool(np.any((np.asarray(x) < np.asarray(lo)) |
                                       (np.asarray(x) > np.asarray(up))))

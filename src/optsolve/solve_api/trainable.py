@@ -240,12 +240,12 @@ class Split(NamedTuple):
         """The whole model from its trained leaves (as :meth:`trained` gives them) and its
         carried ones."""
         trained_leaves = iter(self.treedef.flatten_up_to(trained))
-        carried, statics = iter(carried), iter(self.statics)
+        carried_leaves, static_leaves = iter(carried), iter(self.statics)
         leaves = []
         for role in self.roles:
             leaf = next(trained_leaves)
-            leaves.append(leaf if role == TRAIN else next(carried) if role == CARRY
-                          else next(statics))
+            leaves.append(leaf if role == TRAIN else next(carried_leaves) if role == CARRY
+                          else next(static_leaves))
         return self.treedef.unflatten(leaves)
 
     @property

@@ -25,6 +25,7 @@ from optsolve.backends.native.chunked import run_iterative
 from optsolve.backends.optax.factory_arguments import (
     FactoryArguments, float_valued_names, is_number,
 )
+from optsolve.backends.optax.model_parameters import on_model_parameters
 from optsolve.backends.optax.schedules import Schedule
 from optsolve.backends.native.protocol import GradientStepSolver, Step, SteppingSolver, Update
 from optsolve.backends.native.objective import Objective
@@ -221,7 +222,6 @@ class OptaxTransform(OptaxFamily):
         object.__setattr__(self, "_transformation", transformation)
 
     def transformation(self) -> optax.GradientTransformation:
-        from optsolve.backends.optax.compose import on_model_parameters  # (imports this)
         return on_model_parameters(self._transformation)  # NNX masks as nnx.State
 
     def __setattr__(self, name: str, value: Any) -> None:
