@@ -41,22 +41,22 @@ import numpy as np
 jax.config.update("jax_enable_x64", True)
 sys.path.insert(0, str(Path(__file__).parent))
 
+import jax.scipy.optimize  # noqa: E402
 import jaxopt  # noqa: E402
 import optimistix as optx  # noqa: E402
 import scipy.optimize as so  # noqa: E402
 from sklearn.datasets import load_breast_cancer  # noqa: E402
 from threadpoolctl import threadpool_limits  # noqa: E402
 
-import jax.scipy.optimize  # noqa: E402
 import optsolve  # noqa: E402
 from common import machine_line, markdown_table, optax_lbfgs_loop  # noqa: E402
 
 GTOL, MAXITER = 1e-6, 1000
-JAX_PEERS = ("jaxopt.LBFGS", "optimistix.BFGS", "optimistix.LBFGS", "optax.lbfgs",
-             "jax.scipy BFGS")
+JAX_PEERS = ("jaxopt.LBFGS", "optimistix.BFGS", "optimistix.LBFGS", "optax.lbfgs", "jax.scipy BFGS")
 
 
 # ----------------------------------------------------------------------------- problems
+
 
 def chained_rosenbrock(x, p):
     return jnp.sum(100.0 * (x[1:] - x[:-1] ** 2) ** 2 + (1.0 - x[:-1]) ** 2)
@@ -69,7 +69,7 @@ def extended_rosenbrock(x, p):
 def logistic(w, p):
     X, y = p
     z = X @ w
-    return jnp.mean(jnp.logaddexp(0.0, z) - y * z) + 0.005 * jnp.sum(w ** 2)
+    return jnp.mean(jnp.logaddexp(0.0, z) - y * z) + 0.005 * jnp.sum(w**2)
 
 
 def _with_intercept(features):
@@ -81,22 +81,27 @@ def problems():
     bc = load_breast_cancer()
     rng = np.random.default_rng(0)
     Xs = rng.normal(size=(20000, 500))
-    ys = (Xs @ rng.normal(size=500) / np.sqrt(500) + 0.5 * rng.normal(size=20000) > 0)
+    ys = Xs @ rng.normal(size=500) / np.sqrt(500) + 0.5 * rng.normal(size=20000) > 0
     rosen_x0 = lambda n: jnp.asarray(np.tile([-1.2, 1.0], n // 2))
     return {
         "Rosenbrock chained n=2": (chained_rosenbrock, rosen_x0(2), None),
         "Rosenbrock chained n=100": (chained_rosenbrock, rosen_x0(100), None),
         "Rosenbrock extended n=1000": (extended_rosenbrock, rosen_x0(1000), None),
         "logistic breast_cancer d=31": (
-            logistic, jnp.zeros(31),
-            (jnp.asarray(_with_intercept(bc.data)), jnp.asarray(bc.target, jnp.float64))),
+            logistic,
+            jnp.zeros(31),
+            (jnp.asarray(_with_intercept(bc.data)), jnp.asarray(bc.target, jnp.float64)),
+        ),
         "logistic synthetic 20000x500": (
-            logistic, jnp.zeros(501),
-            (jnp.asarray(_with_intercept(Xs)), jnp.asarray(ys, jnp.float64))),
+            logistic,
+            jnp.zeros(501),
+            (jnp.asarray(_with_intercept(Xs)), jnp.asarray(ys, jnp.float64)),
+        ),
     }
 
 
 # ------------------------------------------------------------------------------ runners
+
 
 def jax_runners(f, p):
     """name -> jitted function x0 -> (x, iterations)."""
@@ -104,9 +109,11 @@ def jax_runners(f, p):
 
     def optsolve_run(alg):
         def run(x0):
-            sol = optsolve.solve(optsolve.OptimizationProblem(f, x0, p), alg, gtol=GTOL,
-                                 maxiters=MAXITER)
+            sol = optsolve.solve(
+                optsolve.OptimizationProblem(f, x0, p), alg, gtol=GTOL, maxiters=MAXITER
+            )
             return sol.x, sol.stats.iterations
+
         return run
 
     def jaxopt_run(x0):
@@ -117,14 +124,16 @@ def jax_runners(f, p):
         def run(x0):
             sol = optx.minimise(lambda x, _: fun(x), solver, x0, max_steps=MAXITER, throw=False)
             return sol.value, sol.stats["num_steps"]
+
         return run
 
     def optax_run(x0):
         return optax_lbfgs_loop(fun, x0, GTOL, MAXITER)
 
     def jsp_run(x0):
-        res = jax.scipy.optimize.minimize(fun, x0, method="BFGS",
-                                          options={"gtol": GTOL, "maxiter": MAXITER})
+        res = jax.scipy.optimize.minimize(
+            fun, x0, method="BFGS", options={"gtol": GTOL, "maxiter": MAXITER}
+        )
         return res.x, res.nit
 
     tol = 1e-9
@@ -147,8 +156,13 @@ def scipy_runner(f, p):
         return float(v), np.asarray(g)
 
     def run(x0):
-        res = so.minimize(fun, np.asarray(x0), jac=True, method="L-BFGS-B",
-                          options={"gtol": GTOL, "ftol": 0.0, "maxiter": MAXITER})
+        res = so.minimize(
+            fun,
+            np.asarray(x0),
+            jac=True,
+            method="L-BFGS-B",
+            options={"gtol": GTOL, "ftol": 0.0, "maxiter": MAXITER},
+        )
         return res.x, res.nit
 
     return run
@@ -161,6 +175,7 @@ def counted(f):
     def bump(key):
         def cb():
             counts[key] += 1
+
         return cb
 
     @jax.custom_vjp
@@ -181,6 +196,7 @@ def counted(f):
 
 
 # ---------------------------------------------------------------------------- measuring
+
 
 def _time(fn, x0):
     start = time.perf_counter()
@@ -209,8 +225,13 @@ def measure_problem(name, f, x0, p, budget_s=6.0):
         first = _time_first(fn, x0)
         x, nit = fn(x0)
         value, grad = vg(jnp.asarray(x), p)
-        rows[rname] = {"first": first, "nit": int(nit), "f": float(value),
-                       "gnorm": float(jnp.max(jnp.abs(grad))), "times": []}
+        rows[rname] = {
+            "first": first,
+            "nit": int(nit),
+            "f": float(value),
+            "gnorm": float(jnp.max(jnp.abs(grad))),
+            "times": [],
+        }
     # Compile + first solve of a plain solve() call (no caller jit).
     for rname, alg in (("optsolve.LBFGS", optsolve.LBFGS()), ("optsolve.BFGS", optsolve.BFGS())):
         prob = optsolve.OptimizationProblem(f, x0, p)
@@ -245,12 +266,15 @@ def warm_up_jax() -> None:
     """Compile and run an unrelated jitted loop first, so that JAX's and XLA's one-time start-up
     is not charged to whichever runner happens to compile first (optsolve's, in the first
     problem). Nothing here is shared with any runner's program."""
+
     def loop(x):
         def body(c):
             y, k = c
-            value, grad = jax.value_and_grad(lambda z: jnp.sum(jnp.cos(z) * z ** 2))(y)
-            return y - 0.1 * grad / (1.0 + value ** 2), k + 1
+            value, grad = jax.value_and_grad(lambda z: jnp.sum(jnp.cos(z) * z**2))(y)
+            return y - 0.1 * grad / (1.0 + value**2), k + 1
+
         return jax.lax.while_loop(lambda c: c[1] < 10, body, (x, 0))[0]
+
     jax.block_until_ready(jax.jit(loop)(jnp.linspace(0.0, 1.0, 7)))
 
 
@@ -266,18 +290,33 @@ def memory_layouts() -> list[str]:
     for n in (2, 6, 8):
         x0 = jnp.asarray(np.tile([-1.2, 1.0], n // 2))
         runs = {}
-        for layout, limit in (("two-loop", 10 ** 9), ("compact", -1)):
+        for layout, limit in (("two-loop", 10**9), ("compact", -1)):
             qn._SEQUENTIAL_BUFFER_BYTES, original = limit, qn._SEQUENTIAL_BUFFER_BYTES
             try:
                 jax.clear_caches()  # a fresh trace under the forced layout, compiled ahead
                 gc.collect()
                 start = time.perf_counter()
-                fn = jax.jit(lambda x: optsolve.solve(
-                    optsolve.OptimizationProblem(chained_rosenbrock, x), optsolve.LBFGS(),
-                    gtol=GTOL, maxiters=MAXITER).stats.grad_evals).lower(x0).compile()
+                fn = (
+                    jax.jit(
+                        lambda x: (
+                            optsolve.solve(
+                                optsolve.OptimizationProblem(chained_rosenbrock, x),
+                                optsolve.LBFGS(),
+                                gtol=GTOL,
+                                maxiters=MAXITER,
+                            ).stats.grad_evals
+                        )
+                    )
+                    .lower(x0)
+                    .compile()
+                )
                 gev = int(fn(x0))
-                runs[layout] = {"fn": fn, "first": time.perf_counter() - start, "gev": gev,
-                                "times": []}
+                runs[layout] = {
+                    "fn": fn,
+                    "first": time.perf_counter() - start,
+                    "gev": gev,
+                    "times": [],
+                }
             finally:
                 qn._SEQUENTIAL_BUFFER_BYTES = original
         for _ in range(25):
@@ -286,21 +325,40 @@ def memory_layouts() -> list[str]:
         two_loop, compact = (statistics.median(r["times"]) for r in runs.values())
         own = optsolve.LBFGS().make_solver(optsolve.OptimizationProblem(chained_rosenbrock, x0))
         chosen = "two-loop" if isinstance(own, qn._TwoLoopLBFGSSolver) else "compact"
-        rows.append([f"chained Rosenbrock n={n}", f"{10 * n * 8} B", _fmt_t(two_loop),
-                     _fmt_t(compact), f"{two_loop / compact:.2f}x",
-                     f"{_fmt_t(runs['two-loop']['first'])} / "
-                     f"{_fmt_t(runs['compact']['first'])}",
-                     f"{runs['two-loop']['gev']} / {runs['compact']['gev']}", chosen])
+        rows.append(
+            [
+                f"chained Rosenbrock n={n}",
+                f"{10 * n * 8} B",
+                _fmt_t(two_loop),
+                _fmt_t(compact),
+                f"{two_loop / compact:.2f}x",
+                f"{_fmt_t(runs['two-loop']['first'])} / {_fmt_t(runs['compact']['first'])}",
+                f"{runs['two-loop']['gev']} / {runs['compact']['gev']}",
+                chosen,
+            ]
+        )
     jax.clear_caches()
-    return ["### L-BFGS memory layout around XLA's sequential-execution limit (m = 10)",
-            "XLA's CPU runtime runs a loop body's kernels in the calling thread only when every "
-            "buffer is at most 512 bytes, otherwise as a dataflow graph on its thread pool. "
-            "optsolve.LBFGS keeps its memory as (m, n) arrays for the two-loop recursion while "
-            "one fits (m n 8 bytes in float64), else in compact form (m x m matrices). Both "
-            "forced here (median of 25 interleaved solves; first = compile + first solve).",
-            markdown_table(["problem", "(m, n) array size", "two-loop", "compact",
-                            "two-loop / compact", "first (two-loop / compact)", "gev",
-                            "LBFGS() uses"], rows)]
+    return [
+        "### L-BFGS memory layout around XLA's sequential-execution limit (m = 10)",
+        "XLA's CPU runtime runs a loop body's kernels in the calling thread only when every "
+        "buffer is at most 512 bytes, otherwise as a dataflow graph on its thread pool. "
+        "optsolve.LBFGS keeps its memory as (m, n) arrays for the two-loop recursion while "
+        "one fits (m n 8 bytes in float64), else in compact form (m x m matrices). Both "
+        "forced here (median of 25 interleaved solves; first = compile + first solve).",
+        markdown_table(
+            [
+                "problem",
+                "(m, n) array size",
+                "two-loop",
+                "compact",
+                "two-loop / compact",
+                "first (two-loop / compact)",
+                "gev",
+                "LBFGS() uses",
+            ],
+            rows,
+        ),
+    ]
 
 
 def main() -> str:
@@ -325,37 +383,68 @@ def main() -> str:
         ref = rows[fastest]["median"]
         table = []
         for rname, r in sorted(rows.items(), key=lambda kv: kv[1]["median"]):
-            table.append([rname, _fmt_t(r["median"]), f"{r['median'] / ref:.2f}x",
-                          _fmt_t(r["first"]), r["nit"], r["fev"], r["gev"],
-                          f"{r['f']:.10g}", f"{r['gnorm']:.1e}" + (
-                              "" if r["gnorm"] <= GTOL else " (not converged)")])
-        sections.append(f"### {pname} ({repeats} repeats; ratio to the fastest converged "
-                        f"JAX peer, {fastest})")
-        sections.append(markdown_table(
-            ["runner", "steady", "ratio", "first", "iters", "fev", "gev", "f", "|g|_inf"],
-            table))
+            table.append(
+                [
+                    rname,
+                    _fmt_t(r["median"]),
+                    f"{r['median'] / ref:.2f}x",
+                    _fmt_t(r["first"]),
+                    r["nit"],
+                    r["fev"],
+                    r["gev"],
+                    f"{r['f']:.10g}",
+                    f"{r['gnorm']:.1e}" + ("" if r["gnorm"] <= GTOL else " (not converged)"),
+                ]
+            )
+        sections.append(
+            f"### {pname} ({repeats} repeats; ratio to the fastest converged JAX peer, {fastest})"
+        )
+        sections.append(
+            markdown_table(
+                ["runner", "steady", "ratio", "first", "iters", "fev", "gev", "f", "|g|_inf"], table
+            )
+        )
         lb = rows["optsolve.LBFGS"]
         median_gev = statistics.median(v["gev"] for v in peers.values())
         quickest = min(peers, key=lambda k: peers[k]["first"])
-        summary.append([pname, f"{lb['median'] / ref:.2f}x", f"{lb['gev']} vs {median_gev:g}",
-                        f"{lb['first']:.2f} s ({lb['first_solve']:.2f} s) vs "
-                        f"{rows[fastest]['first']:.2f} s ({fastest}); quickest to compile: "
-                        f"{peers[quickest]['first']:.2f} s ({quickest})"])
+        summary.append(
+            [
+                pname,
+                f"{lb['median'] / ref:.2f}x",
+                f"{lb['gev']} vs {median_gev:g}",
+                f"{lb['first']:.2f} s ({lb['first_solve']:.2f} s) vs "
+                f"{rows[fastest]['first']:.2f} s ({fastest}); quickest to compile: "
+                f"{peers[quickest]['first']:.2f} s ({quickest})",
+            ]
+        )
         if pname.startswith("Rosenbrock extended"):
             bfgs = {k: rows[k] for k in ("optsolve.BFGS", "optimistix.BFGS")}
         print(sections[-2] + "\n" + sections[-1], flush=True)
     sections.append("### Goals (optsolve.LBFGS)")
-    sections.append(markdown_table(
-        ["problem", "steady / fastest JAX peer", "gradient evals vs median JAX peer",
-         "first: optsolve jitted (plain solve()) vs the fastest JAX peer's"], summary))
+    sections.append(
+        markdown_table(
+            [
+                "problem",
+                "steady / fastest JAX peer",
+                "gradient evals vs median JAX peer",
+                "first: optsolve jitted (plain solve()) vs the fastest JAX peer's",
+            ],
+            summary,
+        )
+    )
     sections.extend(memory_layouts())
     per = lambda r, k: f"{r['median'] / max(r[k], 1) * 1e3:.3g} ms"
     sections.append("### Dense BFGS at n = 1000 (extended Rosenbrock)")
-    sections.append(markdown_table(
-        ["runner", "per iteration", "per gradient evaluation (= per inverse-Hessian update)"],
-        [[k, per(r, "nit"), per(r, "gev")] for k, r in bfgs.items()]))
-    sections.append("optimistix counts rejected line-search trials as steps, so its time per "
-                    "gradient evaluation is the like-for-like figure.")
+    sections.append(
+        markdown_table(
+            ["runner", "per iteration", "per gradient evaluation (= per inverse-Hessian update)"],
+            [[k, per(r, "nit"), per(r, "gev")] for k, r in bfgs.items()],
+        )
+    )
+    sections.append(
+        "optimistix counts rejected line-search trials as steps, so its time per "
+        "gradient evaluation is the like-for-like figure."
+    )
     return "\n\n".join(sections)
 
 
@@ -368,8 +457,10 @@ def only(names: list[str]) -> None:
         rows, repeats = measure_problem(name, f, x0, p, budget_s=12.0)
         print(f"{name} ({repeats} repeats)")
         for rname, r in sorted(rows.items(), key=lambda kv: statistics.median(kv[1]["times"])):
-            print(f"  {rname:20s} {_fmt_t(r['median']):>10s}  first {_fmt_t(r['first']):>8s}  "
-                  f"iters {r['nit']:4d}  gev {r['gev']:4d}  |g|_inf {r['gnorm']:.1e}")
+            print(
+                f"  {rname:20s} {_fmt_t(r['median']):>10s}  first {_fmt_t(r['first']):>8s}  "
+                f"iters {r['nit']:4d}  gev {r['gev']:4d}  |g|_inf {r['gnorm']:.1e}"
+            )
 
 
 if __name__ == "__main__":

@@ -87,8 +87,8 @@ from common import block, machine_line, markdown_table, performance_profile  # n
 
 MAXITER = 1000
 FEAS_TOL, F_TOL = 1e-6, 1e-6
-TIME_LIMIT = 10.0      # seconds a single solve may take where the runner can be told
-STEADY_BUDGET = 0.5    # seconds of repeated solves per runner and problem
+TIME_LIMIT = 10.0  # seconds a single solve may take where the runner can be told
+STEADY_BUDGET = 0.5  # seconds of repeated solves per runner and problem
 RUNNER_TIMEOUT = 300.0  # seconds a runner's whole measurement of a problem may take (killed)
 IMAGES = Path(__file__).parent.parent / "docs" / "images"
 # A smoke subset for --quick: Hock-Schittkowski problems with equalities, inequalities,
@@ -103,14 +103,15 @@ class TimeUp(Exception):
 @dataclasses.dataclass
 class Case:
     """One sif2jax problem in flat float64 form."""
+
     name: str
     x0: np.ndarray
-    f: Callable          # f(x) -> scalar
-    c_eq: Callable       # c_eq(x) -> (m_eq,), == 0
-    c_in: Callable       # c_in(x) -> (m_in,), >= 0
+    f: Callable  # f(x) -> scalar
+    c_eq: Callable  # c_eq(x) -> (m_eq,), == 0
+    c_in: Callable  # c_in(x) -> (m_in,), >= 0
     m_eq: int
     m_in: int
-    lower: np.ndarray    # -inf where unbounded
+    lower: np.ndarray  # -inf where unbounded
     upper: np.ndarray
 
     @property
@@ -163,20 +164,25 @@ def violation(case: Case, x: np.ndarray) -> float:
     parts = [np.abs(eq), -ineq, case.lower - x, x - case.upper]
     values = np.concatenate([np.ravel(p) for p in parts] + [np.zeros(1)])
     with np.errstate(invalid="ignore"):
-        return float(np.max(values)) if np.all(np.isfinite(np.concatenate(
-            [eq, ineq, x]))) else np.inf
+        return (
+            float(np.max(values)) if np.all(np.isfinite(np.concatenate([eq, ineq, x]))) else np.inf
+        )
 
 
 # ------------------------------------------------------------------------------- runners
 # Each maker takes a Case and returns run(x0) -> (x, claimed success, evaluations). Every
 # maker jits its own functions, so a runner's compile + first includes its compilations.
 
+
 def _jitted(case: Case) -> dict:
     f, c_eq, c_in = case.f, case.c_eq, case.c_in
     return {
-        "f": jax.jit(f), "g": jax.jit(jax.grad(f)),
-        "ceq": jax.jit(c_eq), "jeq": jax.jit(jax.jacfwd(c_eq)),
-        "cin": jax.jit(c_in), "jin": jax.jit(jax.jacfwd(c_in)),
+        "f": jax.jit(f),
+        "g": jax.jit(jax.grad(f)),
+        "ceq": jax.jit(c_eq),
+        "jeq": jax.jit(jax.jacfwd(c_eq)),
+        "cin": jax.jit(c_in),
+        "jin": jax.jit(jax.jacfwd(c_in)),
         "hf": jax.jit(jax.hessian(f)),
         "heq": jax.jit(jax.hessian(lambda x, v: v @ c_eq(x))),
         "hin": jax.jit(jax.hessian(lambda x, v: v @ c_in(x))),
@@ -193,6 +199,7 @@ def _deadline_callback():
     def callback(*_):
         if time.perf_counter() - start > TIME_LIMIT:
             raise TimeUp
+
     return callback
 
 
@@ -200,20 +207,38 @@ def scipy_slsqp(case: Case):
     j = _jitted(case)
     cons = []
     if case.m_eq:
-        cons.append({"type": "eq", "fun": lambda x: np.asarray(j["ceq"](x)),
-                     "jac": lambda x: np.asarray(j["jeq"](x))})
+        cons.append(
+            {
+                "type": "eq",
+                "fun": lambda x: np.asarray(j["ceq"](x)),
+                "jac": lambda x: np.asarray(j["jeq"](x)),
+            }
+        )
     if case.m_in:
-        cons.append({"type": "ineq", "fun": lambda x: np.asarray(j["cin"](x)),
-                     "jac": lambda x: np.asarray(j["jin"](x))})
+        cons.append(
+            {
+                "type": "ineq",
+                "fun": lambda x: np.asarray(j["cin"](x)),
+                "jac": lambda x: np.asarray(j["jin"](x)),
+            }
+        )
 
     def run(x0):
         try:
-            res = so.minimize(lambda x: float(j["f"](x)), x0, jac=lambda x: np.asarray(j["g"](x)),
-                              method="SLSQP", bounds=_box(case), constraints=cons,
-                              options={"maxiter": MAXITER}, callback=_deadline_callback())
+            res = so.minimize(
+                lambda x: float(j["f"](x)),
+                x0,
+                jac=lambda x: np.asarray(j["g"](x)),
+                method="SLSQP",
+                bounds=_box(case),
+                constraints=cons,
+                options={"maxiter": MAXITER},
+                callback=_deadline_callback(),
+            )
         except TimeUp:
             return None
         return res.x, bool(res.success), int(res.nfev)
+
     return run
 
 
@@ -221,27 +246,47 @@ def scipy_trust_constr(case: Case):
     j = _jitted(case)
     cons = []
     if case.m_eq:
-        cons.append(so.NonlinearConstraint(
-            lambda x: np.asarray(j["ceq"](x)), 0.0, 0.0, jac=lambda x: np.asarray(j["jeq"](x)),
-            hess=lambda x, v: np.asarray(j["heq"](x, v))))
+        cons.append(
+            so.NonlinearConstraint(
+                lambda x: np.asarray(j["ceq"](x)),
+                0.0,
+                0.0,
+                jac=lambda x: np.asarray(j["jeq"](x)),
+                hess=lambda x, v: np.asarray(j["heq"](x, v)),
+            )
+        )
     if case.m_in:
-        cons.append(so.NonlinearConstraint(
-            lambda x: np.asarray(j["cin"](x)), 0.0, np.inf,
-            jac=lambda x: np.asarray(j["jin"](x)), hess=lambda x, v: np.asarray(j["hin"](x, v))))
+        cons.append(
+            so.NonlinearConstraint(
+                lambda x: np.asarray(j["cin"](x)),
+                0.0,
+                np.inf,
+                jac=lambda x: np.asarray(j["jin"](x)),
+                hess=lambda x, v: np.asarray(j["hin"](x, v)),
+            )
+        )
 
     def run(x0):
         start = time.perf_counter()
-        res = so.minimize(lambda x: float(j["f"](x)), x0, jac=lambda x: np.asarray(j["g"](x)),
-                          hess=lambda x: np.asarray(j["hf"](x)), method="trust-constr",
-                          bounds=_box(case), constraints=cons, options={"maxiter": MAXITER},
-                          callback=lambda *_: time.perf_counter() - start > TIME_LIMIT)
+        res = so.minimize(
+            lambda x: float(j["f"](x)),
+            x0,
+            jac=lambda x: np.asarray(j["g"](x)),
+            hess=lambda x: np.asarray(j["hf"](x)),
+            method="trust-constr",
+            bounds=_box(case),
+            constraints=cons,
+            options={"maxiter": MAXITER},
+            callback=lambda *_: time.perf_counter() - start > TIME_LIMIT,
+        )
         if res.status == 3:  # stopped by the deadline
             return None
         return res.x, bool(res.success), int(res.nfev)
+
     return run
 
 
-def optsolve_method(make_alg: Callable[[], object], jitted: bool, maxiters: int = None):
+def optsolve_method(make_alg: Callable[[], object], jitted: bool, maxiters: int | None = None):
     maxiters = MAXITER if maxiters is None else maxiters
 
     def make(case: Case):
@@ -254,15 +299,20 @@ def optsolve_method(make_alg: Callable[[], object], jitted: bool, maxiters: int 
         alg = make_alg()
         # one objective function for every solve: optsolve's scipy path caches its compiled
         # evaluations per problem function, as a user's repeated solves would hit them
-        objective = lambda x, p: case.f(x)  # noqa: E731
+        objective = lambda x, p: case.f(x)
 
         def solve(x0):
-            prob = optsolve.OptimizationProblem(objective, x0, None, bounds=bounds,
-                                                constraints=constraints or None)
+            prob = optsolve.OptimizationProblem(
+                objective, x0, None, bounds=bounds, constraints=constraints or None
+            )
             opts = {} if jitted else {"maxtime": TIME_LIMIT}
             sol = optsolve.solve(prob, alg, maxiters=maxiters, **opts)
-            return sol.x, sol.retcode == optsolve.ReturnCode.SUCCESS, sol.stats.f_evals, \
-                sol.retcode == optsolve.ReturnCode.MAXTIME
+            return (
+                sol.x,
+                sol.retcode == optsolve.ReturnCode.SUCCESS,
+                sol.stats.f_evals,
+                sol.retcode == optsolve.ReturnCode.MAXTIME,
+            )
 
         if jitted:
             solve = jax.jit(solve)
@@ -272,7 +322,9 @@ def optsolve_method(make_alg: Callable[[], object], jitted: bool, maxiters: int 
             if bool(timed_out):
                 return None
             return np.asarray(x), bool(claimed), int(evals)
+
         return run
+
     return make
 
 
@@ -330,7 +382,9 @@ def ipopt(limited_memory: bool):
             if info["status"] == -4:  # max_wall_time exceeded
                 return None
             return x, info["status"] in (0, 1), counts["f"]
+
         return run
+
     return make
 
 
@@ -343,18 +397,22 @@ def slsqp_jax_runner(case: Case):
         eq_constraint_fn=(lambda x, _: case.c_eq(x)) if case.m_eq else None,
         n_eq_constraints=case.m_eq,
         ineq_constraint_fn=(lambda x, _: case.c_in(x)) if case.m_in else None,
-        n_ineq_constraints=case.m_in, bounds=bounds,
-        config=SLSQPConfig(tolerance=ToleranceConfig(max_steps=MAXITER)))
+        n_ineq_constraints=case.m_in,
+        bounds=bounds,
+        config=SLSQPConfig(tolerance=ToleranceConfig(max_steps=MAXITER)),
+    )
 
     @jax.jit
     def solve(x0):
-        sol = optx.minimise(lambda x, _: (case.f(x), None), solver, x0, has_aux=True,
-                            max_steps=MAXITER, throw=False)
+        sol = optx.minimise(
+            lambda x, _: (case.f(x), None), solver, x0, has_aux=True, max_steps=MAXITER, throw=False
+        )
         return sol.value, sol.result == optx.RESULTS.successful, sol.stats["num_steps"]
 
     def run(x0):
         x, claimed, steps = block(solve(jnp.asarray(x0)))
         return np.asarray(x), bool(claimed), int(steps)
+
     return run
 
 
@@ -362,34 +420,42 @@ def constrained_runners() -> dict:
     out = {
         "scipy SLSQP (jitted derivatives)": scipy_slsqp,
         'optsolve ScipyMinimize("SLSQP")': optsolve_method(
-            lambda: optsolve.ScipyMinimize("SLSQP"), jitted=False),
+            lambda: optsolve.ScipyMinimize("SLSQP"), jitted=False
+        ),
         "scipy trust-constr (jitted derivatives)": scipy_trust_constr,
         'optsolve ScipyMinimize("trust-constr")': optsolve_method(
-            lambda: optsolve.ScipyMinimize("trust-constr"), jitted=False),
+            lambda: optsolve.ScipyMinimize("trust-constr"), jitted=False
+        ),
     }
     try:
         import cyipopt  # noqa: F401
+
         out["IPOPT (cyipopt, exact Hessian)"] = ipopt(False)
         out["IPOPT (cyipopt, limited-memory)"] = ipopt(True)
     except ImportError:
         print("cyipopt is not installed: IPOPT left out", file=sys.stderr)
     try:
         import slsqp_jax  # noqa: F401
+
         out["slsqp-jax"] = slsqp_jax_runner
     except ImportError:
         print("slsqp-jax is not installed: left out", file=sys.stderr)
     if hasattr(optsolve, "InteriorPoint"):
-        out["optsolve.InteriorPoint"] = optsolve_method(lambda: optsolve.InteriorPoint(),
-                                                        jitted=True)
+        out["optsolve.InteriorPoint"] = optsolve_method(
+            lambda: optsolve.InteriorPoint(), jitted=True
+        )
     if hasattr(optsolve, "AugmentedLagrangian"):
         # its iterations are outer ones, each a whole inner run: its own budget of 100
         out["optsolve.AugmentedLagrangian"] = optsolve_method(
-            lambda: optsolve.AugmentedLagrangian(), jitted=True,
-            maxiters=optsolve.AugmentedLagrangian.default_maxiters)
+            lambda: optsolve.AugmentedLagrangian(),
+            jitted=True,
+            maxiters=optsolve.AugmentedLagrangian.default_maxiters,
+        )
     return out
 
 
 # ------------------------------------------------------------------------------- measuring
+
 
 def measure_runner(case: Case, make, repeats: int) -> dict:
     """One runner's record on one case."""
@@ -412,8 +478,14 @@ def measure_runner(case: Case, make, repeats: int) -> dict:
             break
     x = np.asarray(x, np.float64)
     fx = float(case.f(x)) if np.all(np.isfinite(x)) else np.nan
-    return {"first": first, "steady": statistics.median(times) if times else first,
-            "f": fx, "viol": violation(case, x), "claimed": claimed, "evals": evals}
+    return {
+        "first": first,
+        "steady": statistics.median(times) if times else first,
+        "f": fx,
+        "viol": violation(case, x),
+        "claimed": claimed,
+        "evals": evals,
+    }
 
 
 def _serve(conn, kind: str, repeats: int) -> None:
@@ -451,8 +523,7 @@ class Measurer:
 
         ctx = multiprocessing.get_context("spawn")  # not fork: JAX runs threads here
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_serve, args=(child, self.kind, self.repeats),
-                                daemon=True)
+        self.proc = ctx.Process(target=_serve, args=(child, self.kind, self.repeats), daemon=True)
         self.proc.start()
         child.close()
         self.conn.recv()  # "ready": its imports (sif2jax's take half a minute) are not timed
@@ -512,11 +583,14 @@ def stricter_bars(results: dict, names: list[str]) -> str:
             n_false = sum(false_success(r[n], bests[p]) for p, r in results.items())
             counts.append(f"{n} {n_solved} / {n_false}")
         parts.append(f"to {bar:g}: " + "; ".join(counts))
-    return ("With the best objective taken only over points feasible to a stricter bar "
-            "(solved / false SUCCESS; IPOPT returns points outside the constraints by up to "
-            "1e-8, its bound_relax_factor, and where multipliers are large such a point's "
-            "objective is below the exact optimum by more than the census's tolerance) "
-            + "; ".join(parts) + ".")
+    return (
+        "With the best objective taken only over points feasible to a stricter bar "
+        "(solved / false SUCCESS; IPOPT returns points outside the constraints by up to "
+        "1e-8, its bound_relax_factor, and where multipliers are large such a point's "
+        "objective is below the exact optimum by more than the census's tolerance) "
+        + "; ".join(parts)
+        + "."
+    )
 
 
 def solved(record: dict, best: float) -> bool:
@@ -542,8 +616,11 @@ def _quartiles(values: list[float], fmt) -> str:
 
 def summary(results: dict, names: list[str]) -> tuple[list[list[str]], int]:
     """Table rows, and how many problems every runner solved."""
-    common = [p for p, records in results.items()
-              if all(solved(records.get(n, {}), best_feasible(records)) for n in names)]
+    common = [
+        p
+        for p, records in results.items()
+        if all(solved(records.get(n, {}), best_feasible(records)) for n in names)
+    ]
     rows = []
     for n in names:
         n_solved = n_false = n_timeout = n_error = 0
@@ -561,10 +638,17 @@ def summary(results: dict, names: list[str]) -> tuple[list[list[str]], int]:
                 evals.append(record["evals"])
             if p in common:
                 steady.append(record["steady"])
-        rows.append([n, str(n_solved), f"**{n_false}**" if n_false else "0",
-                     f"{n_timeout} / {n_error}",
-                     _quartiles(evals, lambda v: f"{v:.0f}"),
-                     _quartiles(steady, _ms), _quartiles(firsts, _ms)])
+        rows.append(
+            [
+                n,
+                str(n_solved),
+                f"**{n_false}**" if n_false else "0",
+                f"{n_timeout} / {n_error}",
+                _quartiles(evals, lambda v: f"{v:.0f}"),
+                _quartiles(steady, _ms),
+                _quartiles(firsts, _ms),
+            ]
+        )
     return rows, len(common)
 
 
@@ -582,16 +666,26 @@ def _progress(case: Case, records: dict) -> None:
     """One line per problem on stderr: per runner (in order) S solved, - not, T time limit,
     E raised; c where it claimed success."""
     best = best_feasible(records)
-    marks = [("T" if r.get("timeout") else "E" if "error" in r else "S" if solved(r, best)
-              else "-") + ("c" if r.get("claimed") else "") for r in records.values()]
-    print(f"{case.name} n={case.x0.size} eq={case.m_eq} in={case.m_in}", " ".join(marks),
-          file=sys.stderr, flush=True)
+    marks = [
+        ("T" if r.get("timeout") else "E" if "error" in r else "S" if solved(r, best) else "-")
+        + ("c" if r.get("claimed") else "")
+        for r in records.values()
+    ]
+    print(
+        f"{case.name} n={case.x0.size} eq={case.m_eq} in={case.m_in}",
+        " ".join(marks),
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _pool(kind: str, max_n: int, limit: int | None, quick: bool) -> list:
     """The sif2jax problems of one set, in sif2jax's order."""
-    source = sif2jax.constrained_minimisation_problems if kind == "constrained" else \
-        sif2jax.bounded_minimisation_problems
+    source = (
+        sif2jax.constrained_minimisation_problems
+        if kind == "constrained"
+        else sif2jax.bounded_minimisation_problems
+    )
     pool = _unique([q for q in source if int(q.num_variables()) <= max_n])
     if quick:
         pool = [q for q in pool if q.name in QUICK] if kind == "constrained" else pool[:8]
@@ -618,17 +712,25 @@ def _makers(kind: str, case: Case) -> dict:
     from bench_cutest import _optsolve, _scipy_lbfgsb
 
     box = (jnp.asarray(case.lower), jnp.asarray(case.upper))
-    makers = {"optsolve.LBFGS (bounds)": _wrap_cutest(_optsolve(optsolve.LBFGS(), box)),
-              "scipy L-BFGS-B (jitted gradient)": _wrap_cutest(_scipy_lbfgsb(box))}
+    makers = {
+        "optsolve.LBFGS (bounds)": _wrap_cutest(_optsolve(optsolve.LBFGS(), box)),
+        "scipy L-BFGS-B (jitted gradient)": _wrap_cutest(_scipy_lbfgsb(box)),
+    }
     if hasattr(optsolve, "InteriorPoint"):
-        makers["optsolve.InteriorPoint"] = optsolve_method(lambda: optsolve.InteriorPoint(),
-                                                           jitted=True)
+        makers["optsolve.InteriorPoint"] = optsolve_method(
+            lambda: optsolve.InteriorPoint(), jitted=True
+        )
     return makers
 
 
-def collect(kind: str, problems: list, repeats: int, only: str | None = None,
-            log: str | None = None, runner_timeout: float = RUNNER_TIMEOUT
-            ) -> tuple[dict, list[str]]:
+def collect(
+    kind: str,
+    problems: list,
+    repeats: int,
+    only: str | None = None,
+    log: str | None = None,
+    runner_timeout: float = RUNNER_TIMEOUT,
+) -> tuple[dict, list[str]]:
     """Every runner's record on every problem (each measured in a child process, see
     :class:`Measurer`), and the problems left out (with why)."""
     results, left_out = {}, []
@@ -640,8 +742,15 @@ def collect(kind: str, problems: list, repeats: int, only: str | None = None,
     return results, left_out
 
 
-def _collect(kind: str, problems: list, only: str | None, log: str | None,
-             measurer: Measurer, results: dict, left_out: list) -> None:
+def _collect(
+    kind: str,
+    problems: list,
+    only: str | None,
+    log: str | None,
+    measurer: Measurer,
+    results: dict,
+    left_out: list,
+) -> None:
     for problem in problems:
         try:
             case = _prepare(problem, kind)
@@ -651,20 +760,32 @@ def _collect(kind: str, problems: list, only: str | None, log: str | None,
         except Exception as err:  # sif2jax cannot evaluate it here
             left_out.append(f"{problem.name} ({type(err).__name__})")
             continue
-        makers = {n: m for n, m in _makers(kind, case).items()
-                  if only is None or any(part in n for part in only.split(","))}
+        makers = {
+            n: m
+            for n, m in _makers(kind, case).items()
+            if only is None or any(part in n for part in only.split(","))
+        }
         results[case.name] = {n: measurer.measure(case.name, n) for n in makers}
         _progress(case, results[case.name])
         if log is not None:  # each problem as it is measured, so that a cut run keeps them
             import json
+
             with open(log, "a") as out:
                 out.write(json.dumps({case.name: results[case.name]}, default=_plain) + "\n")
 
 
-def collect_in_workers(kind: str, max_n: int, limit: int | None, repeats: int, quick: bool,
-                       jobs: int, only: str | None, raw: str | None = None,
-                       names: str | None = None, runner_timeout: float = RUNNER_TIMEOUT
-                       ) -> tuple[dict, list[str]]:
+def collect_in_workers(
+    kind: str,
+    max_n: int,
+    limit: int | None,
+    repeats: int,
+    quick: bool,
+    jobs: int,
+    only: str | None,
+    raw: str | None = None,
+    names: str | None = None,
+    runner_timeout: float = RUNNER_TIMEOUT,
+) -> tuple[dict, list[str]]:
     """:func:`collect` over the set, its problems dealt round-robin to ``jobs`` fresh
     processes (each problem's runners stay together in one process, measured in turn)."""
     import json
@@ -673,21 +794,33 @@ def collect_in_workers(kind: str, max_n: int, limit: int | None, repeats: int, q
 
     if names:  # given: listing a set evaluates each of its problems, minutes on a busy machine
         from sif2jax.cutest import get_problem
+
         pool = [get_problem(name) for name in names.split(",")]
     else:
         pool = _pool(kind, max_n, limit, quick)
     if jobs <= 1:
-        return collect(kind, pool, repeats, only,
-                       f"{raw}.{kind}.0.jsonl" if raw else None, runner_timeout)
+        return collect(
+            kind, pool, repeats, only, f"{raw}.{kind}.0.jsonl" if raw else None, runner_timeout
+        )
     order = [q.name for q in pool]
     with tempfile.TemporaryDirectory() as tmp:
         procs = []
         for i in range(jobs):
             out = Path(tmp) / f"{i}.json"
             # the worker is told its problems by name (listing a set evaluates every problem)
-            cmd = [sys.executable, __file__, "--worker", ",".join(order[i::jobs]), str(out),
-                   "--set", kind, "--repeats", str(repeats),
-                   "--runner-timeout", str(runner_timeout)] + (["--only", only] if only else [])
+            cmd = [
+                sys.executable,
+                __file__,
+                "--worker",
+                ",".join(order[i::jobs]),
+                str(out),
+                "--set",
+                kind,
+                "--repeats",
+                str(repeats),
+                "--runner-timeout",
+                str(runner_timeout),
+            ] + (["--only", only] if only else [])
             if raw:  # each problem's records as measured, beside the final file
                 cmd += ["--log", f"{raw}.{kind}.{i}.jsonl"]
             procs.append((subprocess.Popen(cmd), out))
@@ -697,51 +830,91 @@ def collect_in_workers(kind: str, max_n: int, limit: int | None, repeats: int, q
                 raise RuntimeError(f"a worker of the {kind} census failed ({proc.returncode})")
             parts.append(json.loads(out.read_text()))
     merged = {k: v for part in parts for k, v in part["results"].items()}
-    return ({k: merged[k] for k in order if k in merged},
-            [item for part in parts for item in part["left_out"]])
+    return (
+        {k: merged[k] for k in order if k in merged},
+        [item for part in parts for item in part["left_out"]],
+    )
 
 
-def census(results: dict, left_out: list[str], max_n: int, repeats: int, quick: bool,
-           jobs: int, runner_timeout: float = RUNNER_TIMEOUT, images: Path = IMAGES) -> str:
+def census(
+    results: dict,
+    left_out: list[str],
+    max_n: int,
+    repeats: int,
+    quick: bool,
+    jobs: int,
+    runner_timeout: float = RUNNER_TIMEOUT,
+    images: Path = IMAGES,
+) -> str:
     """The constrained census's section: table, profiles (written to ``images``) and how it
     was measured."""
     names = list(next(iter(results.values())))
     images = Path(images)
     images.mkdir(parents=True, exist_ok=True)
     tag = "quick" if quick else f"n{max_n}"
-    time_png, evals_png = f"constrained_profile_time_{tag}.png", f"constrained_profile_evals_{tag}.png"
+    time_png, evals_png = (
+        f"constrained_profile_time_{tag}.png",
+        f"constrained_profile_evals_{tag}.png",
+    )
+
     def solved_by(records: dict, name: str) -> bool:
         return solved(records[name], best_feasible(records))
 
-    performance_profile(results, names, "steady", f"steady time, {len(results)} constrained "
-                        f"problems (n <= {max_n})", images / time_png, solved_by)
-    performance_profile(results, names, "evals", "objective evaluations (slsqp-jax: steps)",
-                        images / evals_png, solved_by)
+    performance_profile(
+        results,
+        names,
+        "steady",
+        f"steady time, {len(results)} constrained problems (n <= {max_n})",
+        images / time_png,
+        solved_by,
+    )
+    performance_profile(
+        results,
+        names,
+        "evals",
+        "objective evaluations (slsqp-jax: steps)",
+        images / evals_png,
+        solved_by,
+    )
     rows, n_common = summary(results, names)
     table = markdown_table(
-        ["runner", "solved", "false SUCCESS", "time limit / raised",
-         "median evaluations, solved (IQR)",
-         f"median steady, the {n_common} solved by all (IQR)", "median compile + first (IQR)"],
-        rows)
-    return "\n".join([
-        f"### Constrained census (sif2jax, n <= {max_n}{', --quick subset' if quick else ''}): "
-        f"{len(results)} problems", "",
-        table, "",
-        f"![time profile](images/{time_png}) ![evaluations profile](images/{evals_png})", "",
-        f"Solved: violation (absolute, constraints and bounds) <= {FEAS_TOL:g} and objective "
-        f"within {F_TOL:g} (1 + |f*|) of the best feasible objective any runner reached; false "
-        "SUCCESS: success claimed at a point not solved. 1000 iterations, each runner's default "
-        f"tolerances, {TIME_LIMIT:g} s per solve where the runner can be told (IPOPT, scipy, "
-        f"optsolve's scipy path), and {runner_timeout:g} s for a runner's whole measurement "
-        "of a problem, in a process killed past it (the jitted runners). Evaluations: "
-        "objective evaluations (slsqp-jax: SQP steps, it "
-        "counts no evaluations). Steady: median of up to "
-        f"{repeats} solves after the first; {jobs} problems measured at a time (one process "
-        "each, all runners of a problem in one process), so absolute times carry the other "
-        "process's load; compare within the table. Left out: "
-        f"{', '.join(left_out) if left_out else 'none'}.", "",
-        stricter_bars(results, names),
-    ])
+        [
+            "runner",
+            "solved",
+            "false SUCCESS",
+            "time limit / raised",
+            "median evaluations, solved (IQR)",
+            f"median steady, the {n_common} solved by all (IQR)",
+            "median compile + first (IQR)",
+        ],
+        rows,
+    )
+    return "\n".join(
+        [
+            f"### Constrained census (sif2jax, n <= {max_n}{', --quick subset' if quick else ''}): "
+            f"{len(results)} problems",
+            "",
+            table,
+            "",
+            f"![time profile](images/{time_png}) ![evaluations profile](images/{evals_png})",
+            "",
+            f"Solved: violation (absolute, constraints and bounds) <= {FEAS_TOL:g} and objective "
+            f"within {F_TOL:g} (1 + |f*|) of the best feasible objective any runner reached; false "
+            "SUCCESS: success claimed at a point not solved. 1000 iterations, each runner's "
+            f"default tolerances, {TIME_LIMIT:g} s per solve where the runner can be told "
+            f"(IPOPT, scipy, optsolve's scipy path), and {runner_timeout:g} s for a runner's "
+            "whole measurement of a problem, in a process killed past it (the jitted runners). "
+            "Evaluations: "
+            "objective evaluations (slsqp-jax: SQP steps, it "
+            "counts no evaluations). Steady: median of up to "
+            f"{repeats} solves after the first; {jobs} problems measured at a time (one process "
+            "each, all runners of a problem in one process), so absolute times carry the other "
+            "process's load; compare within the table. Left out: "
+            f"{', '.join(left_out) if left_out else 'none'}.",
+            "",
+            stricter_bars(results, names),
+        ]
+    )
 
 
 def bounds_census(results: dict, left_out: list[str], max_n: int, quick: bool) -> str:
@@ -752,36 +925,56 @@ def bounds_census(results: dict, left_out: list[str], max_n: int, quick: bool) -
         n_solved = sum(solved(r[n], best_feasible(r)) for r in results.values())
         n_false = sum(false_success(r[n], best_feasible(r)) for r in results.values())
         firsts = [r[n]["first"] for r in results.values() if "first" in r[n]]
-        rows.append([n, str(n_solved), f"**{n_false}**" if n_false else "0",
-                     _quartiles(firsts, _ms)])
-    table = markdown_table(["runner", "solved", "false SUCCESS", "median compile + first (IQR)"],
-                           rows)
-    return "\n".join([
-        f"### Bounds alone (sif2jax's bounded problems, n <= {max_n}"
-        f"{', --quick subset' if quick else ''}): {len(results)} problems", "", table, "",
-        "Same stop for both: projected gradient inf-norm <= 1e-6 or 1000 iterations (scipy: "
-        "gtol=1e-6, ftol=0); start projected onto the box. Solved and false SUCCESS as above "
-        f"(the bounds are the constraints). Left out: {', '.join(left_out) if left_out else 'none'}.",
-    ])
+        rows.append(
+            [n, str(n_solved), f"**{n_false}**" if n_false else "0", _quartiles(firsts, _ms)]
+        )
+    table = markdown_table(
+        ["runner", "solved", "false SUCCESS", "median compile + first (IQR)"], rows
+    )
+    return "\n".join(
+        [
+            f"### Bounds alone (sif2jax's bounded problems, n <= {max_n}"
+            f"{', --quick subset' if quick else ''}): {len(results)} problems",
+            "",
+            table,
+            "",
+            "Same stop for both: projected gradient inf-norm <= 1e-6 or 1000 iterations (scipy: "
+            "gtol=1e-6, ftol=0); start projected onto the box. Solved and false SUCCESS as above "
+            "(the bounds are the constraints). Left out: "
+            f"{', '.join(left_out) if left_out else 'none'}.",
+        ]
+    )
 
 
 def _wrap_cutest(make_fp):
     """A bench_cutest maker (f(x, p), p) -> run(x0) as a Case maker."""
+
     def make(case: Case):
         run = make_fp(lambda x, p: case.f(x), None)
 
         def go(x0):
             x, claimed, evals = block(run(jnp.asarray(x0)))
             return np.asarray(x), bool(claimed), int(evals)
+
         return go
+
     return make
 
 
-def main(max_n: int = 20, limit: int | None = None, sets: tuple[str, ...] = (
-        "constrained", "bounded"), repeats: int = 3, quick: bool = False,
-        bounded_max_n: int = 100, jobs: int = 2, only: str | None = None,
-        raw: str | None = None, names: str | None = None,
-        runner_timeout: float = RUNNER_TIMEOUT, images: Path = IMAGES) -> str:
+def main(
+    max_n: int = 20,
+    limit: int | None = None,
+    sets: tuple[str, ...] = ("constrained", "bounded"),
+    repeats: int = 3,
+    quick: bool = False,
+    bounded_max_n: int = 100,
+    jobs: int = 2,
+    only: str | None = None,
+    raw: str | None = None,
+    names: str | None = None,
+    runner_timeout: float = RUNNER_TIMEOUT,
+    images: Path = IMAGES,
+) -> str:
     """The sections of both sets (``raw``: also write every record there as JSON;
     ``names``: these problems, comma-separated, instead of the set's;
     ``runner_timeout``: seconds per runner and problem; ``images``: the profiles' folder)."""
@@ -791,15 +984,26 @@ def main(max_n: int = 20, limit: int | None = None, sets: tuple[str, ...] = (
     with threadpool_limits(1), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if "constrained" in sets:
-            results, left_out = collect_in_workers("constrained", max_n, limit, repeats, quick,
-                                                   jobs, only, raw, names, runner_timeout)
+            results, left_out = collect_in_workers(
+                "constrained", max_n, limit, repeats, quick, jobs, only, raw, names, runner_timeout
+            )
             dump["constrained"] = {"results": results, "left_out": left_out}
-            sections.append(census(results, left_out, max_n, repeats, quick, jobs,
-                                   runner_timeout, images))
+            sections.append(
+                census(results, left_out, max_n, repeats, quick, jobs, runner_timeout, images)
+            )
         if "bounded" in sets:
-            results, left_out = collect_in_workers("bounded", bounded_max_n, limit, repeats,
-                                                   quick, jobs, only, raw, names,
-                                                   runner_timeout)
+            results, left_out = collect_in_workers(
+                "bounded",
+                bounded_max_n,
+                limit,
+                repeats,
+                quick,
+                jobs,
+                only,
+                raw,
+                names,
+                runner_timeout,
+            )
             dump["bounded"] = {"results": results, "left_out": left_out}
             sections.append(bounds_census(results, left_out, bounded_max_n, quick))
     if raw:
@@ -807,9 +1011,16 @@ def main(max_n: int = 20, limit: int | None = None, sets: tuple[str, ...] = (
     return "\n\n".join(sections)
 
 
-def from_raw(paths: list[str], max_n: int, bounded_max_n: int, repeats: int, jobs: int,
-             note: str = "", runner_timeout: float = RUNNER_TIMEOUT,
-             images: Path = IMAGES) -> str:
+def from_raw(
+    paths: list[str],
+    max_n: int,
+    bounded_max_n: int,
+    repeats: int,
+    jobs: int,
+    note: str = "",
+    runner_timeout: float = RUNNER_TIMEOUT,
+    images: Path = IMAGES,
+) -> str:
     """The sections from records written by earlier runs (``--raw``; a cut run's
     ``RAW.SET.I.jsonl`` logs serve too), the runners of all of them merged per problem:
     for runners measured in separate runs (``--only``), whose times then carry each run's
@@ -825,9 +1036,16 @@ def from_raw(paths: list[str], max_n: int, bounded_max_n: int, repeats: int, job
             name = Path(path).name
             bounded = ".bounded." in name or name.startswith("bounded")
             kind = "bounded" if bounded else "constrained"
-            parts = {kind: {"results": {k: v for line in open(path)
-                                        for k, v in json.loads(line).items()},
-                            "left_out": []}}
+            parts = {
+                kind: {
+                    "results": {
+                        k: v
+                        for line in Path(path).read_text().splitlines()
+                        for k, v in json.loads(line).items()
+                    },
+                    "left_out": [],
+                }
+            }
         else:
             parts = json.loads(Path(path).read_text())
         for kind, part in parts.items():
@@ -843,8 +1061,9 @@ def from_raw(paths: list[str], max_n: int, bounded_max_n: int, repeats: int, job
         names = {n for records in results.values() for n in records}
         results = {p: r for p, r in results.items() if set(r) == names}
         if kind == "constrained":
-            sections.append(census(results, left_out, max_n, repeats, False, jobs,
-                                   runner_timeout, images))
+            sections.append(
+                census(results, left_out, max_n, repeats, False, jobs, runner_timeout, images)
+            )
         else:
             sections.append(bounds_census(results, left_out, bounded_max_n, False))
     return "\n\n".join(sections) + (f"\n\n{note}" if note else "")
@@ -863,8 +1082,9 @@ def _worker(names: str, out: str, args) -> None:
     pool = [get_problem(name) for name in names.split(",") if name]
     with threadpool_limits(1), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        results, left_out = collect(args.set, pool, args.repeats, args.only,
-                                    args.log, args.runner_timeout)
+        results, left_out = collect(
+            args.set, pool, args.repeats, args.only, args.log, args.runner_timeout
+        )
     Path(out).write_text(json.dumps({"results": results, "left_out": left_out}, default=_plain))
 
 
@@ -877,18 +1097,33 @@ if __name__ == "__main__":
     parser.add_argument("--set", choices=("constrained", "bounded", "both"), default="both")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--jobs", type=int, default=2, help="problems measured at a time")
-    parser.add_argument("--only", default=None,
-                        help="only the runners whose name has one of these (comma-separated)")
+    parser.add_argument(
+        "--only",
+        default=None,
+        help="only the runners whose name has one of these (comma-separated)",
+    )
     parser.add_argument("--raw", default=None, help="write every record to this JSON file")
-    parser.add_argument("--names", default=None,
-                        help="these constrained problems (comma-separated) instead of the set")
-    parser.add_argument("--runner-timeout", type=float, default=RUNNER_TIMEOUT,
-                        help="seconds a runner's measurement of one problem may take (its "
-                             "process is killed past it; a time-limit record)")
-    parser.add_argument("--images", type=Path, default=IMAGES,
-                        help="the folder the profile PNGs are written to")
-    parser.add_argument("--from-raw", nargs="+", default=None,
-                        help="no runs: the sections from these --raw files (runners merged)")
+    parser.add_argument(
+        "--names",
+        default=None,
+        help="these constrained problems (comma-separated) instead of the set",
+    )
+    parser.add_argument(
+        "--runner-timeout",
+        type=float,
+        default=RUNNER_TIMEOUT,
+        help="seconds a runner's measurement of one problem may take (its "
+        "process is killed past it; a time-limit record)",
+    )
+    parser.add_argument(
+        "--images", type=Path, default=IMAGES, help="the folder the profile PNGs are written to"
+    )
+    parser.add_argument(
+        "--from-raw",
+        nargs="+",
+        default=None,
+        help="no runs: the sections from these --raw files (runners merged)",
+    )
     parser.add_argument("--log", default=None, help=argparse.SUPPRESS)  # a worker's JSONL
     parser.add_argument("--worker", nargs=2, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -896,11 +1131,33 @@ if __name__ == "__main__":
         _worker(args.worker[0], args.worker[1], args)
         sys.exit(0)
     if args.from_raw:
-        print(from_raw(args.from_raw, args.max_n, args.bounded_max_n, args.repeats, args.jobs,
-                       runner_timeout=args.runner_timeout, images=args.images))
+        print(
+            from_raw(
+                args.from_raw,
+                args.max_n,
+                args.bounded_max_n,
+                args.repeats,
+                args.jobs,
+                runner_timeout=args.runner_timeout,
+                images=args.images,
+            )
+        )
         sys.exit(0)
     sets = ("constrained", "bounded") if args.set == "both" else (args.set,)
     print(machine_line())
-    print(main(args.max_n, args.limit, sets, 1 if args.quick else args.repeats, args.quick,
-               args.bounded_max_n, args.jobs, args.only, args.raw, args.names,
-               args.runner_timeout, args.images))
+    print(
+        main(
+            args.max_n,
+            args.limit,
+            sets,
+            1 if args.quick else args.repeats,
+            args.quick,
+            args.bounded_max_n,
+            args.jobs,
+            args.only,
+            args.raw,
+            args.names,
+            args.runner_timeout,
+            args.images,
+        )
+    )

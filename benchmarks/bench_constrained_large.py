@@ -79,12 +79,13 @@ def _balls(x, p):
 
 
 def problem(a, r) -> OptimizationProblem:
-    return OptimizationProblem(_objective, jnp.zeros_like(a), (a, r),
-                               constraints=[Constraint(_balls, upper=r)])
+    return OptimizationProblem(
+        _objective, jnp.zeros_like(a), (a, r), constraints=[Constraint(_balls, upper=r)]
+    )
 
 
 def _peak_rss_gb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
 def run_jax_native(algorithm, a, r, x_star, y_star) -> dict:
@@ -101,19 +102,29 @@ def run_jax_native(algorithm, a, r, x_star, y_star) -> dict:
     x, y = np.asarray(sol.x), np.asarray(sol.multipliers[0])
     inner = getattr(sol.state, "inner_iterations", None)
     return dict(
-        runner=f"optsolve.{type(algorithm).__name__} (jitted)", first=first, times=times,
-        success=sol.retcode == ReturnCode.SUCCESS, code=ReturnCode(int(sol.retcode)).name,
-        iterations=f"{int(sol.stats.iterations)}" if inner is None else
-        f"{int(sol.stats.iterations)} outer, {int(inner)} inner",
-        evaluations=int(sol.stats.f_evals), violation=violation(x, r),
-        x_error=float(np.max(np.abs(x - x_star))), y_error=float(np.max(np.abs(y - y_star))),
-        rss=_peak_rss_gb())
+        runner=f"optsolve.{type(algorithm).__name__} (jitted)",
+        first=first,
+        times=times,
+        success=sol.retcode == ReturnCode.SUCCESS,
+        code=ReturnCode(int(sol.retcode)).name,
+        iterations=f"{int(sol.stats.iterations)}"
+        if inner is None
+        else f"{int(sol.stats.iterations)} outer, {int(inner)} inner",
+        evaluations=int(sol.stats.f_evals),
+        violation=violation(x, r),
+        x_error=float(np.max(np.abs(x - x_star))),
+        y_error=float(np.max(np.abs(y - y_star))),
+        rss=_peak_rss_gb(),
+    )
 
 
 def refusal_of_interior_point(a, r) -> str:
     try:
-        solve(problem(jnp.asarray(a), jnp.asarray(r)),
-              optsolve.InteriorPoint(linear_solver="dense"), maxiters=1)
+        solve(
+            problem(jnp.asarray(a), jnp.asarray(r)),
+            optsolve.InteriorPoint(linear_solver="dense"),
+            maxiters=1,
+        )
     except (ValueError, MemoryError) as error:
         return str(error)
     return "not refused"
@@ -159,28 +170,44 @@ def run_trust_constr(a, r, x_star, y_star) -> dict:
     def stop(x, state):  # trust-constr's callback(xk, state): True stops it
         return time.perf_counter() - started > TIME_LIMIT
 
-    res = so.minimize(lambda x: float(fun(x)), x0, jac=lambda x: np.asarray(grad(x)),
-                      hess=objective_hess, method="trust-constr", constraints=[constraint],
-                      callback=stop, options={"maxiter": 1000})
+    res = so.minimize(
+        lambda x: float(fun(x)),
+        x0,
+        jac=lambda x: np.asarray(grad(x)),
+        hess=objective_hess,
+        method="trust-constr",
+        constraints=[constraint],
+        callback=stop,
+        options={"maxiter": 1000},
+    )
     elapsed = time.perf_counter() - started
     # trust-constr's v is the multiplier of c <= r with scipy's sign (>= 0 here too)
     y = np.asarray(res.v[0])
     return dict(
-        runner="scipy trust-constr (sparse Jacobian, LinearOperator Hessian)", first=elapsed,
-        times=[elapsed], success=bool(res.success), code=f"status {res.status}",
-        iterations=f"{res.nit}", evaluations=int(res.nfev), violation=violation(res.x, r),
+        runner="scipy trust-constr (sparse Jacobian, LinearOperator Hessian)",
+        first=elapsed,
+        times=[elapsed],
+        success=bool(res.success),
+        code=f"status {res.status}",
+        iterations=f"{res.nit}",
+        evaluations=int(res.nfev),
+        violation=violation(res.x, r),
         x_error=float(np.max(np.abs(res.x - x_star))),
-        y_error=float(np.max(np.abs(np.abs(y) - y_star))), rss=_peak_rss_gb(),
-        message=res.message)
+        y_error=float(np.max(np.abs(np.abs(y) - y_star))),
+        rss=_peak_rss_gb(),
+        message=res.message,
+    )
 
 
-NOTES = ("The issue's goal: AugmentedLagrangian solves a problem with n = 10^5 variables and "
-         "10^3 constraints matrix-free within the machine's memory, its time reported "
-         "against trust-constr's. The runs are timed in one process, one after the other; "
-         "the peak RSS is the process's up to the end of that runner (each includes the "
-         "runners' before it). Wall-clock figures on this shared 2-core machine "
-         "move by tens of percent between runs; the iterations, evaluations and errors do "
-         "not.")
+NOTES = (
+    "The issue's goal: AugmentedLagrangian solves a problem with n = 10^5 variables and "
+    "10^3 constraints matrix-free within the machine's memory, its time reported "
+    "against trust-constr's. The runs are timed in one process, one after the other; "
+    "the peak RSS is the process's up to the end of that runner (each includes the "
+    "runners' before it). Wall-clock figures on this shared 2-core machine "
+    "move by tens of percent between runs; the iterations, evaluations and errors do "
+    "not."
+)
 
 
 def _spread(values) -> str:
@@ -190,28 +217,40 @@ def _spread(values) -> str:
 
 def main(n: int = N, m: int = M) -> str:
     a, r, x_star, y_star = instance(n, m)
-    rows = [run_jax_native(optsolve.AugmentedLagrangian(), a, r, x_star, y_star),
-            run_jax_native(optsolve.InteriorPoint(), a, r, x_star, y_star)]
+    rows = [
+        run_jax_native(optsolve.AugmentedLagrangian(), a, r, x_star, y_star),
+        run_jax_native(optsolve.InteriorPoint(), a, r, x_star, y_star),
+    ]
     refusal = refusal_of_interior_point(a, r)
     rows.append(run_trust_constr(a, r, x_star, y_star))
-    lines = [f"### A large constrained problem: n = {n}, m = {m} ball constraints "
-             "(half active), float64", "",
-             "| runner | result | compile + first (s) | steady (s), median (min-max) | "
-             "iterations | f evaluations | largest violation | max abs x - x* | "
-             "max abs y - y* | peak RSS of the process (GB) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"### A large constrained problem: n = {n}, m = {m} ball constraints "
+        "(half active), float64",
+        "",
+        "| runner | result | compile + first (s) | steady (s), median (min-max) | "
+        "iterations | f evaluations | largest violation | max abs x - x* | "
+        "max abs y - y* | peak RSS of the process (GB) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for row in rows:
         lines.append(
             f"| {row['runner']} | {row['code']} | {row['first']:.2f} | {_spread(row['times'])} "
             f"| {row['iterations']} | {row['evaluations']} | {row['violation']:.1e} | "
-            f"{row['x_error']:.1e} | {row['y_error']:.1e} | {row['rss']:.2f} |")
+            f"{row['x_error']:.1e} | {row['y_error']:.1e} | {row['rss']:.2f} |"
+        )
     tc = rows[-1]["times"][0]
-    over = ", ".join(f"{tc / statistics.median(row['times']):.1f}x {row['runner'].split()[0]}'s"
-                     for row in rows[:-1])
-    lines += ["", f"trust-constr's time over the steady medians: {over} (trust-constr ran "
-              f"once, its whole run; message: {rows[-1].get('message')}).",
-              "", "optsolve.InteriorPoint(linear_solver=\"dense\") on this problem: refused "
-              f"before the run: \"{refusal.splitlines()[0]}\""]
+    over = ", ".join(
+        f"{tc / statistics.median(row['times']):.1f}x {row['runner'].split()[0]}'s"
+        for row in rows[:-1]
+    )
+    lines += [
+        "",
+        f"trust-constr's time over the steady medians: {over} (trust-constr ran "
+        f"once, its whole run; message: {rows[-1].get('message')}).",
+        "",
+        'optsolve.InteriorPoint(linear_solver="dense") on this problem: refused '
+        f'before the run: "{refusal.splitlines()[0]}"',
+    ]
     return "\n".join(lines)
 
 

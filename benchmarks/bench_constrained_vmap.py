@@ -65,7 +65,7 @@ import optsolve  # noqa: E402
 from common import block, interleaved_times, machine_line, markdown_table  # noqa: E402
 
 BATCH, QUICK_BATCH = 1000, 100
-SUBSET, QUICK_SUBSET = 100, 20     # problems timed for the optsolve ScipyMinimize loop
+SUBSET, QUICK_SUBSET = 100, 20  # problems timed for the optsolve ScipyMinimize loop
 REPEATS, QUICK_REPEATS = 7, 3
 MAXITER = 1000
 X_TOL, FEAS_TOL, F_TOL = 1e-6, 1e-6, 1e-6
@@ -90,7 +90,7 @@ def product(x, p):
 
 def squares(x, p):
     """sum x^2 - s == 0."""
-    return jnp.sum(x ** 2) - p[1]
+    return jnp.sum(x**2) - p[1]
 
 
 def parameters(count: int) -> np.ndarray:
@@ -101,20 +101,28 @@ def parameters(count: int) -> np.ndarray:
 
 def problem(p) -> optsolve.OptimizationProblem:
     return optsolve.OptimizationProblem(
-        objective, jnp.asarray(X0), jnp.asarray(p), bounds=(LOWER, UPPER),
-        constraints=[optsolve.Constraint(product, lower=0.0),
-                     optsolve.Constraint(squares, lower=0.0, upper=0.0)])
+        objective,
+        jnp.asarray(X0),
+        jnp.asarray(p),
+        bounds=(LOWER, UPPER),
+        constraints=[
+            optsolve.Constraint(product, lower=0.0),
+            optsolve.Constraint(squares, lower=0.0, upper=0.0),
+        ],
+    )
 
 
 def violation(x: np.ndarray, p: np.ndarray) -> float:
     x = np.asarray(x, np.float64)
     if not np.all(np.isfinite(x)):
         return np.inf
-    return float(max(p[0] - np.prod(x), abs(np.sum(x ** 2) - p[1]),
-                     np.max(LOWER - x), np.max(x - UPPER), 0.0))
+    return float(
+        max(p[0] - np.prod(x), abs(np.sum(x**2) - p[1]), np.max(LOWER - x), np.max(x - UPPER), 0.0)
+    )
 
 
 # ------------------------------------------------------------------------------- runners
+
 
 def interior_point_one(prob: optsolve.OptimizationProblem):
     """solve_one(p) -> (x, claimed success, iterations): one problem, InteriorPoint."""
@@ -123,6 +131,7 @@ def interior_point_one(prob: optsolve.OptimizationProblem):
     def solve_one(p):
         sol = optsolve.solve(prob.replace(p=p), alg, maxiters=MAXITER)
         return sol.x, sol.retcode == optsolve.ReturnCode.SUCCESS, sol.stats.iterations
+
     return solve_one
 
 
@@ -134,14 +143,29 @@ def scipy_slsqp():
     bounds = so.Bounds(np.full(4, LOWER), np.full(4, UPPER))
 
     def run(p):
-        cons = [{"type": "ineq", "fun": lambda x: np.asarray(c1(x, p)),
-                 "jac": lambda x: np.asarray(j1(x, p))},
-                {"type": "eq", "fun": lambda x: np.asarray(c2(x, p)),
-                 "jac": lambda x: np.asarray(j2(x, p))}]
-        res = so.minimize(lambda x: float(f(x, p)), X0.copy(),
-                          jac=lambda x: np.asarray(g(x, p)), method="SLSQP", bounds=bounds,
-                          constraints=cons, options={"maxiter": MAXITER})
+        cons = [
+            {
+                "type": "ineq",
+                "fun": lambda x: np.asarray(c1(x, p)),
+                "jac": lambda x: np.asarray(j1(x, p)),
+            },
+            {
+                "type": "eq",
+                "fun": lambda x: np.asarray(c2(x, p)),
+                "jac": lambda x: np.asarray(j2(x, p)),
+            },
+        ]
+        res = so.minimize(
+            lambda x: float(f(x, p)),
+            X0.copy(),
+            jac=lambda x: np.asarray(g(x, p)),
+            method="SLSQP",
+            bounds=bounds,
+            constraints=cons,
+            options={"maxiter": MAXITER},
+        )
         return res.x, bool(res.success), int(res.nit)
+
     return run
 
 
@@ -150,12 +174,17 @@ def scipy_through_optsolve(prob: optsolve.OptimizationProblem):
 
     def run(p):
         sol = optsolve.solve(prob.replace(p=p), alg, maxiters=MAXITER)
-        return (np.asarray(sol.x), sol.retcode == optsolve.ReturnCode.SUCCESS,
-                int(sol.stats.iterations))
+        return (
+            np.asarray(sol.x),
+            sol.retcode == optsolve.ReturnCode.SUCCESS,
+            int(sol.stats.iterations),
+        )
+
     return run
 
 
 # ----------------------------------------------------------------------------- measuring
+
 
 def _spread(values: list[float], fmt) -> str:
     return f"{fmt(statistics.median(values))} ({fmt(min(values))}-{fmt(max(values))})"
@@ -171,21 +200,21 @@ def _batched_factorisation_cost(count: int) -> tuple[float, float]:
     matrices under jit(vmap) (the size of HS071's condensed Newton matrix: 4 variables, 2
     constraints), and of one jitted 6x6 factorisation called alone."""
     from optsolve.backends.constrained.newton_system import ldl
+
     rng = np.random.default_rng(1)
     a = rng.standard_normal((count, 6, 6))
     a = jnp.asarray(a + np.swapaxes(a, 1, 2))
     batched, single = jax.jit(jax.vmap(ldl)), jax.jit(ldl)
     block(batched(a))
     block(single(a[0]))
-    times = interleaved_times({"batched": lambda: batched(a), "single": lambda: single(a[0])},
-                              21)
+    times = interleaved_times({"batched": lambda: batched(a), "single": lambda: single(a[0])}, 21)
     return min(times["batched"]), min(times["single"])
 
 
 def measure(count: int, subset: int, repeats: int) -> str:
     ps_np = parameters(count)
     ps = jnp.asarray(ps_np)
-    singles = [ps[i] for i in range(count)]       # made once, outside the timed loop
+    singles = [ps[i] for i in range(count)]  # made once, outside the timed loop
     block(singles)
     prob = problem(ps_np[0])
     solve_one = interior_point_one(prob)
@@ -234,8 +263,9 @@ def measure(count: int, subset: int, repeats: int) -> str:
             x = np.stack([np.asarray(r[0], np.float64) for r in res])
             claimed = np.array([bool(r[1]) for r in res])
             its = np.array([int(r[2]) for r in res])
-        f = np.array([float(objective(xi, None)) if np.all(np.isfinite(xi)) else np.nan
-                      for xi in x])
+        f = np.array(
+            [float(objective(xi, None)) if np.all(np.isfinite(xi)) else np.nan for xi in x]
+        )
         viol = np.array([violation(xi, pi) for xi, pi in zip(x, ps_np)])
         out[name] = {"x": x, "claimed": claimed, "its": its, "f": f, "viol": viol}
 
@@ -246,13 +276,13 @@ def measure(count: int, subset: int, repeats: int) -> str:
         best[:k] = np.minimum(best[:k], np.where(feasible, rec["f"], np.inf))
     for rec in out.values():
         k = len(rec["f"])
-        rec["solved"] = ((rec["viol"] <= FEAS_TOL)
-                         & (rec["f"] <= best[:k] + F_TOL * (1 + np.abs(best[:k]))))
+        rec["solved"] = (rec["viol"] <= FEAS_TOL) & (
+            rec["f"] <= best[:k] + F_TOL * (1 + np.abs(best[:k]))
+        )
         rec["false"] = rec["claimed"] & ~rec["solved"]
 
     x_gap = np.max(np.abs(out[VMAP]["x"] - out[LOOP]["x"]), axis=1)
-    agree = int(np.sum((x_gap <= X_TOL)
-                       & (out[VMAP]["claimed"] == out[LOOP]["claimed"])))
+    agree = int(np.sum((x_gap <= X_TOL) & (out[VMAP]["claimed"] == out[LOOP]["claimed"])))
     f_ip, f_sp = out[VMAP]["f"], out[SCIPY]["f"]
     f_agree = int(np.sum(np.abs(f_ip - f_sp) <= F_TOL * (1 + np.abs(f_sp))))
     both = out[VMAP]["solved"] & out[SCIPY]["solved"]
@@ -264,20 +294,37 @@ def measure(count: int, subset: int, repeats: int) -> str:
     for name in runners:
         rec, k = out[name], covered[name]
         ratio = [a / b for a, b in zip(per_problem[name], per_problem[VMAP])]
-        rows.append([
-            name, str(k), f"{first[name]:.2f}",
-            _spread(times[name], lambda s: f"{s * 1e3:.1f}"),
-            _spread(per_problem[name], _us),
-            f"{statistics.median(ratio):.2f}x",
-            f"{min(ratio):.2f}-{max(ratio):.2f}",
-            f"{int(rec['claimed'].sum())}/{k}", f"{int(rec['solved'].sum())}/{k}",
-            f"**{int(rec['false'].sum())}**" if rec["false"].any() else "0",
-            f"{rec['its'].mean():.1f} / {int(rec['its'].max())}"])
+        rows.append(
+            [
+                name,
+                str(k),
+                f"{first[name]:.2f}",
+                _spread(times[name], lambda s: f"{s * 1e3:.1f}"),
+                _spread(per_problem[name], _us),
+                f"{statistics.median(ratio):.2f}x",
+                f"{min(ratio):.2f}-{max(ratio):.2f}",
+                f"{int(rec['claimed'].sum())}/{k}",
+                f"{int(rec['solved'].sum())}/{k}",
+                f"**{int(rec['false'].sum())}**" if rec["false"].any() else "0",
+                f"{rec['its'].mean():.1f} / {int(rec['its'].max())}",
+            ]
+        )
     table = markdown_table(
-        ["runner", "problems timed", "compile + first (s)",
-         "steady, whole set (ms): median (min-max)", "per problem (us): median (min-max)",
-         "time per problem / vmap's", "that ratio: min-max over turns", "SUCCESS", "solved",
-         "false SUCCESS", "iterations: mean / max"], rows)
+        [
+            "runner",
+            "problems timed",
+            "compile + first (s)",
+            "steady, whole set (ms): median (min-max)",
+            "per problem (us): median (min-max)",
+            "time per problem / vmap's",
+            "that ratio: min-max over turns",
+            "SUCCESS",
+            "solved",
+            "false SUCCESS",
+            "iterations: mean / max",
+        ],
+        rows,
+    )
 
     loop_ratio = statistics.median(b / a for a, b in zip(per_problem[VMAP], per_problem[LOOP]))
     scipy_ratio = statistics.median(b / a for a, b in zip(per_problem[VMAP], per_problem[SCIPY]))
@@ -286,18 +333,22 @@ def measure(count: int, subset: int, repeats: int) -> str:
     max_its = int(out[VMAP]["its"].max())
     lines = [
         f"### {count} small constrained problems at once: jax.vmap(InteriorPoint), HS071 "
-        "with varied bounds, float64", "",
-        table, "",
+        "with varied bounds, float64",
+        "",
+        table,
+        "",
         f"**Goals (issue 39): vmap at least 20x faster than the loop of jitted solves: "
         f"{'met' if loop_ratio >= 20 else 'not met'} (the loop takes {loop_ratio:.2f}x "
         f"vmap's time per problem); more than 100x faster than the loop of scipy SLSQP: "
-        f"{'met' if scipy_ratio > 100 else 'not met'} ({scipy_ratio:.2f}x).**", "",
+        f"{'met' if scipy_ratio > 100 else 'not met'} ({scipy_ratio:.2f}x).**",
+        "",
         f"Checks: vmap and the loop agree on x within {X_TOL:g} (and on the return code) in "
         f"{agree} of {count} problems (largest difference {x_gap.max():.1e}). InteriorPoint "
         f"and scipy's SLSQP reach the same objective within {F_TOL:g} (1 + |f|) in {f_agree} "
         f"of {count}; both solved {int(both.sum())}, InteriorPoint alone {ip_lower}, SLSQP "
         f"alone {sp_lower}. HS071 itself (p = (25, 40)): InteriorPoint f = {hs071_f:.7f} "
-        f"({'SUCCESS' if bool(hs071[1]) else 'not SUCCESS'}), published {HS071_F}.", "",
+        f"({'SUCCESS' if bool(hs071[1]) else 'not SUCCESS'}), published {HS071_F}.",
+        "",
         "Where vmap's time goes: under vmap a while loop runs until the batch's slowest "
         "problem stops, and a `lax.cond` becomes a select that runs both branches for "
         "every problem; InteriorPoint's feasibility restoration and second-order correction "
@@ -328,7 +379,8 @@ def measure(count: int, subset: int, repeats: int) -> str:
         f"average (1, 5, 15 min) when the timed turns began: "
         f"{', '.join(f'{v:.2f}' for v in load_before)}; when they ended: "
         f"{', '.join(f'{v:.2f}' for v in load_after)} (2 cores: absolute times carry that "
-        "load, ratios less so).", "",
+        "load, ratios less so).",
+        "",
         f"Machine: {machine_line()}.",
     ]
     return "\n".join(lines)
@@ -344,8 +396,9 @@ def main(quick: bool = False) -> str:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true",
-                        help=f"{QUICK_BATCH} problems, {QUICK_REPEATS} turns")
+    parser.add_argument(
+        "--quick", action="store_true", help=f"{QUICK_BATCH} problems, {QUICK_REPEATS} turns"
+    )
     args = parser.parse_args()
     print(machine_line())
     print(main(args.quick))

@@ -55,7 +55,11 @@ from threadpoolctl import threadpool_limits  # noqa: E402
 
 import optsolve  # noqa: E402
 from common import (  # noqa: E402
-    block, machine_line, markdown_table, optax_lbfgs_loop, performance_profile,
+    block,
+    machine_line,
+    markdown_table,
+    optax_lbfgs_loop,
+    performance_profile,
 )
 
 GTOL, MAXITER = 1e-6, 1000
@@ -70,7 +74,9 @@ def _optsolve(alg, bounds=None):
             prob = optsolve.OptimizationProblem(f, x0, p, bounds=bounds)
             sol = optsolve.solve(prob, alg, gtol=GTOL, maxiters=MAXITER)
             return sol.x, sol.retcode == optsolve.ReturnCode.SUCCESS, sol.stats.grad_evals
+
         return jax.jit(run)
+
     return make
 
 
@@ -78,16 +84,18 @@ def _optax_lbfgs(f, p):
     def run(x0):
         params, count = optax_lbfgs_loop(lambda x: f(x, p), x0, GTOL, MAXITER)
         return params, count < MAXITER, count
+
     return jax.jit(run)
 
 
 def _optimistix(solver):
     def make(f, p):
         def run(x0):
-            sol = optx.minimise(lambda x, _: f(x, p), solver, x0, max_steps=MAXITER,
-                                throw=False)
+            sol = optx.minimise(lambda x, _: f(x, p), solver, x0, max_steps=MAXITER, throw=False)
             return sol.value, sol.result == optx.RESULTS.successful, sol.stats["num_steps"]
+
         return jax.jit(run)
+
     return make
 
 
@@ -102,17 +110,27 @@ def _scipy_lbfgsb(bounds=None):
         box = None if bounds is None else list(zip(np.asarray(bounds[0]), np.asarray(bounds[1])))
 
         def run(x0):
-            res = so.minimize(fun, np.asarray(x0), jac=True, method="L-BFGS-B", bounds=box,
-                              options={"gtol": GTOL, "ftol": 0.0, "maxiter": MAXITER})
+            res = so.minimize(
+                fun,
+                np.asarray(x0),
+                jac=True,
+                method="L-BFGS-B",
+                bounds=box,
+                options={"gtol": GTOL, "ftol": 0.0, "maxiter": MAXITER},
+            )
             return res.x, bool(res.success), res.njev
+
         return run
+
     return make
 
 
 def runners(bounds=None) -> dict:
     if bounds is not None:
-        return {"optsolve.LBFGS": _optsolve(optsolve.LBFGS(), bounds),
-                "scipy L-BFGS-B": _scipy_lbfgsb(bounds)}
+        return {
+            "optsolve.LBFGS": _optsolve(optsolve.LBFGS(), bounds),
+            "scipy L-BFGS-B": _scipy_lbfgsb(bounds),
+        }
     tol = 1e-9
     return {
         "optsolve.LBFGS": _optsolve(optsolve.LBFGS()),
@@ -137,8 +155,9 @@ def measure(problem, bounded: bool, repeats: int) -> dict | None:
     x0 = jnp.asarray(problem.y0, jnp.float64)
     bounds = None
     if bounded:
-        bounds = tuple(jnp.broadcast_to(jnp.asarray(b, jnp.float64), x0.shape)
-                       for b in problem.bounds)
+        bounds = tuple(
+            jnp.broadcast_to(jnp.asarray(b, jnp.float64), x0.shape) for b in problem.bounds
+        )
         x0 = jnp.clip(x0, *bounds)  # the start projected, as L-BFGS-B does
     value_and_grad = jax.jit(jax.value_and_grad(f))
     f0, g0 = value_and_grad(x0, p)
@@ -160,15 +179,21 @@ def measure(problem, bounded: bool, repeats: int) -> dict | None:
             block(run(x0))
             times.append(time.perf_counter() - start)
         fx, gx = value_and_grad(jnp.asarray(x), p)
-        out[name] = {"first": first, "steady": statistics.median(times), "f": float(fx),
-                     "gnorm": _projected_norm(jnp.asarray(x), gx, bounds),
-                     "claimed": bool(claimed), "evals": int(evals)}
+        out[name] = {
+            "first": first,
+            "steady": statistics.median(times),
+            "f": float(fx),
+            "gnorm": _projected_norm(jnp.asarray(x), gx, bounds),
+            "claimed": bool(claimed),
+            "evals": int(evals),
+        }
     return out
 
 
 def _solved(record: dict, best: float) -> bool:
-    return "f" in record and np.isfinite(record["f"]) and \
-        record["f"] <= best + 1e-6 * (1 + abs(best))
+    return (
+        "f" in record and np.isfinite(record["f"]) and record["f"] <= best + 1e-6 * (1 + abs(best))
+    )
 
 
 def summary(results: dict, bounded: bool) -> list[list[str]]:
@@ -186,8 +211,11 @@ def summary(results: dict, bounded: bool) -> list[list[str]]:
             false_success += record.get("claimed", False) and record["gnorm"] > 10 * GTOL
             if "first" in record:
                 firsts.append(record["first"])
-            peers = [records[q] for q in LBFGS_PEERS if q in records and q != n
-                     and _solved(records[q], best)]
+            peers = [
+                records[q]
+                for q in LBFGS_PEERS
+                if q in records and q != n and _solved(records[q], best)
+            ]
             if ok and peers and not bounded:
                 ratios.append(record["steady"] / min(q["steady"] for q in peers))
             if ok and like in records and _solved(records[like], best):
@@ -195,10 +223,17 @@ def summary(results: dict, bounded: bool) -> list[list[str]]:
             if ok:
                 fewest = min(r["evals"] for r in records.values() if _solved(r, best))
                 eval_ratios.append(record["evals"] / max(fewest, 1))
-        rows.append([n, str(solved), str(false_success), _median_ratio(ratios),
-                     f"{_median_ratio(like_ratios)} ({like})" if like else "-",
-                     _median_ratio(eval_ratios),
-                     f"{statistics.median(firsts):.2f} s" if firsts else "-"])
+        rows.append(
+            [
+                n,
+                str(solved),
+                str(false_success),
+                _median_ratio(ratios),
+                f"{_median_ratio(like_ratios)} ({like})" if like else "-",
+                _median_ratio(eval_ratios),
+                f"{statistics.median(firsts):.2f} s" if firsts else "-",
+            ]
+        )
     return rows
 
 
@@ -206,15 +241,22 @@ def _median_ratio(ratios: list[float]) -> str:
     return f"{statistics.median(ratios):.2f}x" if ratios else "-"
 
 
-def main(max_n: int = 100, limit: int | None = None, sets: tuple[str, ...] = (
-        "unconstrained", "bounded"), repeats: int = 3) -> str:
+def main(
+    max_n: int = 100,
+    limit: int | None = None,
+    sets: tuple[str, ...] = ("unconstrained", "bounded"),
+    repeats: int = 3,
+) -> str:
     """The census's sections, one per set of problems."""
     return "\n\n".join(census(max_n, limit, kind == "bounded", repeats) for kind in sets)
 
 
 def census(max_n: int, limit: int | None, bounded: bool, repeats: int) -> str:
-    pool = sif2jax.bounded_minimisation_problems if bounded else \
-        sif2jax.unconstrained_minimisation_problems
+    pool = (
+        sif2jax.bounded_minimisation_problems
+        if bounded
+        else sif2jax.unconstrained_minimisation_problems
+    )
     chosen = [q for q in pool if int(q.num_variables()) <= max_n]
     if limit is not None:
         chosen = chosen[:limit]
@@ -231,32 +273,64 @@ def census(max_n: int, limit: int | None, bounded: bool, repeats: int) -> str:
                 left_out.append(f"{problem.name} (not finite at the start)")
                 continue
             results[problem.name] = record
-            print(problem.name, {n: round(r.get("steady", np.nan) * 1e3, 2)
-                                 for n, r in record.items()}, file=sys.stderr, flush=True)
+            print(
+                problem.name,
+                {n: round(r.get("steady", np.nan) * 1e3, 2) for n, r in record.items()},
+                file=sys.stderr,
+                flush=True,
+            )
     kind = "bounded" if bounded else "unconstrained"
     names = list(next(iter(results.values())))
     suffix = "bounded" if bounded else "unconstrained"
     IMAGES.mkdir(parents=True, exist_ok=True)
+
     def solved_by(records: dict, name: str) -> bool:
         best_f = min(r["f"] for r in records.values() if "f" in r and np.isfinite(r["f"]))
         return _solved(records[name], best_f)
 
-    performance_profile(results, names, "steady", f"steady time, {kind}",
-                        IMAGES / f"cutest_profile_time_{suffix}.png", solved_by, max_tau=1e2)
-    performance_profile(results, names, "evals", f"gradient evaluations, {kind}",
-                        IMAGES / f"cutest_profile_evals_{suffix}.png", solved_by, max_tau=1e2)
+    performance_profile(
+        results,
+        names,
+        "steady",
+        f"steady time, {kind}",
+        IMAGES / f"cutest_profile_time_{suffix}.png",
+        solved_by,
+        max_tau=1e2,
+    )
+    performance_profile(
+        results,
+        names,
+        "evals",
+        f"gradient evaluations, {kind}",
+        IMAGES / f"cutest_profile_evals_{suffix}.png",
+        solved_by,
+        max_tau=1e2,
+    )
     table = markdown_table(
-        ["runner", "solved", "false SUCCESS", "median steady / fastest L-BFGS peer",
-         "median steady / like peer", "median gradient evaluations / fewest",
-         "median compile + first"], summary(results, bounded))
-    return "\n".join([
-        f"### CUTEst census ({kind}, n <= {max_n}): {len(results)} problems from sif2jax",
-        "", table, "",
-        f"![time profile](images/cutest_profile_time_{suffix}.png) "
-        f"![evaluations profile](images/cutest_profile_evals_{suffix}.png)", "",
-        f"Left out: {', '.join(left_out) if left_out else 'none'}. Steady times are medians "
-        f"of {repeats} solves; BLAS pinned to 1 thread.",
-    ])
+        [
+            "runner",
+            "solved",
+            "false SUCCESS",
+            "median steady / fastest L-BFGS peer",
+            "median steady / like peer",
+            "median gradient evaluations / fewest",
+            "median compile + first",
+        ],
+        summary(results, bounded),
+    )
+    return "\n".join(
+        [
+            f"### CUTEst census ({kind}, n <= {max_n}): {len(results)} problems from sif2jax",
+            "",
+            table,
+            "",
+            f"![time profile](images/cutest_profile_time_{suffix}.png) "
+            f"![evaluations profile](images/cutest_profile_evals_{suffix}.png)",
+            "",
+            f"Left out: {', '.join(left_out) if left_out else 'none'}. Steady times are medians "
+            f"of {repeats} solves; BLAS pinned to 1 thread.",
+        ]
+    )
 
 
 if __name__ == "__main__":

@@ -60,12 +60,14 @@ sys.path.insert(0, str(Path(__file__).parent))
 NOTES = (
     "Import is `import optsolve` (or `import optimistix`) in a bare interpreter, jax's own "
     "import included, every module read from its compiled bytecode (written by one "
-    "unmeasured run of each runner, as an install writes it); first solve is everything after it up to the first result (x64 on, "
+    "unmeasured run of each runner, as an install writes it); first solve is everything "
+    "after it up to the first result (x64 on, "
     "the problem built, tracing, compilation, the run); second solve is the same call on "
     "a new problem object, the compiled program reused. With the cache on, the first "
     "solve still traces and lowers the program, then loads XLA's executable from disk "
     "instead of compiling it. The Adam runners train the same MLP from the same "
-    "parameters: the last column is the loss each reached.")
+    "parameters: the last column is the loss each reached."
+)
 
 _CHILD = r"""
 import json, sys, time
@@ -157,18 +159,23 @@ print(json.dumps({"import": imported - start, "first": solved - imported,
 """
 
 ADAM_STEPS = 500
-PROBLEMS = {"lbfgs": ("optsolve.LBFGS", "optimistix.LBFGS"),
-            "bfgs": ("optsolve.BFGS", "optimistix.BFGS"),
-            "adam": ("optsolve.Adam", "optax.adam fori_loop")}
+PROBLEMS = {
+    "lbfgs": ("optsolve.LBFGS", "optimistix.LBFGS"),
+    "bfgs": ("optsolve.BFGS", "optimistix.BFGS"),
+    "adam": ("optsolve.Adam", "optax.adam fori_loop"),
+}
 
 
-def run_child(problem: str, mode: str, cache: str | None, bytecode: str,
-              dump: str | None = None) -> dict:
+def run_child(
+    problem: str, mode: str, cache: str | None, bytecode: str, dump: str | None = None
+) -> dict:
     """One fresh process of ``mode`` on ``problem``: its timings (s) and cache events.
     ``bytecode``: the directory of Python's compiled modules (``PYTHONPYCACHEPREFIX``);
     ``dump``: a directory for XLA's optimised programs (not for a measured run)."""
-    script = (f"PROBLEM = {problem!r}\nMODE = {mode!r}\nCACHE = {cache!r}\n"
-              f"ADAM_STEPS = {ADAM_STEPS}\n" + _CHILD)
+    script = (
+        f"PROBLEM = {problem!r}\nMODE = {mode!r}\nCACHE = {cache!r}\n"
+        f"ADAM_STEPS = {ADAM_STEPS}\n" + _CHILD
+    )
     # a cache the user set up for JAX would turn the no-cache runners into cached ones
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
     env.pop("JAX_ENABLE_X64", None)
@@ -180,8 +187,14 @@ def run_child(problem: str, mode: str, cache: str | None, bytecode: str,
     env["PYTHONPYCACHEPREFIX"] = bytecode
     if dump is not None:
         env["XLA_FLAGS"] = f"--xla_dump_to={dump} --xla_dump_hlo_as_text"
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         env=env, check=False, timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+        timeout=600,
+    )
     if out.returncode:
         raise RuntimeError(f"{problem} / {mode} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -197,8 +210,10 @@ def compiled_kernels(problem: str, mode: str, bytecode: str) -> tuple[int, int] 
         return None
     with tempfile.TemporaryDirectory() as dump:
         run_child(problem, mode, None, bytecode, dump)
-        counts = [loop_kernels(path.read_text())
-                  for path in Path(dump).glob("*cpu_after_optimizations.txt")]
+        counts = [
+            loop_kernels(path.read_text())
+            for path in Path(dump).glob("*cpu_after_optimizations.txt")
+        ]
     return max(loop for loop, _ in counts), sum(total for _, total in counts)
 
 
@@ -216,8 +231,12 @@ def _peer(problem: str) -> str | None:
 def measure(turns: int) -> tuple[dict[tuple[str, str], list[dict]], dict]:
     """Every (problem, runner)'s results, ``turns`` fresh processes each, in shuffled turns,
     and the kernels each runner without the cache compiles (:func:`compiled_kernels`)."""
-    runs = [(problem, mode) for problem in PROBLEMS
-            for mode in ("optsolve", "optsolve-cache", _peer(problem)) if mode is not None]
+    runs = [
+        (problem, mode)
+        for problem in PROBLEMS
+        for mode in ("optsolve", "optsolve-cache", _peer(problem))
+        if mode is not None
+    ]
     runs.append(("adam", "optax-waited"))
     results: dict[tuple[str, str], list[dict]] = {r: [] for r in runs}
     kernels = {}
@@ -245,8 +264,11 @@ def main(turns: int = 5) -> str:
     rows = []
     for (problem, mode), runs in results.items():
         ours, peer_name = PROBLEMS[problem]
-        name = {"optsolve": ours, "optsolve-cache": f"{ours}, cache on",
-                "optax-waited": f"{peer_name}, waited for before the loss"}.get(mode, peer_name)
+        name = {
+            "optsolve": ours,
+            "optsolve-cache": f"{ours}, cache on",
+            "optax-waited": f"{peer_name}, waited for before the loss",
+        }.get(mode, peer_name)
         total = [r["import"] + r["first"] for r in runs]
         peer = results.get((problem, _peer(problem)))
         ratio = spread = "-"
@@ -255,29 +277,55 @@ def main(turns: int = 5) -> str:
             ratios = [t / (p["import"] + p["first"]) for t, p in zip(total, peer)]
             ratio = f"{statistics.median(ratios):.2f}x"
             spread = f"{min(ratios):.2f}-{max(ratios):.2f}"
-        cache = (f"{statistics.median(r['hits'] for r in runs):.0f} / "
-                 f"{statistics.median(r['misses'] for r in runs):.0f}"
-                 if mode == "optsolve-cache" else "-")
-        loss = f"{statistics.median(r['value'] for r in runs):.6f}" if problem == "adam" \
+        cache = (
+            f"{statistics.median(r['hits'] for r in runs):.0f} / "
+            f"{statistics.median(r['misses'] for r in runs):.0f}"
+            if mode == "optsolve-cache"
             else "-"
+        )
+        loss = f"{statistics.median(r['value'] for r in runs):.6f}" if problem == "adam" else "-"
         counted = kernels.get((problem, mode))
         compiled = "-" if counted is None else f"{counted[0]} / {counted[1]}"
-        rows.append([name, _spread([r["import"] for r in runs]),
-                     _spread([r["first"] for r in runs]), _spread(total),
-                     _spread([r["second"] for r in runs], 1e3, 1), ratio, spread, compiled,
-                     cache, loss])
+        rows.append(
+            [
+                name,
+                _spread([r["import"] for r in runs]),
+                _spread([r["first"] for r in runs]),
+                _spread(total),
+                _spread([r["second"] for r in runs], 1e3, 1),
+                ratio,
+                spread,
+                compiled,
+                cache,
+                loss,
+            ]
+        )
     waited = _against(results, "optax-waited")
     table = markdown_table(
-        ["runner", "import (s)", "first solve (s)", "import + first (s)", "second solve (ms)",
-         "import + first / peer", "that ratio: min-max over turns",
-         "fused kernels compiled: loop / all", "cache hits / misses", "final loss (Adam)"],
-        rows)
-    return "\n\n".join([
-        "### Import and first result",
-        f"Chained Rosenbrock n = 10, float64, L-BFGS and BFGS; the digits MLP 64-32-10, "
-        f"float32, {ADAM_STEPS} full-batch Adam steps; each runner in {turns} fresh "
-        f"processes, run in shuffled turns: median [min-max]. {machine_line()}.",
-        table, waited])
+        [
+            "runner",
+            "import (s)",
+            "first solve (s)",
+            "import + first (s)",
+            "second solve (ms)",
+            "import + first / peer",
+            "that ratio: min-max over turns",
+            "fused kernels compiled: loop / all",
+            "cache hits / misses",
+            "final loss (Adam)",
+        ],
+        rows,
+    )
+    return "\n\n".join(
+        [
+            "### Import and first result",
+            f"Chained Rosenbrock n = 10, float64, L-BFGS and BFGS; the digits MLP 64-32-10, "
+            f"float32, {ADAM_STEPS} full-batch Adam steps; each runner in {turns} fresh "
+            f"processes, run in shuffled turns: median [min-max]. {machine_line()}.",
+            table,
+            waited,
+        ]
+    )
 
 
 def _against(results: dict, mode: str) -> str:
@@ -286,13 +334,14 @@ def _against(results: dict, mode: str) -> str:
     ours, waited = results.get(("adam", "optsolve")), results.get(("adam", mode))
     if not ours or not waited:
         return ""
-    ratios = [(a["import"] + a["first"]) / (b["import"] + b["first"])
-              for a, b in zip(ours, waited)]
-    return (f"optsolve.Adam against the optax loop waited for before its loss: "
-            f"{statistics.median(ratios):.2f}x [{min(ratios):.2f}-{max(ratios):.2f}] "
-            f"(import + first, per turn). A JAX call returns before its computation ends, so "
-            f"the plain loop's {ADAM_STEPS} steps still run while the loss's eager operations "
-            "compile; solve returns a finished run (its return code read on the host).")
+    ratios = [(a["import"] + a["first"]) / (b["import"] + b["first"]) for a, b in zip(ours, waited)]
+    return (
+        f"optsolve.Adam against the optax loop waited for before its loss: "
+        f"{statistics.median(ratios):.2f}x [{min(ratios):.2f}-{max(ratios):.2f}] "
+        f"(import + first, per turn). A JAX call returns before its computation ends, so "
+        f"the plain loop's {ADAM_STEPS} steps still run while the loss's eager operations "
+        "compile; solve returns a finished run (its return code read on the host)."
+    )
 
 
 if __name__ == "__main__":

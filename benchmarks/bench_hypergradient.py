@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 jax.config.update("jax_enable_x64", True)
 
 import optsolve  # noqa: E402
-from optsolve.solve_api.adjoint import _cg  # noqa: E402
 from common import interleaved_medians, interleaved_times, machine_line, markdown_table  # noqa: E402
+from optsolve.solve_api.adjoint import _cg  # noqa: E402
 
 N_TRAIN, N_VAL, N_FEATURES = 20000, 5000, 500
 
@@ -85,8 +85,9 @@ def cost_loops(inner, w, p0) -> dict:
     return {"model: vg": lambda: vg_loop(w), "model: hvp": lambda: hvp_loop(w)}
 
 
-def cost_model(inner, val, w, p0, sol, medians: dict, repeats: int, t_forward: float,
-               ratio: float, turns: dict) -> str:
+def cost_model(
+    inner, val, w, p0, sol, medians: dict, repeats: int, t_forward: float, ratio: float, turns: dict
+) -> str:
     """Why the ratio sits where it does: the forward solve's gradient evaluations against
     the adjoint's Hessian-vector products, timed by :func:`cost_loops` (``medians``).
 
@@ -106,8 +107,11 @@ def cost_model(inner, val, w, p0, sol, medians: dict, repeats: int, t_forward: f
     # what optsolve's adjoint runs: CG preconditioned by the forward run's L-BFGS memory
     # (an older optsolve, run by compare.py, has no such estimate: plain CG there)
     estimate = getattr(optsolve.LBFGS(), "inverse_hessian_estimate", None)
-    memory = None if estimate is None else estimate(
-        optsolve.OptimizationProblem(inner, w, p0), sol.state)
+    memory = (
+        None
+        if estimate is None
+        else estimate(optsolve.OptimizationProblem(inner, w, p0), sol.state)
+    )
     rows, best = [], {}
     for tol in (1e-10, 1e-8, 1e-6, 1e-5, 1e-4):
         k = cg_products(hvp, b, tol)
@@ -117,39 +121,57 @@ def cost_model(inner, val, w, p0, sol, medians: dict, repeats: int, t_forward: f
         best.setdefault("evals", by_evals)  # the first row is optsolve's tolerance
         best.setdefault("forward", by_forward)
         best.setdefault("products", k_pre)
-        rows.append([f"{tol:.0e}", str(k), f"{1 + k * t_hvp / (evals * t_vg):.2f}x",
-                     str(k_pre), f"{by_evals:.2f}x", f"{by_forward:.2f}x"])
+        rows.append(
+            [
+                f"{tol:.0e}",
+                str(k),
+                f"{1 + k * t_hvp / (evals * t_vg):.2f}x",
+                str(k_pre),
+                f"{by_evals:.2f}x",
+                f"{by_forward:.2f}x",
+            ]
+        )
     fwd_t, hyp_t, hvp_t = turns.values()
     within_turns = statistics.median(
-        hyp / (fwd + best["products"] * hvp / IN_LOOP)
-        for fwd, hyp, hvp in zip(fwd_t, hyp_t, hvp_t))
-    return "\n".join([
-        f"Cost model (optsolve): the forward solve makes {evals} value-and-gradient "
-        f"evaluations ({t_vg:.2f} ms each); one Hessian-vector product at x* costs "
-        f"{t_hvp:.2f} ms (each timed inside a compiled loop of {IN_LOOP}, median of "
-        f"{repeats} loops timed in turn with the solves above; both are one pass of X and "
-        "one of X^T over the 80 MB design matrix, memory-bound). CG on H v = "
-        "(validation-loss gradient) needs:",
-        "",
-        markdown_table(["CG relative residual", "products", "best possible hyper / forward",
-                        "products, L-BFGS-preconditioned (optsolve's)",
-                        "best possible, preconditioned",
-                        "best possible, preconditioned, over the measured forward"], rows),
-        "",
-        "optsolve's default tolerance is 1e-10 in float64; its CG is preconditioned by the "
-        "forward run's L-BFGS memory (the last three columns). The 'best possible' columns "
-        "ignore every cost but the products: the first two count the forward solve as "
-        f"{evals} evaluations of {t_vg:.2f} ms ({evals * t_vg:.1f} ms), the last as the forward "
-        f"solve measured above ({t_forward * 1e3:.1f} ms), which the hypergradient runs and "
-        "then adds its products to. 1.5x needs at most half as many products as the forward "
-        "solve had gradients, which CG reaches only at a relative residual near 1e-4.",
-        "",
-        f"optsolve's hyper / forward ({ratio:.2f}x) over the best possible at its tolerance "
-        f"(1e-10, preconditioned): **{ratio / best['forward']:.3f}** over the measured "
-        f"forward, {ratio / best['evals']:.3f} over the evaluation count; within each "
-        "turn, hypergradient / (forward + products), the median over the turns: "
-        f"**{within_turns:.3f}**.",
-    ])
+        hyp / (fwd + best["products"] * hvp / IN_LOOP) for fwd, hyp, hvp in zip(fwd_t, hyp_t, hvp_t)
+    )
+    return "\n".join(
+        [
+            f"Cost model (optsolve): the forward solve makes {evals} value-and-gradient "
+            f"evaluations ({t_vg:.2f} ms each); one Hessian-vector product at x* costs "
+            f"{t_hvp:.2f} ms (each timed inside a compiled loop of {IN_LOOP}, median of "
+            f"{repeats} loops timed in turn with the solves above; both are one pass of X and "
+            "one of X^T over the 80 MB design matrix, memory-bound). CG on H v = "
+            "(validation-loss gradient) needs:",
+            "",
+            markdown_table(
+                [
+                    "CG relative residual",
+                    "products",
+                    "best possible hyper / forward",
+                    "products, L-BFGS-preconditioned (optsolve's)",
+                    "best possible, preconditioned",
+                    "best possible, preconditioned, over the measured forward",
+                ],
+                rows,
+            ),
+            "",
+            "optsolve's default tolerance is 1e-10 in float64; its CG is preconditioned by the "
+            "forward run's L-BFGS memory (the last three columns). The 'best possible' columns "
+            "ignore every cost but the products: the first two count the forward solve as "
+            f"{evals} evaluations of {t_vg:.2f} ms ({evals * t_vg:.1f} ms), the last as the "
+            f"forward solve measured above ({t_forward * 1e3:.1f} ms), which the hypergradient "
+            "runs and "
+            "then adds its products to. 1.5x needs at most half as many products as the forward "
+            "solve had gradients, which CG reaches only at a relative residual near 1e-4.",
+            "",
+            f"optsolve's hyper / forward ({ratio:.2f}x) over the best possible at its tolerance "
+            f"(1e-10, preconditioned): **{ratio / best['forward']:.3f}** over the measured "
+            f"forward, {ratio / best['evals']:.3f} over the evaluation count; within each "
+            "turn, hypergradient / (forward + products), the median over the turns: "
+            f"**{within_turns:.3f}**.",
+        ]
+    )
 
 
 def main(repeats: int = 11) -> str:
@@ -173,22 +195,28 @@ def unconstrained(repeats: int = 11) -> str:
     runners = {"optsolve.LBFGS + ImplicitAdjoint": optsolve_x}
     try:
         import jaxopt
+
         solver = jaxopt.LBFGS(fun=inner, tol=1e-8, maxiter=1000, implicit_diff=True)
         runners["jaxopt.LBFGS (implicit_diff)"] = lambda p: solver.run(w0, p).params
     except ImportError:
         pass
     try:
         import optimistix as optx
+
         opt = optx.LBFGS(rtol=1e-10, atol=1e-10)
-        runners["optimistix.LBFGS + ImplicitAdjoint"] = lambda p: optx.minimise(
-            inner, opt, w0, args=p, max_steps=1000, adjoint=optx.ImplicitAdjoint(),
-            throw=False).value
+        runners["optimistix.LBFGS + ImplicitAdjoint"] = lambda p: (
+            optx.minimise(
+                inner, opt, w0, args=p, max_steps=1000, adjoint=optx.ImplicitAdjoint(), throw=False
+            ).value
+        )
     except ImportError:
         pass
 
     forward = {name: jax.jit(fn) for name, fn in runners.items()}
-    hyper = {name: jax.jit(jax.grad(lambda p, fn=fn: log_loss(fn(p), val)))
-             for name, fn in runners.items()}
+    hyper = {
+        name: jax.jit(jax.grad(lambda p, fn=fn: log_loss(fn(p), val)))
+        for name, fn in runners.items()
+    }
     gradients, gnorms = {}, {}
     for name in runners:
         w = jax.block_until_ready(forward[name](p0))
@@ -204,29 +232,59 @@ def unconstrained(repeats: int = 11) -> str:
     medians = {name: statistics.median(ts) for name, ts in times.items()}
     sol = optsolve.solve(prob, optsolve.LBFGS(), gtol=1e-10, maxiters=1000)
     ours = "optsolve.LBFGS + ImplicitAdjoint"
-    model = cost_model(inner, val, w_star, p0, sol, medians, repeats,
-                       medians[f"{ours}: forward"],
-                       medians[f"{ours}: hypergradient"] / medians[f"{ours}: forward"],
-                       {name: times[name] for name in
-                        (f"{ours}: forward", f"{ours}: hypergradient", "model: hvp")})
+    model = cost_model(
+        inner,
+        val,
+        w_star,
+        p0,
+        sol,
+        medians,
+        repeats,
+        medians[f"{ours}: forward"],
+        medians[f"{ours}: hypergradient"] / medians[f"{ours}: forward"],
+        {
+            name: times[name]
+            for name in (f"{ours}: forward", f"{ours}: hypergradient", "model: hvp")
+        },
+    )
     reference = gradients["optsolve.LBFGS + ImplicitAdjoint"]
     rows = []
     for name in runners:
         fwd, hyp = medians[f"{name}: forward"], medians[f"{name}: hypergradient"]
-        rows.append([name, f"{fwd * 1e3:.1f}", f"{hyp * 1e3:.1f}", f"{hyp / fwd:.2f}x",
-                     f"{gradients[name]:.10e}", f"{abs(gradients[name] / reference - 1):.1e}",
-                     f"{gnorms[name]:.1e}"])
-    return "\n".join([
-        "### Hypergradients: logistic regression 20000 x 500, float64",
-        "",
-        markdown_table(["runner", "forward (ms)", "hypergradient (ms)", "hyper / forward",
-                        "d val / d p", "rel. diff to optsolve", "grad inf-norm at x*"], rows),
-        "",
-        f"Steady medians of {repeats} interleaved runs after compilation; the hypergradient's "
-        "time includes its forward solve. BLAS pinned to 1 thread.",
-        "",
-        model,
-    ])
+        rows.append(
+            [
+                name,
+                f"{fwd * 1e3:.1f}",
+                f"{hyp * 1e3:.1f}",
+                f"{hyp / fwd:.2f}x",
+                f"{gradients[name]:.10e}",
+                f"{abs(gradients[name] / reference - 1):.1e}",
+                f"{gnorms[name]:.1e}",
+            ]
+        )
+    return "\n".join(
+        [
+            "### Hypergradients: logistic regression 20000 x 500, float64",
+            "",
+            markdown_table(
+                [
+                    "runner",
+                    "forward (ms)",
+                    "hypergradient (ms)",
+                    "hyper / forward",
+                    "d val / d p",
+                    "rel. diff to optsolve",
+                    "grad inf-norm at x*",
+                ],
+                rows,
+            ),
+            "",
+            f"Steady medians of {repeats} interleaved runs after compilation; the hypergradient's "
+            "time includes its forward solve. BLAS pinned to 1 thread.",
+            "",
+            model,
+        ]
+    )
 
 
 def constrained(repeats: int = 11) -> str:
@@ -241,11 +299,12 @@ def constrained(repeats: int = 11) -> str:
     b = a @ jnp.asarray(rng.normal(size=n)) + jnp.asarray(rng.normal(size=2000))
     a_val = jnp.asarray(rng.normal(size=(500, n)))
     b_val = a_val @ jnp.asarray(rng.normal(size=n))
-    ridge = lambda w, lam: 0.5 * jnp.mean((a @ w - b) ** 2) + 0.5 * lam * jnp.sum(w ** 2)
+    ridge = lambda w, lam: 0.5 * jnp.mean((a @ w - b) ** 2) + 0.5 * lam * jnp.sum(w**2)
     validation = lambda w: 0.5 * jnp.mean((a_val @ w - b_val) ** 2)
     simplex = optsolve.Constraint(lambda w, p: jnp.sum(w), lower=1.0, upper=1.0)
-    prob = optsolve.OptimizationProblem(ridge, jnp.full(n, 1.0 / n), 0.1, bounds=(0.0, None),
-                                        constraints=[simplex])
+    prob = optsolve.OptimizationProblem(
+        ridge, jnp.full(n, 1.0 / n), 0.1, bounds=(0.0, None), constraints=[simplex]
+    )
     slsqp = optsolve.ScipyMinimize("SLSQP")
 
     def w_star(lam):
@@ -264,22 +323,41 @@ def constrained(repeats: int = 11) -> str:
     dw = np.zeros(n)
     dw[free] = np.linalg.solve(kkt, np.concatenate([-w[free], [0.0]]))[:k]
     closed = float(np.asarray(jax.grad(validation)(jnp.asarray(w))) @ dw)
-    medians = interleaved_medians({"forward": lambda: forward(lam), "hyper": lambda: hyper(lam)},
-                                  repeats)
+    medians = interleaved_medians(
+        {"forward": lambda: forward(lam), "hyper": lambda: hyper(lam)}, repeats
+    )
     fwd, hyp = medians["forward"], medians["hyper"]
-    row = ["optsolve SLSQP + KKT ImplicitAdjoint", f"{fwd * 1e3:.1f}", f"{hyp * 1e3:.1f}",
-           f"{hyp / fwd:.2f}x", f"{gradient:.10e}", f"{abs(gradient / closed - 1):.1e}",
-           f"{n - k} of {n}"]
-    return "\n".join([
-        "### Hypergradients with constraints: simplex-constrained ridge 2000 x 50, SLSQP",
-        "",
-        markdown_table(["runner", "forward (ms)", "hypergradient (ms)", "hyper / forward",
-                        "d val / d lam", "rel. diff to the closed form", "bounds active"], [row]),
-        "",
-        f"Steady medians of {repeats} interleaved runs of the jitted forward solve and the "
-        "jitted hypergradient (which includes its forward solve). The closed form solves the "
-        "KKT system on the solution's active set in numpy.",
-    ])
+    row = [
+        "optsolve SLSQP + KKT ImplicitAdjoint",
+        f"{fwd * 1e3:.1f}",
+        f"{hyp * 1e3:.1f}",
+        f"{hyp / fwd:.2f}x",
+        f"{gradient:.10e}",
+        f"{abs(gradient / closed - 1):.1e}",
+        f"{n - k} of {n}",
+    ]
+    return "\n".join(
+        [
+            "### Hypergradients with constraints: simplex-constrained ridge 2000 x 50, SLSQP",
+            "",
+            markdown_table(
+                [
+                    "runner",
+                    "forward (ms)",
+                    "hypergradient (ms)",
+                    "hyper / forward",
+                    "d val / d lam",
+                    "rel. diff to the closed form",
+                    "bounds active",
+                ],
+                [row],
+            ),
+            "",
+            f"Steady medians of {repeats} interleaved runs of the jitted forward solve and the "
+            "jitted hypergradient (which includes its forward solve). The closed form solves the "
+            "KKT system on the solution's active set in numpy.",
+        ]
+    )
 
 
 if __name__ == "__main__":

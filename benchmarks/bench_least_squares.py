@@ -67,8 +67,11 @@ def peaks(b, data):
 def problems():
     rng = np.random.default_rng(0)
     t = np.linspace(0.0, 4.0, 100)
-    small = (decay, np.array([1.0, 0.5]),
-             (t, 2.5 * np.exp(-1.3 * t) + 0.01 * rng.standard_normal(t.size)))
+    small = (
+        decay,
+        np.array([1.0, 0.5]),
+        (t, 2.5 * np.exp(-1.3 * t) + 0.01 * rng.standard_normal(t.size)),
+    )
     out = {"decay (m=100, n=2)": small}
     t = np.linspace(0.0, 1.0, 100_000)
     for k in (5, 20):
@@ -90,31 +93,41 @@ def runners(residual, data):
         def run(x0, data):
             sol = optsolve.solve(optsolve.LeastSquaresProblem(residual, x0, data), alg)
             return sol.x, sol.stats.f_evals, sol.stats.grad_evals
+
         return lambda x0: _counted(run(x0, data), "{} r / {} J")
 
     res_jit = jax.jit(lambda b: residual(b, data))
     jac_jit = jax.jit(jax.jacfwd(lambda b: residual(b, data)))
 
     def scipy_lm(x0):
-        out = so.least_squares(lambda b: np.asarray(res_jit(b)), np.asarray(x0),
-                               jac=lambda b: np.asarray(jac_jit(b)), method="lm")
+        out = so.least_squares(
+            lambda b: np.asarray(res_jit(b)),
+            np.asarray(x0),
+            jac=lambda b: np.asarray(jac_jit(b)),
+            method="lm",
+        )
         return out.x, f"{out.nfev} r / {out.njev} J"
 
     def optsolve_scipy(x0):
-        sol = optsolve.solve(optsolve.LeastSquaresProblem(residual, jnp.asarray(x0), data),
-                             optsolve.ScipyLeastSquares("lm"))
+        sol = optsolve.solve(
+            optsolve.LeastSquaresProblem(residual, jnp.asarray(x0), data),
+            optsolve.ScipyLeastSquares("lm"),
+        )
         return sol.x, f"{sol.stats.f_evals} r / {sol.stats.grad_evals} J"
 
     def optimistix_run(solver):
         @jax.jit
         def run(x0, data):
-            sol = optx.least_squares(lambda b, d: residual(b, d), solver, x0, args=data,
-                                     max_steps=1000, throw=False)
+            sol = optx.least_squares(
+                lambda b, d: residual(b, d), solver, x0, args=data, max_steps=1000, throw=False
+            )
             return sol.value, sol.stats["num_steps"]
+
         return lambda x0: _counted(run(x0, data), "{} steps")
 
-    jaxopt_lm = jaxopt.LevenbergMarquardt(residual_fun=lambda b, d: residual(b, d), tol=TOL,
-                                          maxiter=50, jit=True)
+    jaxopt_lm = jaxopt.LevenbergMarquardt(
+        residual_fun=lambda b, d: residual(b, d), tol=TOL, maxiter=50, jit=True
+    )
 
     @jax.jit
     def jaxopt_run(x0, data):
@@ -127,7 +140,8 @@ def runners(residual, data):
         "optsolve.ScipyLeastSquares(lm)": optsolve_scipy,
         "scipy least_squares(lm)": scipy_lm,
         "optimistix.LevenbergMarquardt": optimistix_run(
-            optx.LevenbergMarquardt(rtol=TOL, atol=TOL)),
+            optx.LevenbergMarquardt(rtol=TOL, atol=TOL)
+        ),
         "optimistix.GaussNewton": optimistix_run(optx.GaussNewton(rtol=TOL, atol=TOL)),
         "jaxopt.LevenbergMarquardt": lambda x0: _counted(jaxopt_run(x0, data), "{} iterations"),
     }
@@ -155,17 +169,39 @@ def measure(name, residual, x0, data, budget_s=8.0):
             run(x0)
             steady[label].append(time.perf_counter() - start)
         repeats += 1
-    cost = {label: 0.5 * float(jnp.sum(residual(jnp.asarray(x), tuple(map(jnp.asarray, data)))
-                                       ** 2)) for label, (x, _) in results.items()}
+    cost = {
+        label: 0.5 * float(jnp.sum(residual(jnp.asarray(x), tuple(map(jnp.asarray, data))) ** 2))
+        for label, (x, _) in results.items()
+    }
     best = min(cost.values())
     median = {label: statistics.median(ts) for label, ts in steady.items()}
     fastest_peer = min(v for k, v in median.items() if not k.startswith("optsolve"))
-    rows = [[label, _fmt(first[label]), _fmt(median[label]),
-             f"{median[label] / fastest_peer:.2f}x", f"{cost[label] / best:.6f}",
-             results[label][1]] for label in runs]
-    return (f"### {name}\n\n" + markdown_table(
-        ["runner", "compile + first", "steady", "steady / fastest peer", "cost / best",
-         "evaluations (as reported)"], rows) + f"\n\n{repeats} interleaved repeats.")
+    rows = [
+        [
+            label,
+            _fmt(first[label]),
+            _fmt(median[label]),
+            f"{median[label] / fastest_peer:.2f}x",
+            f"{cost[label] / best:.6f}",
+            results[label][1],
+        ]
+        for label in runs
+    ]
+    return (
+        f"### {name}\n\n"
+        + markdown_table(
+            [
+                "runner",
+                "compile + first",
+                "steady",
+                "steady / fastest peer",
+                "cost / best",
+                "evaluations (as reported)",
+            ],
+            rows,
+        )
+        + f"\n\n{repeats} interleaved repeats."
+    )
 
 
 def _fmt(s):
@@ -173,11 +209,13 @@ def _fmt(s):
 
 
 def main() -> str:
-    sections = ["## Least squares: LevenbergMarquardt against scipy, optimistix, jaxopt",
-                f"Machine: {machine_line()}.",
-                "Command: `python benchmarks/run.py least_squares`. Times are medians of "
-                "interleaved repeats in one process; ratios are against the fastest peer "
-                "(scipy by hand, optimistix or jaxopt)."]
+    sections = [
+        "## Least squares: LevenbergMarquardt against scipy, optimistix, jaxopt",
+        f"Machine: {machine_line()}.",
+        "Command: `python benchmarks/run.py least_squares`. Times are medians of "
+        "interleaved repeats in one process; ratios are against the fastest peer "
+        "(scipy by hand, optimistix or jaxopt).",
+    ]
     for name, (residual, x0, data) in problems().items():
         print(f"  {name} ...", flush=True)
         sections.append(measure(name, residual, x0, data))

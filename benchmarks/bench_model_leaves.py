@@ -32,8 +32,8 @@ from threadpoolctl import threadpool_limits
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import optsolve  # noqa: E402
-from common import block, interleaved_times, machine_line, markdown_table  # noqa: E402
+import optsolve
+from common import block, interleaved_times, machine_line, markdown_table
 
 STEPS = 100
 LAYERS = (2, 10, 30)
@@ -46,7 +46,8 @@ NOTES = (
     "kernels, and the compile time they take, grow with the arrays. An eager run keeps no "
     "previous iterate (the host runs a failed chunk again up to its last good iterate); a "
     "jitted run, which has no host to do so, keeps it: one copy of every parameter array "
-    "per step and a select of each at the end.")
+    "per step and a select of each at the end."
+)
 
 
 def _problem(layers: int):
@@ -58,7 +59,7 @@ def _problem(layers: int):
         h = inputs
         for layer in params:
             h = jnp.tanh(h @ layer["w"] + layer["b"])
-        return jnp.mean(h ** 2)
+        return jnp.mean(h**2)
 
     return loss, params, inputs
 
@@ -88,19 +89,25 @@ def measure(layers: int) -> dict:
             params, state = carry
             updates, state = tx.update(jax.grad(loss)(params, inputs), state, params)
             return optax.apply_updates(params, updates), state
+
         return jax.lax.fori_loop(0, STEPS, step, (params, tx.init(params)))[0]
 
     prob = optsolve.OptimizationProblem(loss, params, inputs)
     algorithm = optsolve.Adam(1e-3)
     hand = jax.jit(hand_written)
     jitted = jax.jit(lambda pr: optsolve.solve(pr, algorithm, maxiters=STEPS).x)
-    row = {"leaves": 2 * layers,
-           "hand kernels": _kernels(hand.lower(params, inputs).compile()),
-           "jitted kernels": _kernels(jitted.lower(prob).compile()),
-           "hand compile": _compile_seconds(lambda: hand.lower(params, inputs)),
-           "jitted compile": _compile_seconds(lambda: jitted.lower(prob))}
-    runners = {"hand": lambda: hand(params, inputs), "jitted": lambda: jitted(prob),
-               "eager": lambda: optsolve.solve(prob, algorithm, maxiters=STEPS).x}
+    row = {
+        "leaves": 2 * layers,
+        "hand kernels": _kernels(hand.lower(params, inputs).compile()),
+        "jitted kernels": _kernels(jitted.lower(prob).compile()),
+        "hand compile": _compile_seconds(lambda: hand.lower(params, inputs)),
+        "jitted compile": _compile_seconds(lambda: jitted.lower(prob)),
+    }
+    runners = {
+        "hand": lambda: hand(params, inputs),
+        "jitted": lambda: jitted(prob),
+        "eager": lambda: optsolve.solve(prob, algorithm, maxiters=STEPS).x,
+    }
     for run in runners.values():
         block(run())
         block(run())
@@ -114,28 +121,48 @@ def main() -> str:
     with threadpool_limits(1):
         for layers in LAYERS:
             r = measure(layers)
-            rows.append([
-                str(r["leaves"]), f"{r['hand kernels'][0]} / {r['hand kernels'][1]}",
-                f"{r['jitted kernels'][0]} / {r['jitted kernels'][1]}",
-                f"{r['hand compile']:.2f}", f"{r['jitted compile']:.2f}",
-                f"{r['jitted compile'] / r['hand compile']:.2f}x",
-                f"{r['hand'] * 1e3:.2f}", f"{r['jitted'] * 1e3:.2f}",
-                f"{r['jitted'] / r['hand']:.2f}x", f"{r['eager'] * 1e3:.2f}",
-                f"{r['eager'] / r['hand']:.2f}x"])
-    return "\n".join([
-        f"### Adam on models of more parameter arrays: {STEPS} steps, float32",
-        "",
-        f"Command: `python benchmarks/run.py model_leaves`. {machine_line()}.",
-        "",
-        markdown_table(["parameter arrays", "hand-written loop: fused kernels / copies",
-                        "jitted solve: fused kernels / copies", "hand-written compile (s)",
-                        "jitted solve compile (s)", "compile ratio",
-                        "hand-written steady (ms)", "jitted solve steady (ms)",
-                        "jitted / hand", "eager solve steady (ms)", "eager / hand"], rows),
-        "",
-        "Compile: median of 3 compilations; steady: median of 31 interleaved calls after "
-        "warm-up; BLAS pinned to 1 thread.",
-    ])
+            rows.append(
+                [
+                    str(r["leaves"]),
+                    f"{r['hand kernels'][0]} / {r['hand kernels'][1]}",
+                    f"{r['jitted kernels'][0]} / {r['jitted kernels'][1]}",
+                    f"{r['hand compile']:.2f}",
+                    f"{r['jitted compile']:.2f}",
+                    f"{r['jitted compile'] / r['hand compile']:.2f}x",
+                    f"{r['hand'] * 1e3:.2f}",
+                    f"{r['jitted'] * 1e3:.2f}",
+                    f"{r['jitted'] / r['hand']:.2f}x",
+                    f"{r['eager'] * 1e3:.2f}",
+                    f"{r['eager'] / r['hand']:.2f}x",
+                ]
+            )
+    return "\n".join(
+        [
+            f"### Adam on models of more parameter arrays: {STEPS} steps, float32",
+            "",
+            f"Command: `python benchmarks/run.py model_leaves`. {machine_line()}.",
+            "",
+            markdown_table(
+                [
+                    "parameter arrays",
+                    "hand-written loop: fused kernels / copies",
+                    "jitted solve: fused kernels / copies",
+                    "hand-written compile (s)",
+                    "jitted solve compile (s)",
+                    "compile ratio",
+                    "hand-written steady (ms)",
+                    "jitted solve steady (ms)",
+                    "jitted / hand",
+                    "eager solve steady (ms)",
+                    "eager / hand",
+                ],
+                rows,
+            ),
+            "",
+            "Compile: median of 3 compilations; steady: median of 31 interleaved calls after "
+            "warm-up; BLAS pinned to 1 thread.",
+        ]
+    )
 
 
 if __name__ == "__main__":

@@ -34,8 +34,8 @@ from threadpoolctl import threadpool_limits
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import optsolve  # noqa: E402
-from common import interleaved_medians, machine_line, markdown_table  # noqa: E402
+import optsolve
+from common import interleaved_medians, machine_line, markdown_table
 
 BATCH, EPOCHS, LR = 64, 10, 1e-3
 
@@ -53,7 +53,8 @@ NOTES = (
     "moves the bar between compiled chunks (up to 8 epochs each), so the bar adds no host "
     "call inside the compiled steps. Issue 17's goals: at most 1.0x the faster hand-written "
     "runner (not met by these figures), and progress=True at most 1.05x of the run without "
-    "it.")
+    "it."
+)
 
 
 class Net(nnx.Module):
@@ -121,14 +122,24 @@ def main(repeats: int = 31) -> str:
         def run():
             sink = io.StringIO()  # the bar writes to stderr: measured, not shown
             with contextlib.redirect_stderr(sink):
-                return optsolve.solve(prob, optsolve.Adam(LR), data=(x, y), batch_size=BATCH,
-                                      key=key, epochs=epochs, progress=progress).x
+                return optsolve.solve(
+                    prob,
+                    optsolve.Adam(LR),
+                    data=(x, y),
+                    batch_size=BATCH,
+                    key=key,
+                    epochs=epochs,
+                    progress=progress,
+                ).x
+
         return run
 
-    names = ["hand-written: Python loop of an nnx.jit step (nnx.Optimizer)",
-             "hand-written: jitted epoch, lax.scan over nnx.split/merge",
-             "optsolve: solve(..., data=arrays, batch_size=64, key=key, epochs=10)",
-             "optsolve: the same with progress=True"]
+    names = [
+        "hand-written: Python loop of an nnx.jit step (nnx.Optimizer)",
+        "hand-written: jitted epoch, lax.scan over nnx.split/merge",
+        "optsolve: solve(..., data=arrays, batch_size=64, key=key, epochs=10)",
+        "optsolve: the same with progress=True",
+    ]
     runners = dict(zip(names, [hand_loop, hand_scan, with_optsolve(), with_optsolve(True)]))
     # one epoch each: what a call costs besides its epochs (the intercept of the two)
     runners["scan, 1 epoch"] = lambda: hand_scan(1)
@@ -136,33 +147,48 @@ def main(repeats: int = 31) -> str:
     results = {name: jax.block_until_ready(fn()) for name, fn in runners.items()}
     trained = results[names[2]]
     reference = nnx.merge(graphdef, results[names[1]])[0]
-    difference = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(
-        jax.tree_util.tree_leaves(nnx.state(trained, nnx.Param)),
-        jax.tree_util.tree_leaves(nnx.state(reference, nnx.Param))))
+    difference = max(
+        float(jnp.max(jnp.abs(a - b)))
+        for a, b in zip(
+            jax.tree_util.tree_leaves(nnx.state(trained, nnx.Param)),
+            jax.tree_util.tree_leaves(nnx.state(reference, nnx.Param)),
+        )
+    )
     medians = interleaved_medians(runners, repeats)
     fastest = min(medians[names[0]], medians[names[1]])
-    per_epoch = {who: (medians[full] - medians[one]) / (EPOCHS - 1) for who, full, one in (
-        ("scan", names[1], "scan, 1 epoch"), ("optsolve", names[2], "optsolve, 1 epoch"))}
-    fixed = {who: medians[one] - per_epoch[who] for who, one in (
-        ("scan", "scan, 1 epoch"), ("optsolve", "optsolve, 1 epoch"))}
-    rows = [[name, f"{medians[name] * 1e3:.1f}", f"{medians[name] / fastest:.3f}x"]
-            for name in names]
-    return "\n".join([
-        f"### Training an NNX model with BatchNorm and Dropout: digits, Adam, batches of "
-        f"{BATCH}, {EPOCHS} epochs, float32",
-        "",
-        markdown_table(["runner", "steady median (ms)", "ratio to the faster hand-written"],
-                       rows),
-        "",
-        f"progress=True / without: {medians[names[3]] / medians[names[2]]:.3f}. Largest "
-        f"parameter difference to the hand-written scan: {difference:.1e} (float32). Median "
-        f"of {repeats} interleaved runs after warm-up; BLAS pinned to 1 thread.",
-        "",
-        f"Per epoch (from 1- and {EPOCHS}-epoch runs): optsolve "
-        f"{per_epoch['optsolve'] * 1e3:.2f} ms, the hand-written scan "
-        f"{per_epoch['scan'] * 1e3:.2f} ms; per call besides the epochs: optsolve "
-        f"{fixed['optsolve'] * 1e3:.2f} ms, the scan {fixed['scan'] * 1e3:.2f} ms.",
-    ])
+    per_epoch = {
+        who: (medians[full] - medians[one]) / (EPOCHS - 1)
+        for who, full, one in (
+            ("scan", names[1], "scan, 1 epoch"),
+            ("optsolve", names[2], "optsolve, 1 epoch"),
+        )
+    }
+    fixed = {
+        who: medians[one] - per_epoch[who]
+        for who, one in (("scan", "scan, 1 epoch"), ("optsolve", "optsolve, 1 epoch"))
+    }
+    rows = [
+        [name, f"{medians[name] * 1e3:.1f}", f"{medians[name] / fastest:.3f}x"] for name in names
+    ]
+    return "\n".join(
+        [
+            f"### Training an NNX model with BatchNorm and Dropout: digits, Adam, batches of "
+            f"{BATCH}, {EPOCHS} epochs, float32",
+            "",
+            markdown_table(
+                ["runner", "steady median (ms)", "ratio to the faster hand-written"], rows
+            ),
+            "",
+            f"progress=True / without: {medians[names[3]] / medians[names[2]]:.3f}. Largest "
+            f"parameter difference to the hand-written scan: {difference:.1e} (float32). Median "
+            f"of {repeats} interleaved runs after warm-up; BLAS pinned to 1 thread.",
+            "",
+            f"Per epoch (from 1- and {EPOCHS}-epoch runs): optsolve "
+            f"{per_epoch['optsolve'] * 1e3:.2f} ms, the hand-written scan "
+            f"{per_epoch['scan'] * 1e3:.2f} ms; per call besides the epochs: optsolve "
+            f"{fixed['optsolve'] * 1e3:.2f} ms, the scan {fixed['scan'] * 1e3:.2f} ms.",
+        ]
+    )
 
 
 if __name__ == "__main__":

@@ -68,7 +68,8 @@ NOTES = (
     "its generations, each evaluating the population one point per call "
     "(`updating='immediate'`) or one call per population (`'deferred'`, vectorised), plus "
     "scipy's own per-member bookkeeping. The goal is not met: fewer functions solved "
-    "than DE, at a median time ratio above 0.2x.")
+    "than DE, at a median time ratio above 0.2x."
+)
 
 
 def rastrigin(x, p):
@@ -77,8 +78,12 @@ def rastrigin(x, p):
 
 def ackley(x, p):
     n = x.size
-    return (-20.0 * jnp.exp(-0.2 * jnp.sqrt(jnp.sum(x**2) / n))
-            - jnp.exp(jnp.sum(jnp.cos(2.0 * jnp.pi * x)) / n) + 20.0 + jnp.e)
+    return (
+        -20.0 * jnp.exp(-0.2 * jnp.sqrt(jnp.sum(x**2) / n))
+        - jnp.exp(jnp.sum(jnp.cos(2.0 * jnp.pi * x)) / n)
+        + 20.0
+        + jnp.e
+    )
 
 
 def griewank(x, p):
@@ -88,9 +93,11 @@ def griewank(x, p):
 
 def levy(x, p):
     w = 1.0 + (x - 1.0) / 4.0
-    return (jnp.sin(jnp.pi * w[0]) ** 2
-            + jnp.sum((w[:-1] - 1.0) ** 2 * (1.0 + 10.0 * jnp.sin(jnp.pi * w[:-1] + 1.0) ** 2))
-            + (w[-1] - 1.0) ** 2 * (1.0 + jnp.sin(2.0 * jnp.pi * w[-1]) ** 2))
+    return (
+        jnp.sin(jnp.pi * w[0]) ** 2
+        + jnp.sum((w[:-1] - 1.0) ** 2 * (1.0 + 10.0 * jnp.sin(jnp.pi * w[:-1] + 1.0) ** 2))
+        + (w[-1] - 1.0) ** 2 * (1.0 + jnp.sin(2.0 * jnp.pi * w[-1]) ** 2)
+    )
 
 
 def styblinski_tang(x, p):
@@ -127,8 +134,7 @@ def measure(name, n):
     algs = {
         "multistart": optsolve.Multistart(optsolve.LBFGS(), N_STARTS, jax.random.key(0)),
         "de": optsolve.ScipyGlobal("differential_evolution", rng=0),
-        "de_vectorised": optsolve.ScipyGlobal("differential_evolution", rng=0,
-                                              updating="deferred"),
+        "de_vectorised": optsolve.ScipyGlobal("differential_evolution", rng=0, updating="deferred"),
     }
     start = time.perf_counter()
     first = optsolve.solve(prob, algs["multistart"])
@@ -139,11 +145,17 @@ def measure(name, n):
         found[who] = float(optsolve.solve(prob, algs[who]).objective)
     times = interleaved_times(
         {who: (lambda alg=alg: optsolve.solve(prob, alg).objective) for who, alg in algs.items()},
-        REPEATS)
+        REPEATS,
+    )
     medians = {who: statistics.median(ts) for who, ts in times.items()}
-    return {"name": f"{name} {n}-D", "f*": f_star, "found": found, "medians": medians,
-            "compile": compile_s,
-            "iterations": f"{int(iterations.max())} / {int(np.median(iterations))}"}
+    return {
+        "name": f"{name} {n}-D",
+        "f*": f_star,
+        "found": found,
+        "medians": medians,
+        "compile": compile_s,
+        "iterations": f"{int(iterations.max())} / {int(np.median(iterations))}",
+    }
 
 
 def _cell(found, f_star):
@@ -157,31 +169,64 @@ def main() -> str:
         m = r["medians"]
         ratio = m["multistart"] / m["de"]
         ratios.append(ratio)
-        rows.append([r["name"], f"{r['f*']:.6g}",
-                     _cell(r["found"]["multistart"], r["f*"]),
-                     _cell(r["found"]["de"], r["f*"]),
-                     _cell(r["found"]["de_vectorised"], r["f*"]),
-                     f"{m['multistart'] * 1e3:.0f} ms", f"{m['de'] * 1e3:.0f} ms",
-                     f"{m['de_vectorised'] * 1e3:.0f} ms", f"{ratio:.2f}x",
-                     f"{r['compile']:.1f} s", r["iterations"]])
-    count = {who: sum(solved(r["found"][who], r["f*"]) for r in results)
-             for who in ("multistart", "de", "de_vectorised")}
-    rows.append([f"**solved, of {len(results)}; median ratio**", "",
-                 str(count["multistart"]), str(count["de"]), str(count["de_vectorised"]),
-                 "", "", "", f"**{statistics.median(ratios):.2f}x**", "", ""])
-    header = ["function", "f*", f"Multistart(LBFGS(), {N_STARTS}): f, solved",
-              "DE: f, solved", "DE deferred (vectorised): f, solved", "Multistart time",
-              "DE time", "DE vectorised time", "Multistart / DE", "Multistart compile",
-              "Multistart iterations: slowest / median run"]
-    return "\n\n".join([
-        "## Multistart against differential evolution (issue 38)",
-        f"`Multistart(LBFGS(), {N_STARTS}, key)` (Sobol' starts, one vmapped compiled solve) "
-        "against `ScipyGlobal('differential_evolution', rng=0)` (scipy's defaults) and its "
-        "vectorised `updating='deferred'` form; solved: |f - f*| <= 1e-4 (1 + |f*|); "
-        f"median of {REPEATS} warm runs. Goal: at least as many solved as DE, in at most "
-        "0.2x its time.",
-        markdown_table(header, rows),
-    ])
+        rows.append(
+            [
+                r["name"],
+                f"{r['f*']:.6g}",
+                _cell(r["found"]["multistart"], r["f*"]),
+                _cell(r["found"]["de"], r["f*"]),
+                _cell(r["found"]["de_vectorised"], r["f*"]),
+                f"{m['multistart'] * 1e3:.0f} ms",
+                f"{m['de'] * 1e3:.0f} ms",
+                f"{m['de_vectorised'] * 1e3:.0f} ms",
+                f"{ratio:.2f}x",
+                f"{r['compile']:.1f} s",
+                r["iterations"],
+            ]
+        )
+    count = {
+        who: sum(solved(r["found"][who], r["f*"]) for r in results)
+        for who in ("multistart", "de", "de_vectorised")
+    }
+    rows.append(
+        [
+            f"**solved, of {len(results)}; median ratio**",
+            "",
+            str(count["multistart"]),
+            str(count["de"]),
+            str(count["de_vectorised"]),
+            "",
+            "",
+            "",
+            f"**{statistics.median(ratios):.2f}x**",
+            "",
+            "",
+        ]
+    )
+    header = [
+        "function",
+        "f*",
+        f"Multistart(LBFGS(), {N_STARTS}): f, solved",
+        "DE: f, solved",
+        "DE deferred (vectorised): f, solved",
+        "Multistart time",
+        "DE time",
+        "DE vectorised time",
+        "Multistart / DE",
+        "Multistart compile",
+        "Multistart iterations: slowest / median run",
+    ]
+    return "\n\n".join(
+        [
+            "## Multistart against differential evolution (issue 38)",
+            f"`Multistart(LBFGS(), {N_STARTS}, key)` (Sobol' starts, one vmapped compiled solve) "
+            "against `ScipyGlobal('differential_evolution', rng=0)` (scipy's defaults) and its "
+            "vectorised `updating='deferred'` form; solved: |f - f*| <= 1e-4 (1 + |f*|); "
+            f"median of {REPEATS} warm runs. Goal: at least as many solved as DE, in at most "
+            "0.2x its time.",
+            markdown_table(header, rows),
+        ]
+    )
 
 
 if __name__ == "__main__":

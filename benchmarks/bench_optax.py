@@ -25,9 +25,9 @@ from threadpoolctl import threadpool_limits
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
 
-import optsolve  # noqa: E402
-from common import interleaved_medians, machine_line, markdown_table, time_first_call  # noqa: E402
-from compile_count import count_compilations  # noqa: E402
+import optsolve
+from common import interleaved_medians, machine_line, markdown_table, time_first_call
+from compile_count import count_compilations
 
 STEPS = 2000
 LEARNING_RATE = 1e-3
@@ -56,6 +56,7 @@ def make_loss():
         h = jnp.tanh(x @ params[0]["w"] + params[0]["b"])
         logits = h @ params[1]["w"] + params[1]["b"]
         return jnp.mean(optax.softmax_cross_entropy(logits, y))
+
     return loss
 
 
@@ -100,6 +101,7 @@ def optsolve_runner(loss, lr):
     def train(params, data):
         prob = optsolve.OptimizationProblem(loss, params, data)
         return optsolve.solve(prob, optsolve.Adam(lr), maxiters=STEPS).x
+
     return train
 
 
@@ -111,6 +113,7 @@ def count_closure_compiles(params, data) -> int:
             params, state = carry
             updates, state = tx.update(jax.grad(loss)(params, data), state, params)
             return optax.apply_updates(params, updates), state
+
         return jax.lax.fori_loop(0, 10, body, (params, tx.init(params)))[0]
 
     train_jit = jax.jit(train, static_argnums=0)
@@ -145,18 +148,33 @@ def main(repeats: int = 7) -> str:
     # the same numbers: optsolve's loop is the user's loop
     reference = runners[next(iter(runners))]()
     ours = runners["optsolve.solve(prob, optsolve.Adam(1e-3), maxiters=2000)"]()
-    max_diff = max(float(jnp.max(jnp.abs(a - b))) for a, b in
-                   zip(jax.tree_util.tree_leaves(reference), jax.tree_util.tree_leaves(ours)))
+    max_diff = max(
+        float(jnp.max(jnp.abs(a - b)))
+        for a, b in zip(jax.tree_util.tree_leaves(reference), jax.tree_util.tree_leaves(ours))
+    )
     steady = interleaved_medians(runners, repeats)
     base = steady["hand-written jitted lax.fori_loop (optax.adam)"]
     base_first = first["hand-written jitted lax.fori_loop (optax.adam)"]
-    rows = [[name, f"{steady[name]:.3f}", f"{steady[name] / base:.3f}x", f"{first[name]:.2f}",
-             f"{first[name] / base_first:.2f}x"] for name in runners]
-    closure, ours_compiles = count_closure_compiles(params, data), count_optsolve_compiles(params, data)
+    rows = [
+        [
+            name,
+            f"{steady[name]:.3f}",
+            f"{steady[name] / base:.3f}x",
+            f"{first[name]:.2f}",
+            f"{first[name] / base_first:.2f}x",
+        ]
+        for name in runners
+    ]
+    closure, ours_compiles = (
+        count_closure_compiles(params, data),
+        count_optsolve_compiles(params, data),
+    )
     report = [
         "### optax backend: Adam on an MLP (digits), 2000 full-batch steps, float32",
         "",
-        markdown_table(["runner", "steady median (s)", "ratio", "compile + first (s)", "ratio"], rows),
+        markdown_table(
+            ["runner", "steady median (s)", "ratio", "compile + first (s)", "ratio"], rows
+        ),
         "",
         f"Largest parameter difference between optsolve and the hand-written loop: {max_diff:.1e}.",
         "",

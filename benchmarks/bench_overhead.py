@@ -41,8 +41,8 @@ from threadpoolctl import threadpool_limits
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import optsolve  # noqa: E402
-from common import interleaved_times, machine_line, markdown_table  # noqa: E402
+import optsolve
+from common import interleaved_times, machine_line, markdown_table
 
 NOTES = (
     "The overhead is what an eager call adds to the compiled computation: validating the "
@@ -54,7 +54,8 @@ NOTES = (
     "Python's types (the model's structure is rebuilt while the chunk computes). An NNX "
     "module is a pytree whose flattening runs in Python (a few tens of microseconds per "
     "module, per flatten), so every flatten of the problem costs more on the MLP than on "
-    "the same parameters as a dict of arrays, whose flattening is JAX's C++.")
+    "the same parameters as a dict of arrays, whose flattening is JAX's C++."
+)
 
 
 class MLP(nnx.Module):
@@ -82,16 +83,19 @@ def main(repeats: int = 301) -> str:
         return loss(nnx.merge(graphdef, filled), p)
 
     def squares(m, _p):
-        return sum(jnp.sum(v ** 2) for v in jax.tree_util.tree_leaves(nnx.state(m)))
+        return sum(jnp.sum(v**2) for v in jax.tree_util.tree_leaves(nnx.state(m)))
 
     problems = {
         "NNX MLP (module as x0)": optsolve.OptimizationProblem(loss, model),
-        "the same module, f without the data (sum of squares)":
-            optsolve.OptimizationProblem(squares, MLP(nnx.Rngs(1))),
-        "the MLP's parameters as a dict of arrays":
-            optsolve.OptimizationProblem(loss_of_dict, state.to_pure_dict()),
+        "the same module, f without the data (sum of squares)": optsolve.OptimizationProblem(
+            squares, MLP(nnx.Rngs(1))
+        ),
+        "the MLP's parameters as a dict of arrays": optsolve.OptimizationProblem(
+            loss_of_dict, state.to_pure_dict()
+        ),
         "10-variable quadratic": optsolve.OptimizationProblem(
-            lambda v, p: jnp.sum((v - p) ** 2), jnp.zeros(10, jnp.float32), 1.0),
+            lambda v, p: jnp.sum((v - p) ** 2), jnp.zeros(10, jnp.float32), 1.0
+        ),
     }
     algorithm = optsolve.Adam(1e-3)
     tx = optax.adam(1e-3)
@@ -107,9 +111,10 @@ def main(repeats: int = 301) -> str:
     for name, prob in problems.items():
         # each problem's runners interleaved among themselves: a call that follows another
         # problem's multi-threaded matmul would pay for that one's threads winding down
-        runners = {(name, "eager"): lambda prob=prob: optsolve.solve(prob, algorithm,
-                                                                     maxiters=1),
-                   (name, "jitted"): lambda prob=prob: jitted_solve(prob)}
+        runners = {
+            (name, "eager"): lambda prob=prob: optsolve.solve(prob, algorithm, maxiters=1),
+            (name, "jitted"): lambda prob=prob: jitted_solve(prob),
+        }
         if prob.x0 is model:
             runners[("hand", "step")] = lambda: hand_step(state)
         for fn in runners.values():  # compile, then one warm call
@@ -124,26 +129,43 @@ def main(repeats: int = 301) -> str:
     for name in problems:
         eager, jitted = medians[(name, "eager")], medians[(name, "jitted")]
         low, mid, high = spreads[name]
-        rows.append([name, f"{eager * 1e3:.3f}", f"{jitted * 1e3:.3f}",
-                     f"{mid * 1e3:.3f} [{low * 1e3:.3f}-{high * 1e3:.3f}]",
-                     f"{eager / jitted:.2f}x", f"{calls[name]:.0f}"])
-    return "\n".join([
-        "### The fixed cost of an eager solve call: Adam, maxiters=1, float32",
-        "",
-        markdown_table(["problem", "eager solve (ms)", "the same solve under jax.jit (ms)",
-                        "overhead: eager - jitted, per turn (ms): median [quartiles]",
-                        "eager / jitted", "Python calls per eager call"], rows),
-        "",
-        f"A hand-written jitted optax step on the MLP: "
-        f"{medians[('hand', 'step')] * 1e3:.3f} ms. Goal (issue 37): an overhead of at most "
-        f"0.2 ms on the NNX MLP. Medians of {repeats} interleaved calls after warm-up; BLAS "
-        "pinned to 1 thread.",
-        "",
-        "Where an eager call's time goes (``python benchmarks/bench_overhead.py --profile``, "
-        "run after the table above: each stage timed by wrapping it, medians of 500 calls):",
-        "",
-        profile(),
-    ])
+        rows.append(
+            [
+                name,
+                f"{eager * 1e3:.3f}",
+                f"{jitted * 1e3:.3f}",
+                f"{mid * 1e3:.3f} [{low * 1e3:.3f}-{high * 1e3:.3f}]",
+                f"{eager / jitted:.2f}x",
+                f"{calls[name]:.0f}",
+            ]
+        )
+    return "\n".join(
+        [
+            "### The fixed cost of an eager solve call: Adam, maxiters=1, float32",
+            "",
+            markdown_table(
+                [
+                    "problem",
+                    "eager solve (ms)",
+                    "the same solve under jax.jit (ms)",
+                    "overhead: eager - jitted, per turn (ms): median [quartiles]",
+                    "eager / jitted",
+                    "Python calls per eager call",
+                ],
+                rows,
+            ),
+            "",
+            f"A hand-written jitted optax step on the MLP: "
+            f"{medians[('hand', 'step')] * 1e3:.3f} ms. Goal (issue 37): an overhead of at most "
+            f"0.2 ms on the NNX MLP. Medians of {repeats} interleaved calls after warm-up; BLAS "
+            "pinned to 1 thread.",
+            "",
+            "Where an eager call's time goes (``python benchmarks/bench_overhead.py --profile``, "
+            "run after the table above: each stage timed by wrapping it, medians of 500 calls):",
+            "",
+            profile(),
+        ]
+    )
 
 
 def python_calls(run, calls: int = 100) -> float:
@@ -160,22 +182,26 @@ def python_calls(run, calls: int = 100) -> float:
 # Where an eager call's time goes: solve's stages, timed by wrapping them (private names of
 # optsolve, read here only).
 STAGES = {
-    "optsolve.solve_api.solve": {"enter_stages": "the call's stages (options, checks, the "
-                                 "model split; skipped where a plan stands for them)",
-                                 "FlatInputs": "flattening the inputs once",
-                                 "_eager": "the counts as Python ints",
-                                 "leave_stages": "the Solution in the user's terms"},
+    "optsolve.solve_api.solve": {
+        "enter_stages": "the call's stages (options, checks, the "
+        "model split; skipped where a plan stands for them)",
+        "FlatInputs": "flattening the inputs once",
+        "_eager": "the counts as Python ints",
+        "leave_stages": "the Solution in the user's terms",
+    },
     "optsolve.solve_api.plans": {"key": "the plan's key (leaf shapes and dtypes, keywords)"},
-    "optsolve.backends.native.chunked": {"_template": "the first carry (cached; skipped where "
-                                         "a plan holds the run)",
-                                         "_first_chunk": "the compiled chunk's dispatch (within "
-                                         "the layers; skipped where a plan holds the run)",
-                                         "_PlannedRun.__call__": "the run a plan holds "
-                                         "(the chunk's dispatch and the three stages below)",
-                                         "_status": "waiting for the chunk, reading its summary",
-                                         "_on_host": "the host's numbers into the Solution"},
+    "optsolve.backends.native.chunked": {
+        "_template": "the first carry (cached; skipped where a plan holds the run)",
+        "_first_chunk": "the compiled chunk's dispatch (within "
+        "the layers; skipped where a plan holds the run)",
+        "_PlannedRun.__call__": "the run a plan holds "
+        "(the chunk's dispatch and the three stages below)",
+        "_status": "waiting for the chunk, reading its summary",
+        "_on_host": "the host's numbers into the Solution",
+    },
     "optsolve.backends.native.prepared": {
-        "SharingLeaves.unpack": "rebuilding the Solution (while the chunk computes)"},
+        "SharingLeaves.unpack": "rebuilding the Solution (while the chunk computes)"
+    },
 }
 
 
@@ -194,12 +220,14 @@ def profile(calls: int = 500) -> str:
             owner, _, name = attr.rpartition(".")  # a module's function or a class's method
             owner = getattr(module, owner) if owner else module
 
-            def timed(*args, _inner=getattr(owner, name), _label=label, **kwargs):
+            # the defaults bind this iteration's original and label, once
+            def timed(*args, _inner=getattr(owner, name), _label=label, **kwargs):  # noqa: B008
                 start = time.perf_counter()
                 try:
                     return _inner(*args, **kwargs)
                 finally:
                     in_call[_label] += time.perf_counter() - start
+
             setattr(owner, name, timed)
     digits = load_digits()
     x = jnp.asarray(digits.data / 16.0, jnp.float32)
@@ -208,9 +236,12 @@ def profile(calls: int = 500) -> str:
     def loss(m, _p):
         return optax.softmax_cross_entropy_with_integer_labels(m(x), y).mean()
 
-    problems = {"NNX MLP": optsolve.OptimizationProblem(loss, MLP(nnx.Rngs(0))),
-                "10-variable quadratic": optsolve.OptimizationProblem(
-                    lambda v, p: jnp.sum((v - p) ** 2), jnp.zeros(10, jnp.float32), 1.0)}
+    problems = {
+        "NNX MLP": optsolve.OptimizationProblem(loss, MLP(nnx.Rngs(0))),
+        "10-variable quadratic": optsolve.OptimizationProblem(
+            lambda v, p: jnp.sum((v - p) ** 2), jnp.zeros(10, jnp.float32), 1.0
+        ),
+    }
     labels = [label for stages in STAGES.values() for label in stages.values()]
     columns = {}
     for name, prob in problems.items():
@@ -225,10 +256,12 @@ def profile(calls: int = 500) -> str:
             totals.append(time.perf_counter() - start)
             for label in labels:
                 spent[label].append(in_call[label])
-        median = lambda ts: sorted(ts)[len(ts) // 2] * 1e3  # noqa: E731
+        median = lambda ts: sorted(ts)[len(ts) // 2] * 1e3
         columns[name] = [median(spent[label]) for label in labels] + [median(totals)]
-    rows = [[label] + [f"{columns[name][i]:.3f}" for name in problems]
-            for i, label in enumerate(labels + ["the whole call"])]
+    rows = [
+        [label] + [f"{columns[name][i]:.3f}" for name in problems]
+        for i, label in enumerate(labels + ["the whole call"])
+    ]
     return markdown_table(["stage of an eager solve (median ms)", *problems], rows)
 
 

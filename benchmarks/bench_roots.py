@@ -56,8 +56,10 @@ import optsolve  # noqa: E402
 from common import block, interleaved_times, machine_line, markdown_table  # noqa: E402
 
 N, REPEATS, QTOT = 1000, 7, 4.0
-STARTS = {"singular start (2, 0, 2, 0)": (2.0, 0.0, 2.0, 0.0),
-          "regular start (1, 1, 1, 1)": (1.0, 1.0, 1.0, 1.0)}
+STARTS = {
+    "singular start (2, 0, 2, 0)": (2.0, 0.0, 2.0, 0.0),
+    "regular start (1, 1, 1, 1)": (1.0, 1.0, 1.0, 1.0),
+}
 
 NOTES = (
     "What limits the batched solve: its while loop runs until the slowest of the 1000 "
@@ -68,12 +70,13 @@ NOTES = (
     "start some element needs it in the first iteration, so that trip runs the batched SVD "
     "as well as the LU. The scipy loop pays per element: scipy's Python driver and MINPACK "
     "call, and one Python-to-XLA dispatch per evaluation of F and of J (tens of "
-    "microseconds each, against a few nanoseconds of arithmetic for a 4 x 4 system).")
+    "microseconds each, against a few nanoseconds of arithmetic for a 4 x 4 system)."
+)
 
 
 def pressure_network(Q, p):
     Qtot, k = p
-    P = k * Q ** 2
+    P = k * Q**2
     return jnp.concatenate([P[1:] - P[0], jnp.atleast_1d(Q.sum() - Qtot)])
 
 
@@ -91,11 +94,13 @@ def ported_tests() -> str:
     """tests/test_roots.py (scipy's own root / fsolve / nonlin tests, ported) and
     tests/test_contract_roots.py, run by pytest: its summary line."""
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-         "tests/test_roots.py"], cwd=HERE.parent, capture_output=True, text=True,
-        timeout=1800)
-    lines = [line for line in result.stdout.splitlines() if " passed" in line
-             or " failed" in line]
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_roots.py"],
+        cwd=HERE.parent,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    lines = [line for line in result.stdout.splitlines() if " passed" in line or " failed" in line]
     return lines[-1].strip("= ") if lines else f"pytest exited {result.returncode}"
 
 
@@ -109,11 +114,13 @@ def bratu(u, lam):
     h = 1.0 / (u.size + 1)
     left = jnp.concatenate([jnp.zeros(1, u.dtype), u[:-1]])
     right = jnp.concatenate([u[1:], jnp.zeros(1, u.dtype)])
-    return (2 * u - left - right) / h ** 2 - lam * jnp.exp(u)
+    return (2 * u - left - right) / h**2 - lam * jnp.exp(u)
 
 
-LARGE = {"Broyden tridiagonal, n = 10^4": (broyden_tridiagonal, -np.ones(10_000), 2.0),
-         "Bratu, n = 2000": (bratu, np.zeros(2000), 1.0)}
+LARGE = {
+    "Broyden tridiagonal, n = 10^4": (broyden_tridiagonal, -np.ones(10_000), 2.0),
+    "Bratu, n = 2000": (bratu, np.zeros(2000), 1.0),
+}
 
 
 def matrix_free(repeats: int = 3) -> str:
@@ -124,25 +131,35 @@ def matrix_free(repeats: int = 3) -> str:
     for name, (F, x0, p) in LARGE.items():
         F_jit = jax.jit(F)
         runners = {}
-        for label, solver in (("BiCGStab", "bicgstab"), ("GMRES(50)", "gmres"),
-                              ("dense", "dense")):
+        for label, solver in (("BiCGStab", "bicgstab"), ("GMRES(50)", "gmres"), ("dense", "dense")):
             if solver == "dense" and x0.size > 2000:
                 continue
             alg = optsolve.NewtonRaphson(linear_solver=solver)
-            run = jax.jit(lambda q, alg=alg, F=F, x0=x0: optsolve.solve(
-                optsolve.RootProblem(F, jnp.asarray(x0), q), alg, maxiters=100))
+            run = jax.jit(
+                lambda q, alg=alg, F=F, x0=x0: optsolve.solve(
+                    optsolve.RootProblem(F, jnp.asarray(x0), q), alg, maxiters=100
+                )
+            )
             runners[f"optsolve NewtonRaphson ({label})"] = (run, lambda r: r)
 
         def krylov(F_jit=F_jit, x0=x0, p=p):
-            return scipy.optimize.root(lambda x: np.asarray(F_jit(x, p)), x0,
-                                       method="krylov", options={"maxiter": 100})
+            return scipy.optimize.root(
+                lambda x: np.asarray(F_jit(x, p)),  # noqa: B023  (x: the lambda's own argument)
+                x0,
+                method="krylov",
+                options={"maxiter": 100},
+            )
 
-        for label, (run, _) in list(runners.items()):
+        for run, _ in list(runners.values()):
             block(run(p).x)
         krylov()
         times = interleaved_times(
-            {**{k: (lambda run=run: run(p).x) for k, (run, _) in runners.items()},
-             "scipy root krylov": krylov}, repeats)
+            {
+                **{k: (lambda run=run: run(p).x) for k, (run, _) in runners.items()},  # noqa: B023  (timed in this iteration)
+                "scipy root krylov": krylov,
+            },
+            repeats,
+        )
         for label in times:
             if label == "scipy root krylov":
                 r = krylov()
@@ -152,29 +169,45 @@ def matrix_free(repeats: int = 3) -> str:
                 x, iters, fev = sol.x, int(sol.stats.iterations), int(sol.stats.f_evals)
                 ok = sol.success
             ts = times[label]
-            rows.append([name, label,
-                         f"{1e3 * statistics.median(ts):.0f} ms ({1e3 * min(ts):.0f}-"
-                         f"{1e3 * max(ts):.0f})",
-                         f"{float(np.max(np.abs(np.asarray(F_jit(jnp.asarray(x), p))))):.1e}",
-                         str(bool(ok)), str(iters), str(fev)])
-    header = ["system", "runner", "steady: median (min-max)", "max abs F at the end",
-              "success claimed", "iterations", "F evaluations"]
-    return "\n\n".join([
-        "### Large systems, matrix-free",
-        "`NewtonRaphson` matrix-free (BiCGStab, and GMRES(50), on Jacobian-vector products; "
-        "the default above 256 unknowns) against `scipy.optimize.root(method='krylov')` "
-        "(scipy's Newton-Krylov: LGMRES on finite-difference products) fed F jitted, and the "
-        "dense `NewtonRaphson` where n^2 fits; float64, at most 100 iterations, median "
-        f"(min-max) of {repeats} warm interleaved runs.",
-        markdown_table(header, rows),
-        "F evaluations: optsolve counts F's evaluations (its line search's), not the "
-        "Jacobian-vector products inside each Krylov solve; scipy's count includes the "
-        "finite-difference products. What limits the matrix-free Newton: the Krylov solve's "
-        "products, each a forward pass of F (no preconditioner: on Bratu the products per "
-        "solve grow with the condition number, n^2), and restarted GMRES(50) stagnates there "
-        "(it reports MAXITERS, not SUCCESS), which is why BiCGStab is the default. The dense "
-        "solver needs n forward passes and an n x n LU an iteration.",
-    ])
+            rows.append(
+                [
+                    name,
+                    label,
+                    f"{1e3 * statistics.median(ts):.0f} ms ({1e3 * min(ts):.0f}-"
+                    f"{1e3 * max(ts):.0f})",
+                    f"{float(np.max(np.abs(np.asarray(F_jit(jnp.asarray(x), p))))):.1e}",
+                    str(bool(ok)),
+                    str(iters),
+                    str(fev),
+                ]
+            )
+    header = [
+        "system",
+        "runner",
+        "steady: median (min-max)",
+        "max abs F at the end",
+        "success claimed",
+        "iterations",
+        "F evaluations",
+    ]
+    return "\n\n".join(
+        [
+            "### Large systems, matrix-free",
+            "`NewtonRaphson` matrix-free (BiCGStab, and GMRES(50), on Jacobian-vector products; "
+            "the default above 256 unknowns) against `scipy.optimize.root(method='krylov')` "
+            "(scipy's Newton-Krylov: LGMRES on finite-difference products) fed F jitted, and the "
+            "dense `NewtonRaphson` where n^2 fits; float64, at most 100 iterations, median "
+            f"(min-max) of {repeats} warm interleaved runs.",
+            markdown_table(header, rows),
+            "F evaluations: optsolve counts F's evaluations (its line search's), not the "
+            "Jacobian-vector products inside each Krylov solve; scipy's count includes the "
+            "finite-difference products. What limits the matrix-free Newton: the Krylov solve's "
+            "products, each a forward pass of F (no preconditioner: on Bratu the products per "
+            "solve grow with the condition number, n^2), and restarted GMRES(50) stagnates there "
+            "(it reports MAXITERS, not SUCCESS), which is why BiCGStab is the default. The dense "
+            "solver needs n forward passes and an n x n LU an iteration.",
+        ]
+    )
 
 
 def main(repeats: int = REPEATS) -> str:
@@ -191,10 +224,10 @@ def main(repeats: int = REPEATS) -> str:
         x0_host = np.asarray(start)
 
         def one(k, x0=x0):
-            sol = optsolve.solve(optsolve.RootProblem(pressure_network, x0, (QTOT, k)),
-                                 optsolve.NewtonRaphson())
-            return sol.x, sol.retcode, sol.stats.iterations, sol.stats.f_evals, \
-                sol.stats.grad_evals
+            sol = optsolve.solve(
+                optsolve.RootProblem(pressure_network, x0, (QTOT, k)), optsolve.NewtonRaphson()
+            )
+            return sol.x, sol.retcode, sol.stats.iterations, sol.stats.f_evals, sol.stats.grad_evals
 
         batched = jax.jit(jax.vmap(one))
         block(batched(ks))  # compile
@@ -203,22 +236,29 @@ def main(repeats: int = REPEATS) -> str:
             out = []
             for k in ks_host:
                 p = (QTOT, k)
-                out.append(scipy.optimize.root(
-                    lambda Q: np.asarray(F_jit(Q, p)), x0_host, method="hybr",
-                    jac=lambda Q: np.asarray(J_jit(Q, p))))
+                out.append(
+                    scipy.optimize.root(
+                        lambda Q: np.asarray(F_jit(Q, p)),  # noqa: B023  (called in this iteration)
+                        x0_host,
+                        method="hybr",
+                        jac=lambda Q: np.asarray(J_jit(Q, p)),  # noqa: B023  (called in this iteration)
+                    )
+                )
             return out
 
         scipy_loop()  # F and J compiled
-        times = interleaved_times({"optsolve": lambda: batched(ks), "scipy": scipy_loop},
-                                  repeats)
+        # timed in this iteration, before `batched` is rebound
+        times = interleaved_times({"optsolve": lambda: batched(ks), "scipy": scipy_loop}, repeats)  # noqa: B023
         per_turn = [s / o for o, s in zip(times["optsolve"], times["scipy"])]
 
-        x, codes, iterations, f_evals, jac_evals = (np.asarray(v) for v in batched(ks))
+        x, _codes, iterations, f_evals, jac_evals = (np.asarray(v) for v in batched(ks))
         results = scipy_loop()
-        max_F = np.max(np.abs(np.asarray(jax.vmap(pressure_network)(x, (jnp.full(N, QTOT),
-                                                                          ks)))), axis=1)
-        scipy_F = np.array([np.max(np.abs(np.asarray(F_jit(r.x, (QTOT, k)))))
-                            for r, k in zip(results, ks_host)])
+        max_F = np.max(
+            np.abs(np.asarray(jax.vmap(pressure_network)(x, (jnp.full(N, QTOT), ks)))), axis=1
+        )
+        scipy_F = np.array(
+            [np.max(np.abs(np.asarray(F_jit(r.x, (QTOT, k))))) for r, k in zip(results, ks_host)]
+        )
         fused, lu, svd = fusions_and_lapack(jax.vmap(one), ks)
         ratio = statistics.median(per_turn)
         goal_met.append(ratio >= 20)
@@ -226,39 +266,49 @@ def main(repeats: int = REPEATS) -> str:
         def spread(ts):
             return f"{1e3 * statistics.median(ts):.1f} ms ({1e3 * min(ts):.1f}-{1e3 * max(ts):.1f})"
 
-        rows.append([
-            start_name,
-            spread(times["optsolve"]), spread(times["scipy"]),
-            f"**{ratio:.0f}x**", f"{min(per_turn):.0f}-{max(per_turn):.0f}x",
-            f"{int(np.sum(max_F <= 1e-8))} / {int(np.sum(scipy_F <= 1e-8))}",
-            f"{int(iterations.max())} / {iterations.mean():.2f}",
-            f"{f_evals.mean():.2f} + {jac_evals.mean():.2f} J / "
-            f"{np.mean([r.nfev for r in results]):.2f} + "
-            f"{np.mean([r.njev for r in results]):.2f} J",
-            f"{fused} ({lu} LU, {svd} SVD)",
-        ])
-    header = ["start (same for all 1000 k)", "optsolve vmap: median (min-max)",
-              "scipy hybr loop: median (min-max)", "scipy / optsolve",
-              "per turn: min-max",
-              "roots (max abs F <= 1e-8): optsolve / scipy",
-              "batched loop trips / mean per-element iterations",
-              "mean F + Jacobian evaluations per element: optsolve / scipy",
-              "fused kernels in the batched solve's HLO (LAPACK calls)"]
+        rows.append(
+            [
+                start_name,
+                spread(times["optsolve"]),
+                spread(times["scipy"]),
+                f"**{ratio:.0f}x**",
+                f"{min(per_turn):.0f}-{max(per_turn):.0f}x",
+                f"{int(np.sum(max_F <= 1e-8))} / {int(np.sum(scipy_F <= 1e-8))}",
+                f"{int(iterations.max())} / {iterations.mean():.2f}",
+                f"{f_evals.mean():.2f} + {jac_evals.mean():.2f} J / "
+                f"{np.mean([r.nfev for r in results]):.2f} + "
+                f"{np.mean([r.njev for r in results]):.2f} J",
+                f"{fused} ({lu} LU, {svd} SVD)",
+            ]
+        )
+    header = [
+        "start (same for all 1000 k)",
+        "optsolve vmap: median (min-max)",
+        "scipy hybr loop: median (min-max)",
+        "scipy / optsolve",
+        "per turn: min-max",
+        "roots (max abs F <= 1e-8): optsolve / scipy",
+        "batched loop trips / mean per-element iterations",
+        "mean F + Jacobian evaluations per element: optsolve / scipy",
+        "fused kernels in the batched solve's HLO (LAPACK calls)",
+    ]
     verdict = "met" if all(goal_met) else "not met"
-    return "\n\n".join([
-        "## Roots",
-        f"`NewtonRaphson` under `jax.jit(jax.vmap(...))` over {N} valve vectors k of scipy's "
-        "pressure network (4 unknowns, float64) against a Python loop of "
-        "`scipy.optimize.root(method='hybr')` fed F and a `jax.jacfwd` Jacobian, each "
-        f"jitted once; median, min and max of {repeats} interleaved warm runs. Goal (issue "
-        f"38): at least 20x faster; {verdict}. Measured {datetime.date.today().isoformat()} "
-        f"on {machine_line()} (a shared 2-core box: times move between runs, compare the "
-        "ratios); BLAS pinned to one thread. Command: `python benchmarks/run.py roots`.",
-        markdown_table(header, rows),
-        f"Ported tests (`pytest tests/test_roots.py`: scipy's own `root` / `fsolve` / "
-        f"`nonlin` tests on the JAX-native root finders and ScipyRoot): {ported_tests()}.",
-        matrix_free(),
-    ])
+    return "\n\n".join(
+        [
+            "## Roots",
+            f"`NewtonRaphson` under `jax.jit(jax.vmap(...))` over {N} valve vectors k of scipy's "
+            "pressure network (4 unknowns, float64) against a Python loop of "
+            "`scipy.optimize.root(method='hybr')` fed F and a `jax.jacfwd` Jacobian, each "
+            f"jitted once; median, min and max of {repeats} interleaved warm runs. Goal (issue "
+            f"38): at least 20x faster; {verdict}. Measured {datetime.date.today().isoformat()} "
+            f"on {machine_line()} (a shared 2-core box: times move between runs, compare the "
+            "ratios); BLAS pinned to one thread. Command: `python benchmarks/run.py roots`.",
+            markdown_table(header, rows),
+            f"Ported tests (`pytest tests/test_roots.py`: scipy's own `root` / `fsolve` / "
+            f"`nonlin` tests on the JAX-native root finders and ScipyRoot): {ported_tests()}.",
+            matrix_free(),
+        ]
+    )
 
 
 if __name__ == "__main__":

@@ -62,7 +62,7 @@ def logistic_data():
 def logistic_loss(w, p):
     z = p["X"] @ w
     # mean log-loss, log(1 + e^z) - y z, written stably.
-    return jnp.mean(jnp.logaddexp(0.0, z) - p["y"] * z) + p["lam"] * jnp.sum(w ** 2)
+    return jnp.mean(jnp.logaddexp(0.0, z) - p["y"] * z) + p["lam"] * jnp.sum(w**2)
 
 
 def problems():
@@ -70,8 +70,11 @@ def problems():
     return {
         "Rosenbrock n=100": (rosenbrock, rosenbrock_x0(100), 100.0),
         "Rosenbrock n=1000": (rosenbrock, rosenbrock_x0(1000), 100.0),
-        "logistic regression (breast_cancer, d=31)": (logistic_loss,
-                                                     np.zeros(data["X"].shape[1]), data),
+        "logistic regression (breast_cancer, d=31)": (
+            logistic_loss,
+            np.zeros(data["X"].shape[1]),
+            data,
+        ),
     }
 
 
@@ -92,6 +95,7 @@ def hand_written(f, x0, p, method, maxiter=None):
 
     def run():
         return so.minimize(fun, x0, jac=True, method=method, options=options, **extra)
+
     return run
 
 
@@ -101,17 +105,20 @@ def optsolve_runner(f, x0, p, method, maxiter=None):
 
     def run():
         return optsolve.solve(problem, algorithm, maxiters=maxiter)
+
     return run
 
 
 def jaxopt_runner(f, x0, p, method, maxiter=None):
     import jaxopt
+
     # jaxopt's default maxiter is 500; scipy's (and so optsolve's) are larger.
     solver = jaxopt.ScipyMinimize(method=method, fun=f, maxiter=maxiter or 15000)
     x0 = jnp.asarray(x0)
 
     def run():
         return solver.run(x0, p)
+
     return run
 
 
@@ -170,17 +177,33 @@ def main(repeats_scale: float = 1.0) -> str:
             medians = interleaved_medians(runners, repeats)
         base = medians["hand-written"]
         worst = max(worst, medians["optsolve"] / base)
-        rows.append([
-            problem_name, method + ("" if cap is None else f" ({cap} its)"), str(repeats),
-            *(f"{medians[n] * 1e3:.1f}" for n in names),
-            f"**{medians['optsolve'] / base:.2f}x**", f"{medians['jaxopt'] / base:.2f}x",
-            *(counts(results[n]) for n in names),
-            f"{final_value(results['optsolve']):.6g}",
-        ])
+        rows.append(
+            [
+                problem_name,
+                method + ("" if cap is None else f" ({cap} its)"),
+                str(repeats),
+                *(f"{medians[n] * 1e3:.1f}" for n in names),
+                f"**{medians['optsolve'] / base:.2f}x**",
+                f"{medians['jaxopt'] / base:.2f}x",
+                *(counts(results[n]) for n in names),
+                f"{final_value(results['optsolve']):.6g}",
+            ]
+        )
         print(" | ".join(rows[-1]), flush=True)
-    header = ["problem", "method", "runs", "optsolve (ms)", "hand-written (ms)", "jaxopt (ms)",
-              "optsolve / hand", "jaxopt / hand", "optsolve nfev/njev/nit",
-              "hand nfev/njev/nit", "jaxopt nfev/njev/nit", "optsolve f"]
+    header = [
+        "problem",
+        "method",
+        "runs",
+        "optsolve (ms)",
+        "hand-written (ms)",
+        "jaxopt (ms)",
+        "optsolve / hand",
+        "jaxopt / hand",
+        "optsolve nfev/njev/nit",
+        "hand nfev/njev/nit",
+        "jaxopt nfev/njev/nit",
+        "optsolve f",
+    ]
     report = [
         "### scipy backend: ScipyMinimize against hand-written scipy glue and jaxopt",
         "",
@@ -220,7 +243,7 @@ Notes.
   wrapper, returning x as JAX arrays): 2-7% of the 3-10 ms logistic-regression solves.
 * The machine is shared (2 cores): single timings move by 20-40%, so the figures are medians
   of interleaved runs; rerun for a second sample before reading anything into a ratio within
-  0.9-1.1x."""
+  0.9-1.1x."""  # noqa: E501  (a markdown link, kept on one line of the generated page)
 
 
 SYNC_NOTES = """\
@@ -240,12 +263,16 @@ if __name__ == "__main__":
         section = main()
     print(section)
     sync = "--sync-dispatch" in sys.argv
-    out = Path(__file__).parent.parent / "docs" / (
-        "benchmarks-scipy-sync.md" if sync else "benchmarks-scipy.md")
+    out = (
+        Path(__file__).parent.parent
+        / "docs"
+        / ("benchmarks-scipy-sync.md" if sync else "benchmarks-scipy.md")
+    )
     command = "python benchmarks/bench_scipy.py" + (" --sync-dispatch" if sync else "")
     notes = SYNC_NOTES if sync else NOTES
     out.write_text(
         "# Benchmarks: scipy backend\n\n"
         f"Measured with `{command}` on: {machine_line()}. Shared machine: compare the "
-        "ratios, not the absolute times.\n\n" + section + "\n\n" + notes + "\n")
+        "ratios, not the absolute times.\n\n" + section + "\n\n" + notes + "\n"
+    )
     print(f"wrote {out}")

@@ -24,8 +24,8 @@ from threadpoolctl import threadpool_limits
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import optsolve  # noqa: E402
-from common import interleaved_medians, machine_line, markdown_table  # noqa: E402
+import optsolve
+from common import interleaved_medians, machine_line, markdown_table
 
 BATCH, EPOCHS, LR = 64, 10, 1e-3
 
@@ -36,8 +36,14 @@ def setup():
     y = jax.nn.one_hot(digits.target, 10, dtype=jnp.float32)
     keys = jax.random.split(jax.random.key(0), 2)
     params = [
-        {"w": jax.random.normal(keys[0], (64, 32), jnp.float32) / 8.0, "b": jnp.zeros(32, jnp.float32)},
-        {"w": jax.random.normal(keys[1], (32, 10), jnp.float32) / 32**0.5, "b": jnp.zeros(10, jnp.float32)},
+        {
+            "w": jax.random.normal(keys[0], (64, 32), jnp.float32) / 8.0,
+            "b": jnp.zeros(32, jnp.float32),
+        },
+        {
+            "w": jax.random.normal(keys[1], (32, 10), jnp.float32) / 32**0.5,
+            "b": jnp.zeros(10, jnp.float32),
+        },
     ]
 
     def loss(params, _p, batch):
@@ -51,7 +57,9 @@ def setup():
 def main(repeats: int = 31) -> str:
     x, y, params, loss = setup()
     n_batches = x.shape[0] // BATCH
-    batches = [(x[i * BATCH:(i + 1) * BATCH], y[i * BATCH:(i + 1) * BATCH]) for i in range(n_batches)]
+    batches = [
+        (x[i * BATCH : (i + 1) * BATCH], y[i * BATCH : (i + 1) * BATCH]) for i in range(n_batches)
+    ]
     key = jax.random.key(1)
     tx = optax.adam(LR)
     prob = optsolve.OptimizationProblem(loss, params)
@@ -74,7 +82,9 @@ def main(repeats: int = 31) -> str:
 
     @jax.jit
     def hand_epoch(p, s, epoch):
-        perm = jax.random.permutation(jax.random.fold_in(key, epoch), x.shape[0])[: n_batches * BATCH]
+        perm = jax.random.permutation(jax.random.fold_in(key, epoch), x.shape[0])[
+            : n_batches * BATCH
+        ]
         xb = x[perm].reshape(n_batches, BATCH, -1)
         yb = y[perm].reshape(n_batches, BATCH, -1)
 
@@ -90,8 +100,9 @@ def main(repeats: int = 31) -> str:
         return p
 
     def optsolve_scan():
-        return optsolve.solve(prob, optsolve.Adam(LR), data=(x, y), batch_size=BATCH, key=key,
-                              epochs=EPOCHS).x
+        return optsolve.solve(
+            prob, optsolve.Adam(LR), data=(x, y), batch_size=BATCH, key=key, epochs=EPOCHS
+        ).x
 
     runners = {
         "hand-written: Python loop over batches calling a jitted optax step": hand_iterator,
@@ -100,31 +111,53 @@ def main(repeats: int = 31) -> str:
         "optsolve: solve(..., data=arrays, batch_size=64, key=key, epochs=10)": optsolve_scan,
     }
     results = {name: jax.block_until_ready(fn()) for name, fn in runners.items()}
+    names = list(runners)
     diffs = {
-        "iterator": max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(
-            jax.tree_util.tree_leaves(results[list(runners)[0]]),
-            jax.tree_util.tree_leaves(results[list(runners)[1]]))),
-        "scan": max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(
-            jax.tree_util.tree_leaves(results[list(runners)[2]]),
-            jax.tree_util.tree_leaves(results[list(runners)[3]]))),
+        "iterator": max(
+            float(jnp.max(jnp.abs(a - b)))
+            for a, b in zip(
+                jax.tree_util.tree_leaves(results[names[0]]),
+                jax.tree_util.tree_leaves(results[names[1]]),
+            )
+        ),
+        "scan": max(
+            float(jnp.max(jnp.abs(a - b)))
+            for a, b in zip(
+                jax.tree_util.tree_leaves(results[names[2]]),
+                jax.tree_util.tree_leaves(results[names[3]]),
+            )
+        ),
     }
     medians = interleaved_medians(runners, repeats)
-    names = list(runners)
     rows = [
         [names[0], f"{medians[names[0]] * 1e3:.1f}", "1.000x"],
-        [names[1], f"{medians[names[1]] * 1e3:.1f}", f"{medians[names[1]] / medians[names[0]]:.3f}x"],
+        [
+            names[1],
+            f"{medians[names[1]] * 1e3:.1f}",
+            f"{medians[names[1]] / medians[names[0]]:.3f}x",
+        ],
         [names[2], f"{medians[names[2]] * 1e3:.1f}", "1.000x"],
-        [names[3], f"{medians[names[3]] * 1e3:.1f}", f"{medians[names[3]] / medians[names[2]]:.3f}x"],
+        [
+            names[3],
+            f"{medians[names[3]] * 1e3:.1f}",
+            f"{medians[names[3]] / medians[names[2]]:.3f}x",
+        ],
     ]
-    return "\n".join([
-        f"### Training on data: MLP on digits, Adam, batches of {BATCH}, {EPOCHS} epochs, float32",
-        "",
-        markdown_table(["runner", "steady median (ms)", "ratio to its hand-written loop"], rows),
-        "",
-        f"Largest parameter difference to the hand-written loop: iterator {diffs['iterator']:.1e}, "
-        f"scan {diffs['scan']:.1e} (float32). Median of {repeats} interleaved runs after "
-        "warm-up; BLAS pinned to 1 thread.",
-    ])
+    return "\n".join(
+        [
+            f"### Training on data: MLP on digits, Adam, batches of {BATCH}, {EPOCHS} epochs, "
+            "float32",
+            "",
+            markdown_table(
+                ["runner", "steady median (ms)", "ratio to its hand-written loop"], rows
+            ),
+            "",
+            "Largest parameter difference to the hand-written loop: iterator "
+            f"{diffs['iterator']:.1e}, "
+            f"scan {diffs['scan']:.1e} (float32). Median of {repeats} interleaved runs after "
+            "warm-up; BLAS pinned to 1 thread.",
+        ]
+    )
 
 
 if __name__ == "__main__":

@@ -49,7 +49,8 @@ NOTES = (
     "stays under the goal; where the objective's evaluation costs more than scipy's "
     "bookkeeping (the model fit), the ratio grows with it. The calls column is the "
     "deterministic measure: one call a generation (plus the polish's) instead of one a "
-    "point.")
+    "point."
+)
 
 
 def rastrigin(x, p):
@@ -63,8 +64,12 @@ def rosenbrock(x, p):
 def model_fit(x, p):
     t, y = p
     amp, rate = x[:5], x[5:]
-    model = jnp.sum(amp[:, None] * jnp.exp(-jnp.abs(rate[:, None]) * t)
-                    * jnp.cos((jnp.arange(5.0)[:, None] + 1.0) * t), axis=0)
+    model = jnp.sum(
+        amp[:, None]
+        * jnp.exp(-jnp.abs(rate[:, None]) * t)
+        * jnp.cos((jnp.arange(5.0)[:, None] + 1.0) * t),
+        axis=0,
+    )
     return jnp.mean((model - y) ** 2)
 
 
@@ -72,16 +77,23 @@ def problems():
     t = jnp.linspace(0.0, 4.0, 2000)
     truth = np.array([1.0, -0.5, 0.8, 0.3, -0.2, 0.5, 1.0, 0.2, 0.7, 1.5])
     amp, rate = truth[:5], truth[5:]
-    y = np.sum(amp[:, None] * np.exp(-np.abs(rate[:, None]) * np.asarray(t))
-               * np.cos((np.arange(5.0)[:, None] + 1.0) * np.asarray(t)), axis=0)
+    y = np.sum(
+        amp[:, None]
+        * np.exp(-np.abs(rate[:, None]) * np.asarray(t))
+        * np.cos((np.arange(5.0)[:, None] + 1.0) * np.asarray(t)),
+        axis=0,
+    )
     y = y + 0.01 * np.random.default_rng(0).standard_normal(y.shape)
     return {
         "Rastrigin 10-D": optsolve.OptimizationProblem(
-            rastrigin, jnp.full(N, 2.0), bounds=(-5.12, 5.12)),
+            rastrigin, jnp.full(N, 2.0), bounds=(-5.12, 5.12)
+        ),
         "Rosenbrock 10-D": optsolve.OptimizationProblem(
-            rosenbrock, jnp.full(N, 2.0), bounds=(-5.0, 10.0)),
+            rosenbrock, jnp.full(N, 2.0), bounds=(-5.0, 10.0)
+        ),
         "model fit, 10 parameters, 2000 observations": optsolve.OptimizationProblem(
-            model_fit, jnp.zeros(N), (t, jnp.asarray(y)), bounds=(-3.0, 3.0)),
+            model_fit, jnp.zeros(N), (t, jnp.asarray(y)), bounds=(-3.0, 3.0)
+        ),
     }
 
 
@@ -90,34 +102,56 @@ def _spread(ts):
 
 
 def measure(name, problem):
-    algs = {flag: optsolve.ScipyGlobal("differential_evolution", rng=0, updating="deferred",
-                                       vectorized=flag) for flag in (False, True)}
+    algs = {
+        flag: optsolve.ScipyGlobal(
+            "differential_evolution", rng=0, updating="deferred", vectorized=flag
+        )
+        for flag in (False, True)
+    }
     sols = {flag: optsolve.solve(problem, alg) for flag, alg in algs.items()}  # warm
     times = interleaved_times(
         {flag: (lambda alg=alg: optsolve.solve(problem, alg).x) for flag, alg in algs.items()},
-        REPEATS)
+        REPEATS,
+    )
     one, many = sols[False], sols[True]
     diff = float(np.max(np.abs(np.asarray(one.x) - np.asarray(many.x))))
     ratio = statistics.median(times[False]) / statistics.median(times[True])
-    return [name, _spread(times[False]), _spread(times[True]), f"{ratio:.2f}x",
-            f"{one.original.nfev} / {many.original.nfev}", f"{many.stats.f_evals}",
-            f"{int(many.stats.iterations)}", f"{float(many.objective):.3g}", f"{diff:.1e}"]
+    return [
+        name,
+        _spread(times[False]),
+        _spread(times[True]),
+        f"{ratio:.2f}x",
+        f"{one.original.nfev} / {many.original.nfev}",
+        f"{many.stats.f_evals}",
+        f"{int(many.stats.iterations)}",
+        f"{float(many.objective):.3g}",
+        f"{diff:.1e}",
+    ]
 
 
 def main() -> str:
     rows = [measure(name, problem) for name, problem in problems().items()]
-    header = ["objective", "one point per call: median (min-max)",
-              "vectorised: median (min-max)", "one point / vectorised",
-              "objective calls: one point / vectorised", "points evaluated (both)",
-              "generations", "f found", "max |x difference|"]
-    return "\n\n".join([
-        "## Vectorised differential evolution (issue 38)",
-        "`ScipyGlobal('differential_evolution', rng=0, updating='deferred')`, "
-        "`vectorized=False` (one compiled call per point) against `vectorized=True` (the "
-        f"population in one vmapped call); median of {REPEATS} warm runs, interleaved. "
-        "Goal: at least 5x.",
-        markdown_table(header, rows),
-    ])
+    header = [
+        "objective",
+        "one point per call: median (min-max)",
+        "vectorised: median (min-max)",
+        "one point / vectorised",
+        "objective calls: one point / vectorised",
+        "points evaluated (both)",
+        "generations",
+        "f found",
+        "max |x difference|",
+    ]
+    return "\n\n".join(
+        [
+            "## Vectorised differential evolution (issue 38)",
+            "`ScipyGlobal('differential_evolution', rng=0, updating='deferred')`, "
+            "`vectorized=False` (one compiled call per point) against `vectorized=True` (the "
+            f"population in one vmapped call); median of {REPEATS} warm runs, interleaved. "
+            "Goal: at least 5x.",
+            markdown_table(header, rows),
+        ]
+    )
 
 
 if __name__ == "__main__":

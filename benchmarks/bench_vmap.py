@@ -52,7 +52,8 @@ NOTES = (
     "iteration advances all of them (finished ones masked): the batch takes as many "
     "iterations as its slowest problem, and each batched iteration costs the fixed work of "
     "its kernels over the whole batch. The Python loop pays one dispatch and one "
-    "synchronisation per problem instead.")
+    "synchronisation per problem instead."
+)
 
 
 def rosenbrock(x, p):
@@ -87,6 +88,7 @@ def _optsolve(f, x0, p0, algorithm):
     def one(p):
         sol = optsolve.solve(prob.replace(p=p), algorithm, gtol=GTOL, maxiters=MAXITER)
         return sol.x, sol.stats.iterations, sol.stats.grad_evals
+
     return one
 
 
@@ -94,6 +96,7 @@ def _optimistix(f, x0, solver):
     def one(p):
         sol = optx.minimise(f, solver, x0, args=p, max_steps=MAXITER, throw=False)
         return sol.value, sol.stats["num_steps"], sol.stats["num_steps"]
+
     return one
 
 
@@ -111,13 +114,13 @@ def measure(f, x0, ps, repeats: int) -> tuple[list[list[str]], str]:
     problems = [jax.tree_util.tree_map(lambda a, i=i: a[i], ps) for i in range(BATCH)]
     for who in ("optsolve.LBFGS", "optsolve.BFGS"):
         jitted = jax.jit(singles[who])
-        runners[f"{who}: Python loop of jitted solves"] = (
-            lambda fn=jitted: [fn(p) for p in problems])
+        runners[f"{who}: Python loop of jitted solves"] = lambda fn=jitted: [
+            fn(p) for p in problems
+        ]
     # one compiled loop over the problems, one at a time: no dispatch per problem, and each
     # problem's data stays in cache through its iterations
     mapped = jax.jit(lambda ps: jax.lax.map(singles["optsolve.LBFGS"], ps))
-    runners["optsolve.LBFGS: lax.map (one compiled loop over the problems)"] = (
-        lambda: mapped(ps))
+    runners["optsolve.LBFGS: lax.map (one compiled loop over the problems)"] = lambda: mapped(ps)
     first, results = {}, {}
     for runner, fn in runners.items():
         start = time.perf_counter()
@@ -128,20 +131,32 @@ def measure(f, x0, ps, repeats: int) -> tuple[list[list[str]], str]:
     rows = []
     for runner in runners:
         out = results[runner]
-        x, iterations, _ = [jnp.stack(parts) for parts in zip(*out)] \
-            if isinstance(out, list) else out
+        x, iterations, _ = (
+            [jnp.stack(parts) for parts in zip(*out)] if isinstance(out, list) else out
+        )
         converged = int(jnp.sum(jnp.max(jnp.abs(gradient(x, ps)), axis=1) <= CONVERGED))
         who, how = runner.split(": ")
         loop = f"{who}: Python loop of jitted solves"
-        speedup = (f"{medians[loop] / medians[runner]:.1f}x"
-                   if loop in medians and runner != loop else "")
+        speedup = (
+            f"{medians[loop] / medians[runner]:.1f}x" if loop in medians and runner != loop else ""
+        )
         peer = f"optimistix.{who.split('.')[1]}: vmap"
-        over_peer = (f"{medians[runner] / medians[peer]:.2f}x"
-                     if how == "vmap" and who.startswith("optsolve") else "")
-        rows.append([runner, f"{medians[runner] * 1e3:.1f}", f"{first[runner]:.2f}",
-                     f"{converged}/{BATCH}",
-                     f"{float(jnp.mean(iterations)):.0f} / {int(jnp.max(iterations))}",
-                     speedup, over_peer])
+        over_peer = (
+            f"{medians[runner] / medians[peer]:.2f}x"
+            if how == "vmap" and who.startswith("optsolve")
+            else ""
+        )
+        rows.append(
+            [
+                runner,
+                f"{medians[runner] * 1e3:.1f}",
+                f"{first[runner]:.2f}",
+                f"{converged}/{BATCH}",
+                f"{float(jnp.mean(iterations)):.0f} / {int(jnp.max(iterations))}",
+                speedup,
+                over_peer,
+            ]
+        )
     # what one batched evaluation costs: the floor of each batched iteration
     # at one point per problem (a shared point would make the products one large matmul)
     evaluate = jax.jit(jax.vmap(jax.value_and_grad(f)))
@@ -151,13 +166,15 @@ def measure(f, x0, ps, repeats: int) -> tuple[list[list[str]], str]:
     evals = int(jnp.max(results["optsolve.LBFGS: vmap"][2]))
     vmapped = medians["optsolve.LBFGS: vmap"]
     iterations = int(jnp.max(results["optsolve.LBFGS: vmap"][1]))
-    note = (f"One batched evaluation of f and its gradient over the {BATCH} problems (one "
-            f"point each): {one * 1e3:.2f} ms. The vmapped optsolve.LBFGS run makes at least "
-            f"{evals} (its slowest problem's gradient evaluations; more where a line search's "
-            "trial runs for the whole batch because some problems need it): at least "
-            f"{evals * one * 1e3:.0f} ms of its {vmapped * 1e3:.0f} ms, which leaves at most "
-            f"{(vmapped - evals * one) / iterations * 1e3:.2f} ms for each of its {iterations} "
-            "batched iterations' own work.")
+    note = (
+        f"One batched evaluation of f and its gradient over the {BATCH} problems (one "
+        f"point each): {one * 1e3:.2f} ms. The vmapped optsolve.LBFGS run makes at least "
+        f"{evals} (its slowest problem's gradient evaluations; more where a line search's "
+        "trial runs for the whole batch because some problems need it): at least "
+        f"{evals * one * 1e3:.0f} ms of its {vmapped * 1e3:.0f} ms, which leaves at most "
+        f"{(vmapped - evals * one) / iterations * 1e3:.2f} ms for each of its {iterations} "
+        "batched iterations' own work."
+    )
     return rows, note
 
 
@@ -165,19 +182,35 @@ def main(repeats: int = 5) -> str:
     sections = []
     for name, (f, x0, ps) in problem_sets().items():
         rows, note = measure(f, x0, ps, repeats)
-        sections += [f"#### {name}", "", markdown_table(
-            ["runner", "steady median (ms)", "compile + first (s)",
-             f"gradient inf-norm <= {CONVERGED:g}", "iterations: mean / max",
-             "the loop's time / this time",
-             "ratio over optimistix's vmap (same method)"], rows), "", note, ""]
-    return "\n".join([
-        f"### {BATCH} small problems at once: jax.vmap(solve), float64",
-        "",
-        *sections,
-        f"Medians of {repeats} interleaved runs after the first; BLAS pinned to 1 thread. "
-        "Goals (issue 18): vmap at least 50x faster than the loop, and at most 1.0x "
-        "optimistix's vmap.",
-    ])
+        sections += [
+            f"#### {name}",
+            "",
+            markdown_table(
+                [
+                    "runner",
+                    "steady median (ms)",
+                    "compile + first (s)",
+                    f"gradient inf-norm <= {CONVERGED:g}",
+                    "iterations: mean / max",
+                    "the loop's time / this time",
+                    "ratio over optimistix's vmap (same method)",
+                ],
+                rows,
+            ),
+            "",
+            note,
+            "",
+        ]
+    return "\n".join(
+        [
+            f"### {BATCH} small problems at once: jax.vmap(solve), float64",
+            "",
+            *sections,
+            f"Medians of {repeats} interleaved runs after the first; BLAS pinned to 1 thread. "
+            "Goals (issue 18): vmap at least 50x faster than the loop, and at most 1.0x "
+            "optimistix's vmap.",
+        ]
+    )
 
 
 if __name__ == "__main__":

@@ -20,9 +20,11 @@ def machine_line() -> str:
             versions.append(f"{pkg} {metadata.version(pkg)}")
         except metadata.PackageNotFoundError:
             pass
-    return (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-            f"Python {platform.python_version()}, {jax.default_backend()} backend; "
-            + ", ".join(versions))
+    return (
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}, {jax.default_backend()} backend; "
+        + ", ".join(versions)
+    )
 
 
 def block(tree):
@@ -42,8 +44,9 @@ def interleaved_medians(runners: dict[str, Callable[[], object]], repeats: int) 
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
-def interleaved_times(runners: dict[str, Callable[[], object]],
-                      repeats: int) -> dict[str, list[float]]:
+def interleaved_times(
+    runners: dict[str, Callable[[], object]], repeats: int
+) -> dict[str, list[float]]:
     """The wall times of :func:`interleaved_medians`, turn by turn: entry i of every list
     comes from turn i, so ratios between runners can be taken within one turn."""
     times: dict[str, list[float]] = {name: [] for name in runners}
@@ -78,8 +81,7 @@ def optax_lbfgs_loop(fun: Callable, x0, gtol: float, maxiter: int):
     def step(carry):
         params, state = carry
         value, grad = value_and_grad(params, state=state)
-        updates, state = opt.update(grad, state, params, value=value, grad=grad,
-                                    value_fn=fun)
+        updates, state = opt.update(grad, state, params, value=value, grad=grad, value_fn=fun)
         return optax.apply_updates(params, updates), state
 
     def keep_going(carry):
@@ -92,21 +94,33 @@ def optax_lbfgs_loop(fun: Callable, x0, gtol: float, maxiter: int):
     return params, otu.tree_get(state, "count")
 
 
-def performance_profile(results: dict, names: list[str], key: str, title: str, path,
-                        solved: Callable[[dict, str], bool], max_tau: float = 1e3) -> None:
+def performance_profile(
+    results: dict,
+    names: list[str],
+    key: str,
+    title: str,
+    path,
+    solved: Callable[[dict, str], bool],
+    max_tau: float = 1e3,
+) -> None:
     """Dolan and Moré (2002), Benchmarking optimization software with performance profiles:
     the fraction of problems each runner solves within a factor tau of the best runner on
     that problem (unsolved runs count as never). ``results``: problem -> runner -> record;
     ``key``: the record's cost; ``solved(records, name)``: whether that runner solved the
     problem whose records are ``records``. Saved as a PNG at ``path``."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
+
     ratios = {name: [] for name in names}
     for records in results.values():
-        costs = {n: max(float(records[n][key]), 1e-12) for n in names
-                 if n in records and solved(records, n)}
+        costs = {
+            n: max(float(records[n][key]), 1e-12)
+            for n in names
+            if n in records and solved(records, n)
+        }
         if not costs:
             continue
         least = min(costs.values())
@@ -116,8 +130,14 @@ def performance_profile(results: dict, names: list[str], key: str, title: str, p
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     for i, n in enumerate(names):
         r = np.asarray(ratios[n])
-        ax.step(taus, [(r <= t).mean() for t in taus], where="post", label=n,
-                lw=2.2 if "optsolve" in n else 1.3, ls="-" if i < 10 else "--")
+        ax.step(
+            taus,
+            [(r <= t).mean() for t in taus],
+            where="post",
+            label=n,
+            lw=2.2 if "optsolve" in n else 1.3,
+            ls="-" if i < 10 else "--",
+        )
     ax.set_xscale("log")
     ax.set_ylim(0, 1.02)
     ax.set_xlabel("tau: within this factor of the best runner")

@@ -45,8 +45,11 @@ def labelled_rows(markdown: str):
 def row_counts(header: list[str], cells: list[str]) -> tuple[str, ...]:
     """A row's integer cells (iterations, evaluations, or several as "nfev/njev/nit"), each
     named by its column."""
-    return tuple(f"{name}={cell}" for name, cell in zip(header[1:], cells[1:])
-                 if re.fullmatch(r"[0-9]+(/([0-9]+|-))*", cell))
+    return tuple(
+        f"{name}={cell}"
+        for name, cell in zip(header[1:], cells[1:])
+        if re.fullmatch(r"[0-9]+(/([0-9]+|-))*", cell)
+    )
 
 
 def by_heading(markdown: str) -> list[tuple[str, str]]:
@@ -65,8 +68,9 @@ def by_heading(markdown: str) -> list[tuple[str, str]]:
 
 def export_source(rev: str, into: Path) -> Path:
     """``src/`` of ``rev`` unpacked under ``into``; returns the directory to put on PYTHONPATH."""
-    archive = subprocess.run(["git", "archive", rev, "src"], cwd=ROOT, check=True,
-                             capture_output=True).stdout
+    archive = subprocess.run(
+        ["git", "archive", rev, "src"], cwd=ROOT, check=True, capture_output=True
+    ).stdout
     with tarfile.open(fileobj=BytesIO(archive)) as tar:
         tar.extractall(into, filter="data")
     return into / "src"
@@ -76,14 +80,20 @@ def run_section(name: str, source: Path) -> str:
     """One benchmark's markdown section, run in a fresh process that imports optsolve from
     ``source``; fails loudly if that process imported optsolve from anywhere else."""
     env = dict(os.environ, PYTHONPATH=str(source))
-    where = subprocess.run([sys.executable, "-c", "import optsolve; print(optsolve.__file__)"],
-                           env=env, check=True, capture_output=True, text=True).stdout.strip()
+    where = subprocess.run(
+        [sys.executable, "-c", "import optsolve; print(optsolve.__file__)"],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     if not Path(where).resolve().is_relative_to(source.resolve()):
         raise RuntimeError(f"PYTHONPATH={source} imported optsolve from {where}")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "section.md"
-        subprocess.run([sys.executable, str(HERE / "run.py"), "--one", name, str(out)],
-                       env=env, check=True)
+        subprocess.run(
+            [sys.executable, str(HERE / "run.py"), "--one", name, str(out)], env=env, check=True
+        )
         return out.read_text()
 
 
@@ -91,9 +101,12 @@ def compare(rev: str, names: list[str], rounds: int, keep: Path | None = None) -
     """The A/B report as markdown (see the module docstring); with ``keep``, every run's
     section is also written there (``NAME-SIDE-ROUND.md``), absolute times included."""
     current = ROOT / "src"
-    lines = [f"# A/B: working tree against {rev}",
-             f"Each ratio is the median of {rounds} round(s); in each round both sides run in "
-             "fresh processes, in alternating order. `current / old` above 1 is slower now.", ""]
+    lines = [
+        f"# A/B: working tree against {rev}",
+        f"Each ratio is the median of {rounds} round(s); in each round both sides run in "
+        "fresh processes, in alternating order. `current / old` above 1 is slower now.",
+        "",
+    ]
     with tempfile.TemporaryDirectory() as tmp:
         sides = {"old": export_source(rev, Path(tmp)), "current": current}
         for name in names:
@@ -117,31 +130,50 @@ def compare(rev: str, names: list[str], rounds: int, keep: Path | None = None) -
                     for heading, part in by_heading(section):
                         for row, header, cells in labelled_rows(part):
                             for what, value in ratio_cells(header, cells, keep_unity=True):
-                                ratios[side].setdefault(f"{heading} / {row}: {what}",
-                                                        []).append(value)
+                                ratios[side].setdefault(f"{heading} / {row}: {what}", []).append(
+                                    value
+                                )
                             if row_counts(header, cells):
                                 counts[side][f"{heading} / {row}"] = row_counts(header, cells)
                 if failed:
                     break
             if failed:
-                lines += [f"## {name}", "", f"The benchmark failed on the {failed} side (its "
-                          "error is above in the output); not compared.", ""]
+                lines += [
+                    f"## {name}",
+                    "",
+                    f"The benchmark failed on the {failed} side (its "
+                    "error is above in the output); not compared.",
+                    "",
+                ]
                 continue
-            lines += [f"## {name}", "", "| ratio | old | current | current / old |",
-                      "|---|---|---|---|"]
+            lines += [
+                f"## {name}",
+                "",
+                "| ratio | old | current | current / old |",
+                "|---|---|---|---|",
+            ]
             for label in ratios["current"]:
                 if label not in ratios["old"]:
                     continue
                 old = statistics.median(ratios["old"][label])
                 new = statistics.median(ratios["current"][label])
                 lines.append(f"| {label} | {old:.3f}x | {new:.3f}x | {new / old:.3f} |")
-            differing = [row for row in counts["current"]
-                         if row in counts["old"] and counts["current"][row] != counts["old"][row]]
+            differing = [
+                row
+                for row in counts["current"]
+                if row in counts["old"] and counts["current"][row] != counts["old"][row]
+            ]
             lines.append("")
-            lines.append("Counts identical on both sides." if not differing else
-                         "Counts that differ: " + "; ".join(
-                             f"{row}: old {', '.join(counts['old'][row])} / current "
-                             f"{', '.join(counts['current'][row])}" for row in differing))
+            lines.append(
+                "Counts identical on both sides."
+                if not differing
+                else "Counts that differ: "
+                + "; ".join(
+                    f"{row}: old {', '.join(counts['old'][row])} / current "
+                    f"{', '.join(counts['current'][row])}"
+                    for row in differing
+                )
+            )
             lines.append("")
     return "\n".join(lines)
 

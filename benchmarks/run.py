@@ -1,10 +1,13 @@
 """Run every benchmark side by side with its peers and write docs/benchmarks.md.
 
-Usage: ``python benchmarks/run.py [name ...]`` (names: optax, classical, scipy, hypergradient, training, least_squares, models, overhead, vmap, program_size, cutest, data_compiled, first_result, model_leaves, vectorised_de, multistart, interrupt, roots, constrained, constrained_vmap, constrained_large); ``make bench``
-runs them all and writes the page anew; a list of names replaces only their own sections. Each benchmark runs in a fresh Python process, so none inherits another's
-compiled executables, threads or memory. BLAS is pinned to one thread (threadpoolctl):
-OpenBLAS's default threads stall small BLAS calls on 2-core VMs (see shared/PEERS.md); JAX's
-own threads are left alone.
+Usage: ``python benchmarks/run.py [name ...]`` (names: optax, classical, scipy, hypergradient,
+training, least_squares, models, overhead, vmap, program_size, cutest, data_compiled, first_result,
+model_leaves, vectorised_de, multistart, interrupt, roots, constrained, constrained_vmap,
+constrained_large); ``make bench`` runs them all and writes the page anew; a list of names replaces
+only their own sections. Each benchmark runs in a fresh Python process, so none inherits another's
+compiled executables, threads or memory. BLAS is pinned to one thread (threadpoolctl): OpenBLAS's
+default threads stall small BLAS calls on 2-core VMs (see shared/PEERS.md); JAX's own threads are
+left alone.
 """
 
 from __future__ import annotations
@@ -24,18 +27,29 @@ sys.path.insert(0, str(HERE))
 
 from common import machine_line  # noqa: E402
 
-BENCHMARKS = {"optax": "bench_optax", "classical": "bench_classical", "scipy": "bench_scipy",
-              "hypergradient": "bench_hypergradient", "training": "bench_training",
-              "least_squares": "bench_least_squares", "models": "bench_models",
-              "overhead": "bench_overhead", "vmap": "bench_vmap",
-              "program_size": "program_size", "cutest": "bench_cutest",
-              "data_compiled": "bench_data_compiled", "first_result": "bench_first_result",
-              "model_leaves": "bench_model_leaves",
-              "vectorised_de": "bench_vectorised_de", "multistart": "bench_multistart",
-              "interrupt": "bench_interrupt", "roots": "bench_roots",
-              "constrained": "bench_constrained",
-              "constrained_vmap": "bench_constrained_vmap",
-              "constrained_large": "bench_constrained_large"}
+BENCHMARKS = {
+    "optax": "bench_optax",
+    "classical": "bench_classical",
+    "scipy": "bench_scipy",
+    "hypergradient": "bench_hypergradient",
+    "training": "bench_training",
+    "least_squares": "bench_least_squares",
+    "models": "bench_models",
+    "overhead": "bench_overhead",
+    "vmap": "bench_vmap",
+    "program_size": "program_size",
+    "cutest": "bench_cutest",
+    "data_compiled": "bench_data_compiled",
+    "first_result": "bench_first_result",
+    "model_leaves": "bench_model_leaves",
+    "vectorised_de": "bench_vectorised_de",
+    "multistart": "bench_multistart",
+    "interrupt": "bench_interrupt",
+    "roots": "bench_roots",
+    "constrained": "bench_constrained",
+    "constrained_vmap": "bench_constrained_vmap",
+    "constrained_large": "bench_constrained_large",
+}
 
 
 def table_rows(markdown: str):
@@ -52,15 +66,19 @@ def table_rows(markdown: str):
             yield header, cells
 
 
-def ratio_cells(header: list[str], cells: list[str],
-                keep_unity: bool = False) -> list[tuple[str, float]]:
+def ratio_cells(
+    header: list[str], cells: list[str], keep_unity: bool = False
+) -> list[tuple[str, float]]:
     """(column, ratio) for every cell of one row like '1.04x' in a column whose header says
     ratio or '/'; a reference's own 1.00x is left out unless ``keep_unity``."""
     found = []
     for i, (name, cell) in enumerate(zip(header, cells)):
         match = re.fullmatch(r"\*{0,2}([0-9.]+)x\*{0,2}", cell)
-        if match and ("ratio" in name.lower() or "/" in name) and (
-                keep_unity or float(match.group(1)) != 1.0):
+        if (
+            match
+            and ("ratio" in name.lower() or "/" in name)
+            and (keep_unity or float(match.group(1)) != 1.0)
+        ):
             # a bare "ratio" column qualifies the column before it
             what = header[i - 1] if name.lower() == "ratio" and i > 0 else name
             found.append((what, float(match.group(1))))
@@ -69,13 +87,17 @@ def ratio_cells(header: list[str], cells: list[str],
 
 def ratios_from_tables(markdown: str) -> list[tuple[str, float]]:
     """(label, ratio) for every ratio cell (:func:`ratio_cells`) of every table row."""
-    return [(f"{cells[0]}: {what}", value) for header, cells in table_rows(markdown)
-            for what, value in ratio_cells(header, cells)]
+    return [
+        (f"{cells[0]}: {what}", value)
+        for header, cells in table_rows(markdown)
+        for what, value in ratio_cells(header, cells)
+    ]
 
 
 def plot_ratios(ratios: list[tuple[str, float]], path: Path) -> None:
     """A bar per measured ratio (optsolve or a peer against its reference), log scale."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -118,11 +140,12 @@ def with_sections(page: str, sections: dict[str, str]) -> str:
     none for it, added before the plot of ratios (or at the end)."""
     plot = "![measured ratios](images/benchmarks.png)"
     for name, section in sections.items():
-        pattern = re.compile(rf"<!-- bench:{re.escape(name)} -->.*?<!-- /bench:{re.escape(name)} -->",
-                             re.DOTALL)
+        pattern = re.compile(
+            rf"<!-- bench:{re.escape(name)} -->.*?<!-- /bench:{re.escape(name)} -->", re.DOTALL
+        )
         new = marked(name, section)
         if pattern.search(page):
-            page = pattern.sub(lambda _: new, page)
+            page = pattern.sub(lambda _: new, page)  # noqa: B023  (called by this sub)
         elif plot in page:
             page = page.replace(plot, new + "\n\n" + plot)
         else:
@@ -143,20 +166,24 @@ def main(names: list[str]) -> None:
     out = HERE.parent / "docs" / "benchmarks.md"
     if set(names) != set(BENCHMARKS):
         # a subset replaces its own sections of the page, the others stay as measured
-        out.write_text(with_sections(out.read_text() if out.exists() else "",
-                                     dict(zip(names, sections))))
+        out.write_text(
+            with_sections(out.read_text() if out.exists() else "", dict(zip(names, sections)))
+        )
         print(f"updated {', '.join(names)} in {out}")
         return
     sections = [marked(name, section) for name, section in zip(names, sections)]
     today = datetime.date.today().isoformat()
-    text = "\n\n".join([
-        "# Benchmarks",
-        f"Measured {today} with `make bench` (`python benchmarks/run.py`) on: {machine_line()}.",
-        "Every table comes from one run in which optsolve and its peers were measured side by "
-        "side; compare ratios, not absolute times (these shared machines move up to 2x between "
-        "runs). BLAS pinned to one thread with threadpoolctl.",
-        *sections,
-    ])
+    text = "\n\n".join(
+        [
+            "# Benchmarks",
+            f"Measured {today} with `make bench` (`python benchmarks/run.py`) on: "
+            f"{machine_line()}.",
+            "Every table comes from one run in which optsolve and its peers were measured side by "
+            "side; compare ratios, not absolute times (these shared machines move up to 2x between "
+            "runs). BLAS pinned to one thread with threadpoolctl.",
+            *sections,
+        ]
+    )
     plot = HERE.parent / "docs" / "images" / "benchmarks.png"
     plot_ratios([r for section in sections for r in ratios_from_tables(section)], plot)
     text += "\n\n![measured ratios](images/benchmarks.png)\n"

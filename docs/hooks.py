@@ -21,13 +21,16 @@ def catalog_markdown() -> str:
     def mark(flag: bool) -> str:
         return "yes" if flag else "-"
 
-    header = ("| algorithm | backend | problem | x | derivatives | bounds | constraints | jit | "
-              "vmap | history | resume | data | model state | implicit diff | unrolled diff |")
+    header = (
+        "| algorithm | backend | problem | x | derivatives | bounds | constraints | jit | "
+        "vmap | history | resume | data | model state | implicit diff | unrolled diff |"
+    )
     rows = [header, "|" + "---|" * 15]
     for cls in algorithm_classes():
         t = cls.traits()
-        derivatives = "Hessian" if t["needs_hessian"] else (
-            "gradient" if t["needs_gradient"] else "none")
+        derivatives = (
+            "Hessian" if t["needs_hessian"] else ("gradient" if t["needs_gradient"] else "none")
+        )
         if t["roots_only"]:  # of F: its Jacobian dF/dx
             derivatives = "Jacobian" if t["needs_gradient"] else "none"
         resume = ("exact" if t["compiled_driver"] else "warm start") if t["resumable"] else "-"
@@ -47,8 +50,11 @@ def problem_kinds(traits: dict[str, Any]) -> str:
     """What a class solves, from its traits: "minimisation" (an OptimizationProblem),
     "least squares" (a LeastSquaresProblem), "roots" (a RootProblem; ``solves_roots``), or
     several; ``roots_only`` classes solve RootProblems alone."""
-    kinds = [] if traits["roots_only"] else [
-        "least squares" if traits["needs_residuals"] else "minimisation"]
+    kinds = (
+        []
+        if traits["roots_only"]
+        else ["least squares" if traits["needs_residuals"] else "minimisation"]
+    )
     if traits["solves_roots"] is not None:
         kinds.append("roots")
     return ", ".join(kinds)
@@ -78,23 +84,28 @@ def algorithm_defaults() -> list[dict[str, Any]]:
     out = []
     for cls in algorithm_classes():
         t = cls.traits()
-        row = {"name": cls.__name__, "family": t["family"],
-               "xtol": "xtol" in t["extra_options"], "scipy_xtol": False,
-               "roots_only": t["roots_only"]}
+        row = {
+            "name": cls.__name__,
+            "family": t["family"],
+            "xtol": "xtol" in t["extra_options"],
+            "scipy_xtol": False,
+            "roots_only": t["roots_only"],
+        }
         if t["roots_only"] and not t.get("scalar_only"):
             # solve judges a root run by max|F| <= ftol, its default by x's dtype (scipy's
             # nonlin methods and df-sane get it as fatol); scipy's budget is its own
-            row.update(gtol={_WIDTHS[size]: tol for size, tol in _DEFAULT_TOL.items()
-                             if size in _WIDTHS}, tolerance="ftol",
-                       maxiters="scipy" if t["family"] == "scipy" else cls.default_maxiters)
+            row.update(
+                gtol={_WIDTHS[size]: tol for size, tol in _DEFAULT_TOL.items() if size in _WIDTHS},
+                tolerance="ftol",
+                maxiters="scipy" if t["family"] == "scipy" else cls.default_maxiters,
+            )
             if t["family"] == "scipy":
                 row.update(scipy_xtol="xatol" in cls.spec.options)
         elif t["family"] == "scipy":
             # optsolve passes no tolerance or budget of its own unless solve is given one
             # (minimize_scalar's methods list their own options: xtol, or bounded's xatol)
             own = cls.spec.options if t.get("scalar_only") else valid_options(cls.spec)
-            row.update(gtol="scipy", maxiters="scipy",
-                       scipy_xtol="xtol" in own or "xatol" in own)
+            row.update(gtol="scipy", maxiters="scipy", scipy_xtol="xtol" in own or "xatol" in own)
         elif not t["stops_by_itself"]:
             row.update(gtol=None, maxiters=None)
         elif t["family"] == "classical" and t.get("scalar_only"):
@@ -106,19 +117,29 @@ def algorithm_defaults() -> list[dict[str, Any]]:
         elif t["family"] == "constrained" and hasattr(cls, "default_tols"):
             # AugmentedLagrangian: |V| <= feasibility_tol and the projected Lagrangian
             # gradient <= optimality_tol (by x's dtype), not solve's gtol
-            row.update(gtol={_WIDTHS[size]: tols[:2] for size, tols in cls.default_tols.items()},
-                       tolerance="feasibility-optimality", maxiters=cls.default_maxiters)
+            row.update(
+                gtol={_WIDTHS[size]: tols[:2] for size, tols in cls.default_tols.items()},
+                tolerance="feasibility-optimality",
+                maxiters=cls.default_maxiters,
+            )
         elif t["family"] == "constrained":
             # its own KKT test, E_0 <= tol (by x's dtype), not a gradient test
-            row.update(gtol={_WIDTHS[size]: tol for size, tol in cls.default_tol.items()},
-                       tolerance="kkt", maxiters=cls.default_maxiters)
+            row.update(
+                gtol={_WIDTHS[size]: tol for size, tol in cls.default_tol.items()},
+                tolerance="kkt",
+                maxiters=cls.default_maxiters,
+            )
         elif t["family"] == "classical":
             # the solvers' own: default_gtol(x's dtype) and the class's default_maxiters
-            row.update(gtol={_WIDTHS[size]: tol for size, tol in DEFAULT_GTOL.items()},
-                       maxiters=cls.default_maxiters)
+            row.update(
+                gtol={_WIDTHS[size]: tol for size, tol in DEFAULT_GTOL.items()},
+                maxiters=cls.default_maxiters,
+            )
         else:
-            raise ValueError(f"docs/hooks.py: no rule for the defaults of {cls.__name__} "
-                             f"(family {t['family']!r}, stops by itself); add one.")
+            raise ValueError(
+                f"docs/hooks.py: no rule for the defaults of {cls.__name__} "
+                f"(family {t['family']!r}, stops by itself); add one."
+            )
         out.append(row)
     return out
 
@@ -130,21 +151,26 @@ def _number(value: float) -> str:
 
 
 def defaults_markdown() -> str:
-    rows = ["| algorithm | family | default gtol | default maxiters | `xtol` |",
-            "|---|---|---|---|---|"]
+    rows = [
+        "| algorithm | family | default gtol | default maxiters | `xtol` |",
+        "|---|---|---|---|---|",
+    ]
     for d in algorithm_defaults():
         if d.get("tolerance") == "ftol":  # a root solver: ftol on max|F|, not gtol
             gtol = "ftol on max abs F: " + ", ".join(
-                f"{_number(tol)} ({width})" for width, tol in d["gtol"].items())
+                f"{_number(tol)} ({width})" for width, tol in d["gtol"].items()
+            )
             maxiters = "scipy's own" if d["maxiters"] == "scipy" else str(d["maxiters"])
         elif d.get("tolerance") == "kkt":  # a constrained method: its KKT error, not gtol
             gtol = "none: KKT error E_0 <= tol, " + ", ".join(
-                f"{_number(tol)} ({width})" for width, tol in d["gtol"].items())
+                f"{_number(tol)} ({width})" for width, tol in d["gtol"].items()
+            )
             maxiters = str(d["maxiters"])
         elif d.get("tolerance") == "feasibility-optimality":
             gtol = "none: feasibility_tol / optimality_tol, " + ", ".join(
                 f"{_number(feas)} / {_number(opt)} ({width})"
-                for width, (feas, opt) in d["gtol"].items())
+                for width, (feas, opt) in d["gtol"].items()
+            )
             maxiters = f"{d['maxiters']} outer"
         elif d["gtol"] == "scipy":
             gtol, maxiters = "scipy's own", "scipy's own"
@@ -159,8 +185,9 @@ def defaults_markdown() -> str:
         else:
             gtol = ", ".join(f"{_number(tol)} ({width})" for width, tol in d["gtol"].items())
             maxiters = str(d["maxiters"])
-        xtol = "yes" if d["xtol"] else (
-            "scipy's own, as a method option" if d["scipy_xtol"] else "-")
+        xtol = (
+            "yes" if d["xtol"] else ("scipy's own, as a method option" if d["scipy_xtol"] else "-")
+        )
         rows.append(f"| `{d['name']}` | {d['family']} | {gtol} | {maxiters} | {xtol} |")
     return "\n".join(rows)
 
@@ -181,8 +208,11 @@ class NoBuiltinDocstrings(Extension):
 
     def on_attribute_instance(self, *, node, attr, agent, **kwargs) -> None:
         value = getattr(node, "obj", None)  # an ObjectNode: dynamic analysis
-        if attr.docstring is None or type(value).__module__ != builtins.__name__ or (
-                inspect.isclass(value) or inspect.isroutine(value) or inspect.ismodule(value)):
+        if (
+            attr.docstring is None
+            or type(value).__module__ != builtins.__name__
+            or (inspect.isclass(value) or inspect.isroutine(value) or inspect.ismodule(value))
+        ):
             return
         if getattr(value, "__doc__", None) == getattr(type(value), "__doc__", None):
             attr.docstring = None

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 
 def run_cli(main: Callable[..., dict], doc: str) -> None:
@@ -31,6 +31,8 @@ def save_figure(fig, out: Path, name: str) -> str:
 def pyplot():
     """matplotlib's pyplot on the non-interactive Agg backend."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     return plt

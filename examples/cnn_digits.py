@@ -67,7 +67,7 @@ def hand_written(tx, train, key, epochs):
     for epoch in range(epochs):
         order = jax.random.permutation(jax.random.fold_in(key, epoch), n)
         for i in range(n // BATCH):
-            rows = order[i * BATCH:(i + 1) * BATCH]
+            rows = order[i * BATCH : (i + 1) * BATCH]
             step(model, optimizer, (train[0][rows], train[1][rows]))
     return model
 
@@ -84,40 +84,59 @@ def main(small: bool = False, out: Path = Path(".")) -> dict:
     prob = OptimizationProblem(loss, CNN(nnx.Rngs(0)), trainable=nnx.Param)
     sol, losses, test_accuracy = None, [], []
     for _ in range(epochs):
-        sol = solve(prob, algorithm, data=train, batch_size=BATCH, key=key, resume=sol,
-                    history=True)
+        sol = solve(
+            prob, algorithm, data=train, batch_size=BATCH, key=key, resume=sol, history=True
+        )
         losses.append(float(np.mean(sol.history.objective)))
         test_accuracy.append(accuracy(sol.x, test))
 
     reference = hand_written(optax.adamw(3e-3, weight_decay=1e-4), train, key, epochs)
-    difference = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(
-        jax.tree_util.tree_leaves(nnx.state(sol.x, nnx.Param)),
-        jax.tree_util.tree_leaves(nnx.state(reference, nnx.Param))))
-    statistics_difference = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(
-        jax.tree_util.tree_leaves(nnx.state(sol.x, nnx.BatchStat)),
-        jax.tree_util.tree_leaves(nnx.state(reference, nnx.BatchStat))))
+    difference = max(
+        float(jnp.max(jnp.abs(a - b)))
+        for a, b in zip(
+            jax.tree_util.tree_leaves(nnx.state(sol.x, nnx.Param)),
+            jax.tree_util.tree_leaves(nnx.state(reference, nnx.Param)),
+        )
+    )
+    statistics_difference = max(
+        float(jnp.max(jnp.abs(a - b)))
+        for a, b in zip(
+            jax.tree_util.tree_leaves(nnx.state(sol.x, nnx.BatchStat)),
+            jax.tree_util.tree_leaves(nnx.state(reference, nnx.BatchStat)),
+        )
+    )
 
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     steps = np.arange(1, epochs + 1)
     axes[0].semilogy(steps, losses, "o-")
-    axes[0].set(xlabel="epoch", ylabel="mean minibatch loss (train mode)",
-                title=f"AdamW(3e-3), batches of {BATCH}")
+    axes[0].set(
+        xlabel="epoch",
+        ylabel="mean minibatch loss (train mode)",
+        title=f"AdamW(3e-3), batches of {BATCH}",
+    )
     axes[1].plot(steps, test_accuracy, "o-")
-    axes[1].set(xlabel="epoch", ylabel="test accuracy (eval mode)",
-                title=f"held-out digits: {test_accuracy[-1]:.3f}")
+    axes[1].set(
+        xlabel="epoch",
+        ylabel="test accuracy (eval mode)",
+        title=f"held-out digits: {test_accuracy[-1]:.3f}",
+    )
     path = save_figure(fig, out, "cnn_digits.png")
     summary = {
-        "losses": losses, "test_accuracy": test_accuracy,
+        "losses": losses,
+        "test_accuracy": test_accuracy,
         "reference_test_accuracy": accuracy(reference, test),
         "max_parameter_difference": difference,
         "max_statistics_difference": statistics_difference,
-        "steps": int(sol.stats.iterations), "dropout_draws": int(sol.x.drop.rngs.count[...]),
+        "steps": int(sol.stats.iterations),
+        "dropout_draws": int(sol.x.drop.rngs.count[...]),
         "plot": path,
     }
-    print(f"{epochs} epochs, {summary['steps']} steps: test accuracy {test_accuracy[-1]:.3f} "
-          f"(hand-written nnx.Optimizer loop: {summary['reference_test_accuracy']:.3f}; "
-          f"largest parameter difference {difference:.1e}, statistics {statistics_difference:.1e})")
+    print(
+        f"{epochs} epochs, {summary['steps']} steps: test accuracy {test_accuracy[-1]:.3f} "
+        f"(hand-written nnx.Optimizer loop: {summary['reference_test_accuracy']:.3f}; "
+        f"largest parameter difference {difference:.1e}, statistics {statistics_difference:.1e})"
+    )
     return summary
 
 

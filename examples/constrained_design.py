@@ -34,32 +34,47 @@ def weight(x, p):
 def constraints_g(x, p):
     """The four constraints as g(x) <= 0."""
     d, coil, n = x
-    return jnp.stack([
-        1.0 - coil**3 * n / (71785.0 * d**4),
-        (4.0 * coil**2 - d * coil) / (12566.0 * (coil * d**3 - d**4)) + 1.0 / (5108.0 * d**2) - 1.0,
-        1.0 - 140.45 * d / (coil**2 * n),
-        (d + coil) / 1.5 - 1.0,
-    ])
+    return jnp.stack(
+        [
+            1.0 - coil**3 * n / (71785.0 * d**4),
+            (4.0 * coil**2 - d * coil) / (12566.0 * (coil * d**3 - d**4))
+            + 1.0 / (5108.0 * d**2)
+            - 1.0,
+            1.0 - 140.45 * d / (coil**2 * n),
+            (d + coil) / 1.5 - 1.0,
+        ]
+    )
 
 
 def main(small: bool = False, out: Path = Path(".")) -> dict:
     prob = OptimizationProblem(
-        weight, jnp.array([0.05, 0.5, 10.0]),
+        weight,
+        jnp.array([0.05, 0.5, 10.0]),
         bounds=(jnp.array([0.05, 0.25, 2.0]), jnp.array([2.0, 1.3, 15.0])),
         constraints=[Constraint(constraints_g, upper=0.0)],
     )
     results = {}
     for method in ("SLSQP", "trust-constr", "COBYQA"):
         trace = []
-        sol = solve(prob, optsolve.ScipyMinimize(method), maxiters=2000,
-                    callback=lambda i, x, f, trace=trace: trace.append(float(f)))
+        sol = solve(
+            prob,
+            optsolve.ScipyMinimize(method),
+            maxiters=2000,
+            callback=lambda i, x, f, trace=trace: trace.append(float(f)),
+        )
         g = constraints_g(sol.x, None)
-        results[method] = {"objective": float(sol.objective), "retcode": sol.retcode.name,
-                           "max_violation": float(jnp.max(jnp.maximum(g, 0.0))),
-                           "x": [float(v) for v in sol.x], "trace": trace}
-        print(f"{method:13s} {str(sol.retcode):20s} f={float(sol.objective):.6f} "
-              f"(best known {BEST_KNOWN}) x={[round(float(v), 6) for v in sol.x]} "
-              f"max violation {results[method]['max_violation']:.1e}")
+        results[method] = {
+            "objective": float(sol.objective),
+            "retcode": sol.retcode.name,
+            "max_violation": float(jnp.max(jnp.maximum(g, 0.0))),
+            "x": [float(v) for v in sol.x],
+            "trace": trace,
+        }
+        print(
+            f"{method:13s} {sol.retcode!s:20s} f={float(sol.objective):.6f} "
+            f"(best known {BEST_KNOWN}) x={[round(float(v), 6) for v in sol.x]} "
+            f"max violation {results[method]['max_violation']:.1e}"
+        )
 
     plt = pyplot()
 
@@ -68,8 +83,11 @@ def main(small: bool = False, out: Path = Path(".")) -> dict:
         ax.plot(range(1, len(result["trace"]) + 1), result["trace"], label=method)
     ax.axhline(BEST_KNOWN, color="gray", ls="--", label=f"best known {BEST_KNOWN}")
     ax.set_yscale("log")
-    ax.set(xlabel="iteration", ylabel="spring weight",
-           title="Tension/compression spring design, 4 constraints + bounds")
+    ax.set(
+        xlabel="iteration",
+        ylabel="spring weight",
+        title="Tension/compression spring design, 4 constraints + bounds",
+    )
     ax.legend()
     path = save_figure(fig, out, "constrained_design.png")
     return {"results": results, "plot": path}

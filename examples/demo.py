@@ -45,16 +45,26 @@ def main() -> None:
         ("optsolve.SGD(0.5, momentum=0.9)", optsolve.SGD(0.5, momentum=0.9), {}),
         ("optsolve.RMSProp(0.01)", optsolve.RMSProp(0.01), {}),
         ("optsolve.Lion(0.005)", optsolve.Lion(0.005), {}),
-        ("optsolve.Adam(cosine schedule)",
-         optsolve.Adam(optax.cosine_decay_schedule(0.1, 2000, alpha=0.01)), {}),
-        ("optax.chain(sgd(1), zoom line search)",
-         optax.chain(optax.sgd(1.0), optax.scale_by_zoom_linesearch(max_linesearch_steps=20)), {}),
+        (
+            "optsolve.Adam(cosine schedule)",
+            optsolve.Adam(optax.cosine_decay_schedule(0.1, 2000, alpha=0.01)),
+            {},
+        ),
+        (
+            "optax.chain(sgd(1), zoom line search)",
+            optax.chain(optax.sgd(1.0), optax.scale_by_zoom_linesearch(max_linesearch_steps=20)),
+            {},
+        ),
         ("optax.lbfgs()", optax.lbfgs(), {}),
     ]
-    header = (f"{'algorithm':42s} {'objective':>14s} {'grad inf-norm':>13s} {'iters':>6s} "
-              f"{'f evals':>8s} {'g evals':>8s} {'first (s)':>10s} {'steady (s)':>10s}  retcode")
-    print("L2-regularised logistic regression, 2000 x 20, float64; "
-          "stop at gradient inf-norm <= 1e-6 or 2000 iterations\n")
+    header = (
+        f"{'algorithm':42s} {'objective':>14s} {'grad inf-norm':>13s} {'iters':>6s} "
+        f"{'f evals':>8s} {'g evals':>8s} {'first (s)':>10s} {'steady (s)':>10s}  retcode"
+    )
+    print(
+        "L2-regularised logistic regression, 2000 x 20, float64; "
+        "stop at gradient inf-norm <= 1e-6 or 2000 iterations\n"
+    )
     print(header)
     print("-" * len(header))
     for name, algorithm, extra in runs:
@@ -64,17 +74,23 @@ def main() -> None:
         sol = solve(prob, algorithm, maxiters=2000, gtol=1e-6, **extra)
         grad = jax.grad(prob.f)(sol.x, prob.p)
         gnorm = max(float(jnp.max(jnp.abs(g))) for g in jax.tree_util.tree_leaves(grad))
-        print(f"{name:42s} {float(sol.objective):14.10f} {gnorm:13.2e} "
-              f"{int(sol.stats.iterations):6d} {int(sol.stats.f_evals):8d} "
-              f"{int(sol.stats.grad_evals):8d} {first:10.3f} {sol.stats.time:10.4f}  "
-              f"{sol.retcode.name}")
+        print(
+            f"{name:42s} {float(sol.objective):14.10f} {gnorm:13.2e} "
+            f"{int(sol.stats.iterations):6d} {int(sol.stats.f_evals):8d} "
+            f"{int(sol.stats.grad_evals):8d} {first:10.3f} {sol.stats.time:10.4f}  "
+            f"{sol.retcode.name}"
+        )
 
     # Hyperparameters are pytree leaves: a sweep over learning rates compiles once.
     start = time.perf_counter()
-    finals = [float(solve(prob, optsolve.Adam(lr), maxiters=500).objective)
-              for lr in (0.01, 0.02, 0.05, 0.1, 0.2)]
-    print(f"\nAdam, 5 learning rates x 500 steps, no recompilation: "
-          f"{time.perf_counter() - start:.2f} s; objectives {', '.join(f'{v:.6f}' for v in finals)}")
+    finals = [
+        float(solve(prob, optsolve.Adam(lr), maxiters=500).objective)
+        for lr in (0.01, 0.02, 0.05, 0.1, 0.2)
+    ]
+    print(
+        f"\nAdam, 5 learning rates x 500 steps, no recompilation: "
+        f"{time.perf_counter() - start:.2f} s; objectives {', '.join(f'{v:.6f}' for v in finals)}"
+    )
 
 
 if __name__ == "__main__":

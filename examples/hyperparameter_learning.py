@@ -31,10 +31,12 @@ def make_data(n_train: int, n_val: int, n_features: int = 20, informative: int =
     rng = np.random.default_rng(seed)
     w_true = np.zeros(n_features)
     w_true[:informative] = rng.normal(scale=2.0, size=informative)
+
     def sample(n):
         x = rng.normal(size=(n, n_features))
         y = (rng.uniform(size=n) < 1 / (1 + np.exp(-x @ w_true))).astype(float)
         return jnp.asarray(x), jnp.asarray(y)
+
     return sample(n_train), sample(n_val), sample(4000)
 
 
@@ -64,10 +66,15 @@ def main(small: bool = False, out: Path = Path(".")) -> dict:
     # The outer problem is itself solved by optsolve: Adam on p, whose gradient flows through
     # the inner solve (implicit differentiation, the inner scipy run called from compiled code).
     history = []
-    outer = OptimizationProblem(lambda log_lam, _: validation(log_lam),
-                                jnp.full(train[0].shape[1], np.log(0.01)))
-    result = solve(outer, optsolve.Adam(0.3), maxiters=outer_steps,
-                   callback=lambda i, q, value: history.append(float(value)))
+    outer = OptimizationProblem(
+        lambda log_lam, _: validation(log_lam), jnp.full(train[0].shape[1], np.log(0.01))
+    )
+    result = solve(
+        outer,
+        optsolve.Adam(0.3),
+        maxiters=outer_steps,
+        callback=lambda i, q, value: history.append(float(value)),
+    )
     log_lam = result.x
     learned_val = float(validation(log_lam))
     learned_test = float(log_loss(fit(log_lam), test))
@@ -90,9 +97,14 @@ def main(small: bool = False, out: Path = Path(".")) -> dict:
     axes[1].legend()
     path = save_figure(fig, out, "hyperparameter_learning.png")
 
-    summary = {"learned_validation": learned_val, "grid_validation": min(grid_val),
-              "learned_test": learned_test, "grid_test": grid_test,
-              "history": history, "plot": path}
+    summary = {
+        "learned_validation": learned_val,
+        "grid_validation": min(grid_val),
+        "learned_test": learned_test,
+        "grid_test": grid_test,
+        "history": history,
+        "plot": path,
+    }
     print(f"validation log-loss: learned {learned_val:.4f} vs best grid {min(grid_val):.4f}")
     print(f"held-out test log-loss: learned {learned_test:.4f} vs best grid {grid_test:.4f}")
     return summary

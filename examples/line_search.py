@@ -57,7 +57,8 @@ def main(small: bool = False, out: Path = Path(".")) -> dict:
     runs = {
         "sgd(1e-3), fixed step": optax.sgd(1e-3),
         "sgd + backtracking (Armijo)": optax.chain(
-            optax.sgd(1.0), optax.scale_by_backtracking_linesearch(max_backtracking_steps=30)),
+            optax.sgd(1.0), optax.scale_by_backtracking_linesearch(max_backtracking_steps=30)
+        ),
         "sgd + zoom (strong Wolfe)": zoom,
         "lbfgs (zoom)": optax.lbfgs(),
     }
@@ -66,22 +67,34 @@ def main(small: bool = False, out: Path = Path(".")) -> dict:
     for name, tx in runs.items():
         sol = solve(prob, tx, maxiters=maxiters, gtol=1e-6, history=True)
         curve = np.asarray(sol.history.objective)
-        results[name] = {"objective": float(sol.objective), "retcode": sol.retcode.name,
-                         "iterations": int(sol.stats.iterations),
-                         "f_evals": int(sol.stats.f_evals), "grad_evals": int(sol.stats.grad_evals),
-                         "curve": curve[np.isfinite(curve)]}
-        print(f"{name:30s} {str(sol.retcode):20s} f={float(sol.objective):.2e} "
-              f"iterations={int(sol.stats.iterations)} f_evals={int(sol.stats.f_evals)} "
-              f"grad_evals={int(sol.stats.grad_evals)}")
+        results[name] = {
+            "objective": float(sol.objective),
+            "retcode": sol.retcode.name,
+            "iterations": int(sol.stats.iterations),
+            "f_evals": int(sol.stats.f_evals),
+            "grad_evals": int(sol.stats.grad_evals),
+            "curve": curve[np.isfinite(curve)],
+        }
+        print(
+            f"{name:30s} {sol.retcode!s:20s} f={float(sol.objective):.2e} "
+            f"iterations={int(sol.stats.iterations)} f_evals={int(sol.stats.f_evals)} "
+            f"grad_evals={int(sol.stats.grad_evals)}"
+        )
 
     plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for name, result in results.items():
-        ax.loglog(np.arange(1, len(result["curve"]) + 1), np.maximum(result["curve"], 1e-20),
-                  label=f"{name} ({result['f_evals']} f evals)")
-    ax.set(xlabel="iteration", ylabel="objective",
-           title=f"Extended Rosenbrock, n = {n}: line searches through solve, no wrapper")
+        ax.loglog(
+            np.arange(1, len(result["curve"]) + 1),
+            np.maximum(result["curve"], 1e-20),
+            label=f"{name} ({result['f_evals']} f evals)",
+        )
+    ax.set(
+        xlabel="iteration",
+        ylabel="objective",
+        title=f"Extended Rosenbrock, n = {n}: line searches through solve, no wrapper",
+    )
     ax.legend(fontsize=8)
     path = save_figure(fig, out, "line_search.png")
     return {"max_difference_to_documented_loop": same, "results": results, "plot": path}

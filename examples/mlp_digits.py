@@ -49,8 +49,15 @@ def main(small: bool = False, out: Path = Path(".")) -> dict:
         return float(jnp.mean(jnp.argmax(model.apply(params, x), -1) == jnp.argmax(y, -1)))
 
     epochs = 5 if small else 40
-    adam = solve(OptimizationProblem(loss, params), optsolve.Adam(3e-3), data=train,
-                 batch_size=100, key=jax.random.key(1), epochs=epochs, history=True)
+    adam = solve(
+        OptimizationProblem(loss, params),
+        optsolve.Adam(3e-3),
+        data=train,
+        batch_size=100,
+        key=jax.random.key(1),
+        epochs=epochs,
+        history=True,
+    )
     full_batch = OptimizationProblem(lambda w, p: loss(w, p, train), params)
     lbfgs_iters = 50 if small else 400
     lbfgs = solve(full_batch, optax.lbfgs(), maxiters=lbfgs_iters, gtol=1e-5, history=True)
@@ -61,24 +68,36 @@ def main(small: bool = False, out: Path = Path(".")) -> dict:
     steps_per_epoch = n_train // 100
     adam_epochs = np.asarray(adam.history.objective).reshape(-1, steps_per_epoch).mean(axis=1)
     axes[0].semilogy(np.arange(1, len(adam_epochs) + 1), adam_epochs, "o-")
-    axes[0].set(xlabel="epoch", ylabel="mean minibatch loss",
-                title=f"Adam(3e-3), batches of 100: test accuracy {accuracy(adam.x, test):.3f}")
+    axes[0].set(
+        xlabel="epoch",
+        ylabel="mean minibatch loss",
+        title=f"Adam(3e-3), batches of 100: test accuracy {accuracy(adam.x, test):.3f}",
+    )
     lbfgs_curve = np.asarray(lbfgs.history.objective)
     axes[1].semilogy(np.arange(len(lbfgs_curve)), lbfgs_curve)
-    axes[1].set(xlabel="iteration", ylabel="full-batch loss",
-                title=f"optax.lbfgs, full batch: test accuracy {accuracy(lbfgs.x, test):.3f}")
+    axes[1].set(
+        xlabel="iteration",
+        ylabel="full-batch loss",
+        title=f"optax.lbfgs, full batch: test accuracy {accuracy(lbfgs.x, test):.3f}",
+    )
     path = save_figure(fig, out, "mlp_digits.png")
     summary = {
-        "adam_test_accuracy": accuracy(adam.x, test), "lbfgs_test_accuracy": accuracy(lbfgs.x, test),
+        "adam_test_accuracy": accuracy(adam.x, test),
+        "lbfgs_test_accuracy": accuracy(lbfgs.x, test),
         "adam_train_loss": float(loss(adam.x, None, train)),
-        "lbfgs_train_loss": float(lbfgs.objective), "initial_loss": float(loss(params, None, train)),
+        "lbfgs_train_loss": float(lbfgs.objective),
+        "initial_loss": float(loss(params, None, train)),
         "plot": path,
     }
-    print(f"Adam:   train loss {summary['adam_train_loss']:.4f}, "
-          f"test accuracy {summary['adam_test_accuracy']:.3f} ({adam.stats.time:.1f} s)")
-    print(f"L-BFGS: train loss {summary['lbfgs_train_loss']:.4f}, "
-          f"test accuracy {summary['lbfgs_test_accuracy']:.3f} ({lbfgs.stats.time:.1f} s, "
-          f"{int(lbfgs.stats.iterations)} iterations, {lbfgs.retcode})")
+    print(
+        f"Adam:   train loss {summary['adam_train_loss']:.4f}, "
+        f"test accuracy {summary['adam_test_accuracy']:.3f} ({adam.stats.time:.1f} s)"
+    )
+    print(
+        f"L-BFGS: train loss {summary['lbfgs_train_loss']:.4f}, "
+        f"test accuracy {summary['lbfgs_test_accuracy']:.3f} ({lbfgs.stats.time:.1f} s, "
+        f"{int(lbfgs.stats.iterations)} iterations, {lbfgs.retcode})"
+    )
     return summary
 
 

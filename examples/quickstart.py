@@ -40,7 +40,10 @@ def algorithms(small: bool):
         "classical: BFGS": (optsolve.BFGS(), tight),
         "classical: Newton": (optsolve.Newton(), tight),
         "classical: TrustRegion": (optsolve.TrustRegion(), tight),
-        "scipy: Nelder-Mead (no gradient)": (optsolve.ScipyMinimize("Nelder-Mead"), {"ftol": 1e-12}),
+        "scipy: Nelder-Mead (no gradient)": (
+            optsolve.ScipyMinimize("Nelder-Mead"),
+            {"ftol": 1e-12},
+        ),
         "scipy: BFGS": (optsolve.ScipyMinimize("BFGS"), tight),
         "scipy: trust-exact": (optsolve.ScipyMinimize("trust-exact"), tight),
     }
@@ -52,19 +55,31 @@ def main(small: bool = False, out: Path = Path(".")) -> dict:
     print(f"{'method':30s} {'retcode':22s} {'objective':>10s} {'iters':>6s} {'f evals':>8s}")
     for name, (algorithm, options) in algorithms(small).items():
         trace = []
-        sol = solve(prob, algorithm,
-                    callback=lambda i, x, f, trace=trace: trace.append(float(f)), **options)
-        results[name] = {"objective": float(sol.objective), "retcode": sol.retcode.name,
-                         "trace": trace, "x": [float(v) for v in sol.x]}
-        print(f"{name:30s} {str(sol.retcode):22s} {float(sol.objective):10.2e} "
-              f"{int(sol.stats.iterations):6d} {int(sol.stats.f_evals):8d}")
+        sol = solve(
+            prob, algorithm, callback=lambda i, x, f, trace=trace: trace.append(float(f)), **options
+        )
+        results[name] = {
+            "objective": float(sol.objective),
+            "retcode": sol.retcode.name,
+            "trace": trace,
+            "x": [float(v) for v in sol.x],
+        }
+        print(
+            f"{name:30s} {sol.retcode!s:22s} {float(sol.objective):10.2e} "
+            f"{int(sol.stats.iterations):6d} {int(sol.stats.f_evals):8d}"
+        )
     bounded = prob.replace(bounds=(-2.0, 2.0))
     sol = solve(bounded, optsolve.ScipyGlobal("differential_evolution", seed=0))
     results["scipy global: differential_evolution"] = {
-        "objective": float(sol.objective), "retcode": sol.retcode.name, "trace": [],
-        "x": [float(v) for v in sol.x]}
-    print(f"{'scipy global: differential_evolution':30s} {str(sol.retcode):22s} "
-          f"{float(sol.objective):10.2e}")
+        "objective": float(sol.objective),
+        "retcode": sol.retcode.name,
+        "trace": [],
+        "x": [float(v) for v in sol.x],
+    }
+    print(
+        f"{'scipy global: differential_evolution':30s} {sol.retcode!s:22s} "
+        f"{float(sol.objective):10.2e}"
+    )
 
     plt = pyplot()
 
@@ -74,7 +89,11 @@ def main(small: bool = False, out: Path = Path(".")) -> dict:
         if trace:
             style = {"optax": ":", "classical": "-", "scipy": "--"}[name.split(":")[0]]
             ax.loglog(range(1, len(trace) + 1), trace, style, label=name, lw=1.6)
-    ax.set(xlabel="iteration", ylabel="objective", title="Rosenbrock from (-1.2, 1), one solve call each")
+    ax.set(
+        xlabel="iteration",
+        ylabel="objective",
+        title="Rosenbrock from (-1.2, 1), one solve call each",
+    )
     ax.legend(fontsize=7, ncol=2)
     path = save_figure(fig, out, "quickstart.png")
     return {"results": results, "plot": path}

@@ -38,23 +38,24 @@ START = jnp.array([2.0, 0.0, 2.0, 0.0])  # scipy's start: a singular Jacobian
 def pressure_network(Q, k0):
     """F(Q, k0): equal pressure drops k_i Q_i^2 in the four pipes, and the flows add up."""
     k = jnp.concatenate([jnp.atleast_1d(k0), K_REST])
-    P = k * Q ** 2
+    P = k * Q**2
     return jnp.concatenate([P[1:] - P[0], jnp.atleast_1d(Q.sum() - QTOT)])
 
 
 def closed_form(k0):
     """Q*(k0) = Qtot w / sum(w), w_i = k_i^(-1/2), and its derivative in k0."""
     k = np.concatenate([[k0], np.asarray(K_REST)])
-    w = k ** -0.5
-    dw = np.array([-0.5 * k0 ** -1.5, 0.0, 0.0, 0.0])
+    w = k**-0.5
+    dw = np.array([-0.5 * k0**-1.5, 0.0, 0.0, 0.0])
     S = w.sum()
-    return QTOT * w / S, QTOT * (dw * S - w * dw[0]) / S ** 2
+    return QTOT * w / S, QTOT * (dw * S - w * dw[0]) / S**2
 
 
 def flows(k0):
     """The root Q*(k0), from the singular start, by Newton-Raphson."""
-    return optsolve.solve(optsolve.RootProblem(pressure_network, START, k0),
-                          optsolve.NewtonRaphson()).x
+    return optsolve.solve(
+        optsolve.RootProblem(pressure_network, START, k0), optsolve.NewtonRaphson()
+    ).x
 
 
 def main(small: bool = False, out: Path = Path(".")) -> dict:
@@ -66,17 +67,24 @@ def main(small: bool = False, out: Path = Path(".")) -> dict:
     exact, exact_dQ = (np.stack(v) for v in zip(*(closed_form(float(k)) for k in k0s)))
     h = 1e-6 * np.asarray(k0s)
     fd = (np.asarray(branch(k0s + h)) - np.asarray(branch(k0s - h))) / (2 * h[:, None])
-    sol = optsolve.solve(optsolve.RootProblem(pressure_network, START, 1.0),
-                         optsolve.NewtonRaphson())
-    errors = {"max_flow_error": float(np.max(np.abs(Q - exact))),
-              "max_derivative_vs_fd": float(np.max(np.abs(dQ - fd))),
-              "max_derivative_vs_closed_form": float(np.max(np.abs(dQ - exact_dQ)))}
-    print(f"{n} values of k0 in one vmapped solve: max|Q - closed form| = "
-          f"{errors['max_flow_error']:.1e}; dQ/dk0 vs finite differences "
-          f"{errors['max_derivative_vs_fd']:.1e}, vs the closed form "
-          f"{errors['max_derivative_vs_closed_form']:.1e}")
-    print(f"k0 = 1 alone: {sol.retcode}, {sol.stats.iterations} iterations, Q = "
-          f"{np.round(np.asarray(sol.x), 6)}")
+    sol = optsolve.solve(
+        optsolve.RootProblem(pressure_network, START, 1.0), optsolve.NewtonRaphson()
+    )
+    errors = {
+        "max_flow_error": float(np.max(np.abs(Q - exact))),
+        "max_derivative_vs_fd": float(np.max(np.abs(dQ - fd))),
+        "max_derivative_vs_closed_form": float(np.max(np.abs(dQ - exact_dQ))),
+    }
+    print(
+        f"{n} values of k0 in one vmapped solve: max|Q - closed form| = "
+        f"{errors['max_flow_error']:.1e}; dQ/dk0 vs finite differences "
+        f"{errors['max_derivative_vs_fd']:.1e}, vs the closed form "
+        f"{errors['max_derivative_vs_closed_form']:.1e}"
+    )
+    print(
+        f"k0 = 1 alone: {sol.retcode}, {sol.stats.iterations} iterations, Q = "
+        f"{np.round(np.asarray(sol.x), 6)}"
+    )
 
     plt = pyplot()
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10.5, 4.3))
@@ -92,13 +100,20 @@ def main(small: bool = False, out: Path = Path(".")) -> dict:
     ax.set_xscale("log")
     ax.set_xlabel("valve coefficient k0 of pipe 0")
     ax.set_ylabel("flow Q*_i (Qtot = 4)")
-    ax.set_title(f"x*(p): {n} roots from one jax.vmap'd NewtonRaphson,\n"
-                 "tangents from the implicit derivative dQ*/dk0", fontsize=9)
+    ax.set_title(
+        f"x*(p): {n} roots from one jax.vmap'd NewtonRaphson,\n"
+        "tangents from the implicit derivative dQ*/dk0",
+        fontsize=9,
+    )
     ax.legend(fontsize=8)
-    ax2.semilogy(k0s, np.max(np.abs(dQ - fd), axis=1) + 1e-18,
-                 label="dQ*/dk0 vs central differences (h = 1e-6 k0)")
-    ax2.semilogy(k0s, np.max(np.abs(dQ - exact_dQ), axis=1) + 1e-18,
-                 label="dQ*/dk0 vs the closed form")
+    ax2.semilogy(
+        k0s,
+        np.max(np.abs(dQ - fd), axis=1) + 1e-18,
+        label="dQ*/dk0 vs central differences (h = 1e-6 k0)",
+    )
+    ax2.semilogy(
+        k0s, np.max(np.abs(dQ - exact_dQ), axis=1) + 1e-18, label="dQ*/dk0 vs the closed form"
+    )
     ax2.semilogy(k0s, np.max(np.abs(Q - exact), axis=1) + 1e-18, label="Q* vs the closed form")
     ax2.set_xscale("log")
     ax2.set_xlabel("k0")
@@ -106,8 +121,13 @@ def main(small: bool = False, out: Path = Path(".")) -> dict:
     ax2.set_title("the roots and their implicit derivative, checked", fontsize=9)
     ax2.legend(fontsize=8)
     plot = save_figure(fig, out, "roots_continuation.png")
-    return {"plot": plot, "n": n, "retcode": str(sol.retcode),
-            "iterations": int(sol.stats.iterations), **errors}
+    return {
+        "plot": plot,
+        "n": n,
+        "retcode": str(sol.retcode),
+        "iterations": int(sol.stats.iterations),
+        **errors,
+    }
 
 
 if __name__ == "__main__":

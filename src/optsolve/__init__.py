@@ -1,13 +1,35 @@
 """optsolve: one interface over every kind of optimizer for JAX users."""
 
+# Not sorted: these imports register the algorithm classes, and their order is the order
+# the catalog and error messages list them in.
+# isort: off
 from optsolve.solve_api import (
-    Algorithm, Constraint, ImplicitAdjoint, LeastSquaresProblem, OptimizationProblem, ReturnCode, Solution, Stats, UnrolledAdjoint, enable_compilation_cache, load, save, solve,
+    Algorithm,
+    Constraint,
+    ImplicitAdjoint,
+    LeastSquaresProblem,
+    OptimizationProblem,
+    ReturnCode,
+    Solution,
+    Stats,
+    UnrolledAdjoint,
+    enable_compilation_cache,
+    load,
+    save,
+    solve,
 )
 from optsolve.backends.optax.backend import OptaxAlgorithm, OptaxTransform
 from optsolve.backends.optax.groups import ParameterGroups
 from optsolve.backends.optax import schedules
 from optsolve.backends.optax.compose import (
-    AddDecayedWeights, ApplyIfFinite, Chain, Clip, ClipByGlobalNorm, MultiSteps, Scale, chain,
+    AddDecayedWeights,
+    ApplyIfFinite,
+    Chain,
+    Clip,
+    ClipByGlobalNorm,
+    MultiSteps,
+    Scale,
+    chain,
 )
 from optsolve.backends.optax.algorithms import ALGORITHMS as _OPTAX_ALGORITHMS
 from optsolve.backends.classical.descent import GradientDescent, NonlinearCG
@@ -28,21 +50,66 @@ from optsolve.backends.scipy.scalar import ScipyMinimizeScalar
 from optsolve.solve_api.covariance import covariance
 from optsolve.solve_api.recompilation import RecompilationWarning
 from optsolve.fitting import curve_fit, curve_fit_problem
+# isort: on
 
 globals().update(_OPTAX_ALGORITHMS)
 
 __version__ = "0.1.0"
 __all__ = [
-    "Algorithm", "Constraint", "ImplicitAdjoint", "LeastSquaresProblem", "OptimizationProblem", "ReturnCode", "Solution", "Stats", "UnrolledAdjoint", "load", "save", "solve",
+    "Algorithm",
+    "Constraint",
+    "ImplicitAdjoint",
+    "LeastSquaresProblem",
+    "OptimizationProblem",
+    "ReturnCode",
+    "Solution",
+    "Stats",
+    "UnrolledAdjoint",
+    "load",
+    "save",
+    "solve",
     "enable_compilation_cache",
-    "OptaxAlgorithm", "OptaxTransform", "ParameterGroups", *sorted(_OPTAX_ALGORITHMS),
-    "AddDecayedWeights", "ApplyIfFinite", "Chain", "Clip", "ClipByGlobalNorm", "MultiSteps",
-    "Scale", "chain",
-    "AdaHessian", "BFGS", "Backtracking", "GaussNewton", "GradientDescent", "LBFGS",
-    "LevenbergMarquardt", "Newton", "NonlinearCG",
-    "TrustRegion", "Zoom", "Multistart", "Brent", "GoldenSection", "ScipyMinimizeScalar",
-    "ScipyGlobal", "ScipyLeastSquares", "ScipyMinimize",
-    "covariance", "curve_fit", "curve_fit_problem", "schedules", "RecompilationWarning",
-    "RootProblem", "NewtonRaphson", "Broyden", "ScipyRoot", "Bisection", "Brentq",
-    "InteriorPoint", "AugmentedLagrangian",
+    "OptaxAlgorithm",
+    "OptaxTransform",
+    "ParameterGroups",
+    *sorted(_OPTAX_ALGORITHMS),
+    "AddDecayedWeights",
+    "ApplyIfFinite",
+    "Chain",
+    "Clip",
+    "ClipByGlobalNorm",
+    "MultiSteps",
+    "Scale",
+    "chain",
+    "AdaHessian",
+    "BFGS",
+    "Backtracking",
+    "GaussNewton",
+    "GradientDescent",
+    "LBFGS",
+    "LevenbergMarquardt",
+    "Newton",
+    "NonlinearCG",
+    "TrustRegion",
+    "Zoom",
+    "Multistart",
+    "Brent",
+    "GoldenSection",
+    "ScipyMinimizeScalar",
+    "ScipyGlobal",
+    "ScipyLeastSquares",
+    "ScipyMinimize",
+    "covariance",
+    "curve_fit",
+    "curve_fit_problem",
+    "schedules",
+    "RecompilationWarning",
+    "RootProblem",
+    "NewtonRaphson",
+    "Broyden",
+    "ScipyRoot",
+    "Bisection",
+    "Brentq",
+    "InteriorPoint",
+    "AugmentedLagrangian",
 ]

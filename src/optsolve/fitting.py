@@ -30,6 +30,7 @@ def _weighted_residual(model: Callable[..., Any]) -> Callable[[Any, Any], jax.Ar
     """``(model(xdata, *params) - ydata)`` whitened by sigma (1-D: divided; 2-D: the
     inverse of its Cholesky factor), with the data carried in p (differentiable, and new
     data reuses the compiled solve)."""
+
     def residual(params, data):
         xdata, ydata, sigma = data
         diff = jnp.ravel(model(xdata, *params) - ydata)
@@ -38,6 +39,7 @@ def _weighted_residual(model: Callable[..., Any]) -> Callable[[Any, Any], jax.Ar
         if jnp.ndim(sigma) == 2:
             return jsl.solve_triangular(jnp.linalg.cholesky(sigma), diff, lower=True)
         return diff / jnp.ravel(sigma)
+
     return residual
 
 
@@ -51,8 +53,15 @@ def _residual_of(model: Callable[..., Any]) -> Callable[[Any, Any], jax.Array]:
 
 # scipy's least_squares options, given to curve_fit's keywords, that configure
 # ScipyLeastSquares (method "trf" or "dogbox"); everything else goes to solve
-_LEAST_SQUARES_OPTIONS = ("x_scale", "loss", "f_scale", "tr_solver", "tr_options", "verbose",
-                          "max_nfev")
+_LEAST_SQUARES_OPTIONS = (
+    "x_scale",
+    "loss",
+    "f_scale",
+    "tr_solver",
+    "tr_options",
+    "verbose",
+    "max_nfev",
+)
 _METHODS = ("lm", "trf", "dogbox")
 _NAN_POLICIES = ("raise", "omit", None)
 _FINITE_DIFFERENCES = ("2-point", "3-point", "cs")
@@ -75,8 +84,10 @@ def _n_parameters(model: Callable[..., Any]) -> int:
         params = ()
     named = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     if len(named) < 2:
-        raise ValueError("Unable to determine number of fit parameters. curve_fit: give `p0` "
-                         "(the model's signature names no parameter after xdata).")
+        raise ValueError(
+            "Unable to determine number of fit parameters. curve_fit: give `p0` "
+            "(the model's signature names no parameter after xdata)."
+        )
     return len(named) - 1
 
 
@@ -89,8 +100,10 @@ def _warn_cast(name: str, value: Any) -> None:
         warnings.warn(
             f"curve_fit: float64 NumPy data (`{name}`) are cast to float32, JAX's default: the "
             "fit runs in float32 (its covariance is computed in float64). Enable float64 with "
-            "jax.config.update('jax_enable_x64', True). (Shown once.)", UserWarning,
-            stacklevel=4)
+            "jax.config.update('jax_enable_x64', True). (Shown once.)",
+            UserWarning,
+            stacklevel=4,
+        )
 
 
 def _float_data(name: str, value: Any, check_finite: bool) -> Any:
@@ -104,9 +117,11 @@ def _float_data(name: str, value: Any, check_finite: bool) -> Any:
     if not np.issubdtype(host.dtype, np.floating):
         host = host.astype(np.float64)
     if check_finite and not np.all(np.isfinite(host)):
-        raise ValueError(f"curve_fit: `{name}` must contain only finite values "
-                         f"(check_finite=True); it has {int(np.sum(~np.isfinite(host)))} NaN "
-                         "or inf. Remove them, or pass nan_policy='omit'.")
+        raise ValueError(
+            f"curve_fit: `{name}` must contain only finite values "
+            f"(check_finite=True); it has {int(np.sum(~np.isfinite(host)))} NaN "
+            "or inf. Remove them, or pass nan_policy='omit'."
+        )
     return jnp.asarray(host)
 
 
@@ -120,8 +135,10 @@ def _bounds_arrays(bounds: Any, n: int) -> tuple[np.ndarray, np.ndarray] | None:
         try:
             lower, upper = bounds
         except (TypeError, ValueError):
-            raise ValueError(f"curve_fit: `bounds` must be (lower, upper) or scipy.optimize."
-                             f"Bounds, got {bounds!r}.") from None
+            raise ValueError(
+                f"curve_fit: `bounds` must be (lower, upper) or scipy.optimize."
+                f"Bounds, got {bounds!r}."
+            ) from None
     if is_traced(lower, upper):
         return jnp.broadcast_to(lower, (n,)), jnp.broadcast_to(upper, (n,))
     lower = np.broadcast_to(np.asarray(lower, np.float64), (n,))
@@ -151,16 +168,22 @@ def _omit_nan(xdata: Any, ydata: Any, sigma: Any, nan_policy: str | None) -> tup
     rows and columns) with a NaN in x or y."""
     if nan_policy not in _NAN_POLICIES:
         if nan_policy == "propagate":
-            raise ValueError("`nan_policy='propagate'` is not supported by this function. "
-                             "curve_fit: use nan_policy='omit' or 'raise'.")
-        raise ValueError(f"nan_policy must be one of {{None, 'raise', 'omit'}}; curve_fit got "
-                         f"nan_policy={nan_policy!r}.")
+            raise ValueError(
+                "`nan_policy='propagate'` is not supported by this function. "
+                "curve_fit: use nan_policy='omit' or 'raise'."
+            )
+        raise ValueError(
+            f"nan_policy must be one of {{None, 'raise', 'omit'}}; curve_fit got "
+            f"nan_policy={nan_policy!r}."
+        )
     if nan_policy is None:
         return xdata, ydata, sigma
     if is_traced(xdata, ydata, sigma):
-        raise ValueError("curve_fit: nan_policy needs concrete data (omitting points changes "
-                         "the number of residuals), but xdata, ydata or sigma is traced "
-                         "(jax.jit, vmap, grad); drop the NaNs before the transformation.")
+        raise ValueError(
+            "curve_fit: nan_policy needs concrete data (omitting points changes "
+            "the number of residuals), but xdata, ydata or sigma is traced "
+            "(jax.jit, vmap, grad); drop the NaNs before the transformation."
+        )
     y = np.asarray(ydata)
     x = np.asarray(xdata) if isinstance(xdata, jax.Array) else None
     has_nan = np.isnan(y)
@@ -170,8 +193,10 @@ def _omit_nan(xdata: Any, ydata: Any, sigma: Any, nan_policy: str | None) -> tup
     if not has_nan.any():
         return xdata, ydata, sigma
     if nan_policy == "raise":
-        raise ValueError("The input contains nan values. curve_fit: nan_policy='raise' found "
-                         f"{int(has_nan.sum())} data points with NaN in xdata or ydata.")
+        raise ValueError(
+            "The input contains nan values. curve_fit: nan_policy='raise' found "
+            f"{int(has_nan.sum())} data points with NaN in xdata or ydata."
+        )
     keep = ~has_nan
     if x is not None and x.ndim >= 1 and x.shape[-1] == y.size:
         xdata = jnp.asarray(x[..., keep])
@@ -194,8 +219,9 @@ def _prepare(model, xdata, ydata, p0, sigma, bounds, check_finite, nan_policy) -
         if p0.ndim == 0:
             p0 = p0[None]
         if p0.ndim != 1:
-            raise ValueError(f"curve_fit: `p0` must be a 1-D array of parameters, got shape "
-                             f"{p0.shape}.")
+            raise ValueError(
+                f"curve_fit: `p0` must be a 1-D array of parameters, got shape {p0.shape}."
+            )
         n = p0.shape[0]
     box = _bounds_arrays(bounds, n)
     if p0 is None:
@@ -223,19 +249,29 @@ def _prepare(model, xdata, ydata, p0, sigma, bounds, check_finite, nan_policy) -
                 try:
                     np.linalg.cholesky(sigma)
                 except np.linalg.LinAlgError:
-                    raise ValueError("`sigma` must be positive definite (curve_fit: a 2-D "
-                                     "sigma is the covariance matrix of ydata).") from None
+                    raise ValueError(
+                        "`sigma` must be positive definite (curve_fit: a 2-D "
+                        "sigma is the covariance matrix of ydata)."
+                    ) from None
             sigma = jnp.asarray(sigma)
         elif jnp.shape(sigma) == (size,):
             sigma = jnp.asarray(sigma)
         else:
-            raise ValueError(f"`sigma` has incorrect shape. curve_fit: expected a scalar, "
-                             f"({size},) or ({size}, {size}); got {jnp.shape(sigma)}.")
+            raise ValueError(
+                f"`sigma` has incorrect shape. curve_fit: expected a scalar, "
+                f"({size},) or ({size}, {size}); got {jnp.shape(sigma)}."
+            )
     return _Inputs(xdata, ydata, sigma, p0, box)
 
 
-def curve_fit_problem(model: Callable[..., Any], xdata: Any, ydata: Any, p0: Any = None,
-                      sigma: Any = None, bounds: Any = None) -> LeastSquaresProblem:
+def curve_fit_problem(
+    model: Callable[..., Any],
+    xdata: Any,
+    ydata: Any,
+    p0: Any = None,
+    sigma: Any = None,
+    bounds: Any = None,
+) -> LeastSquaresProblem:
     """The :class:`~optsolve.LeastSquaresProblem` that :func:`curve_fit` solves: the
     residuals ``(model(xdata, *params) - ydata)`` whitened by ``sigma``, from ``p0``, with
     ``p = (xdata, ydata, sigma)`` (so new data reuse the compiled solve). For solving the
@@ -247,8 +283,12 @@ def curve_fit_problem(model: Callable[..., Any], xdata: Any, ydata: Any, p0: Any
 
 
 def _problem(model: Callable[..., Any], inputs: _Inputs) -> LeastSquaresProblem:
-    return LeastSquaresProblem(_residual_of(model), inputs.p0,
-                               (inputs.xdata, inputs.ydata, inputs.sigma), bounds=inputs.bounds)
+    return LeastSquaresProblem(
+        _residual_of(model),
+        inputs.p0,
+        (inputs.xdata, inputs.ydata, inputs.sigma),
+        bounds=inputs.bounds,
+    )
 
 
 def _algorithm(method: str | None, algorithm: Any, bounded: bool, options: dict) -> Any:
@@ -260,20 +300,25 @@ def _algorithm(method: str | None, algorithm: Any, bounded: bool, options: dict)
     maxfev = options.pop("maxfev", None)
     if algorithm is not None:
         if method is not None:
-            raise ValueError(f"curve_fit: give `method` or `algorithm`, not both; got "
-                             f"method={method!r} and algorithm={algorithm!r}.")
+            raise ValueError(
+                f"curve_fit: give `method` or `algorithm`, not both; got "
+                f"method={method!r} and algorithm={algorithm!r}."
+            )
         if maxfev is not None:
             options["maxfev"] = maxfev  # solve names it as an unknown option
         return algorithm
     if method is None:
         method = "trf" if bounded else "lm"
     if method not in _METHODS:
-        raise ValueError(f"curve_fit: `method` must be 'lm', 'trf' or 'dogbox' (or None), got "
-                         f"{method!r}.")
+        raise ValueError(
+            f"curve_fit: `method` must be 'lm', 'trf' or 'dogbox' (or None), got {method!r}."
+        )
     if method == "lm":
         if bounded:
-            raise ValueError("Method 'lm' only works for unconstrained problems. Use 'trf' or "
-                             "'dogbox' instead. (curve_fit got `bounds`.)")
+            raise ValueError(
+                "Method 'lm' only works for unconstrained problems. Use 'trf' or "
+                "'dogbox' instead. (curve_fit got `bounds`.)"
+            )
         if maxfev is not None:  # each iteration evaluates the residuals at least once
             options.setdefault("maxiters", int(maxfev))
         lm = {k: options.pop(k) for k in ("factor",) if k in options}
@@ -294,8 +339,9 @@ def _ier(solution: Solution) -> int:
         return int(status)
     if is_traced(solution.retcode):  # under jax.jit: an array (1 converged, 5, or 0)
         code = solution.retcode
-        return jnp.where(code == ReturnCode.SUCCESS, 1,
-                         jnp.where(code == ReturnCode.MAXITERS, 5, 0))
+        return jnp.where(
+            code == ReturnCode.SUCCESS, 1, jnp.where(code == ReturnCode.MAXITERS, 5, 0)
+        )
     code = int(np.asarray(solution.retcode))
     if code == ReturnCode.MAXITERS:
         return 5
@@ -310,8 +356,13 @@ def _infodict(problem: LeastSquaresProblem, solution: Solution, minpack: bool) -
     MINPACK keeps its Householder vectors), ipvt and qtf; plus optsolve's solution."""
     x, p = jnp.asarray(solution.x), problem.p
     fvec = problem.residual(x, p)
-    info = {"nfev": solution.stats.f_evals, "njev": solution.stats.grad_evals, "fvec": fvec,
-            "solution": solution, "retcode": solution.retcode}
+    info = {
+        "nfev": solution.stats.f_evals,
+        "njev": solution.stats.grad_evals,
+        "fvec": fvec,
+        "solution": solution,
+        "retcode": solution.retcode,
+    }
     if minpack and not is_traced(x, p):
         jac = np.asarray(jax.jacfwd(problem.residual)(x, p), np.float64)
         m, n = jac.shape
@@ -319,17 +370,32 @@ def _infodict(problem: LeastSquaresProblem, solution: Solution, minpack: bool) -
 
         q, r, perm = sla.qr(jac, mode="economic", pivoting=True)
         fjac = np.zeros((n, m))
-        fjac[:, :r.shape[0]] = r.T
-        info.update(fjac=fjac, ipvt=(perm + 1).astype(np.int32),
-                    qtf=(q.T @ np.asarray(fvec, np.float64))[:n])
+        fjac[:, : r.shape[0]] = r.T
+        info.update(
+            fjac=fjac,
+            ipvt=(perm + 1).astype(np.int32),
+            qtf=(q.T @ np.asarray(fvec, np.float64))[:n],
+        )
     return info
 
 
-def curve_fit(f: Callable[..., Any], xdata: Any, ydata: Any, p0: Any = None,
-              sigma: Any = None, absolute_sigma: bool = False, check_finite: bool | None = None,
-              bounds: Any = None, method: str | None = None, jac: Any = None, *,
-              full_output: bool = False, nan_policy: str | None = None,
-              algorithm: Any = None, **kwargs: Any) -> tuple:
+def curve_fit(
+    f: Callable[..., Any],
+    xdata: Any,
+    ydata: Any,
+    p0: Any = None,
+    sigma: Any = None,
+    absolute_sigma: bool = False,
+    check_finite: bool | None = None,
+    bounds: Any = None,
+    method: str | None = None,
+    jac: Any = None,
+    *,
+    full_output: bool = False,
+    nan_policy: str | None = None,
+    algorithm: Any = None,
+    **kwargs: Any,
+) -> tuple:
     """Fit ``f(xdata, *params)`` to ``ydata`` by least squares: ``scipy.optimize.curve_fit``'s
     signature and semantics on optsolve's solvers.
 
@@ -407,26 +473,36 @@ def curve_fit(f: Callable[..., Any], xdata: Any, ydata: Any, p0: Any = None,
       >>> perr = jnp.sqrt(jnp.diag(pcov))
     """
     if "args" in kwargs:
-        raise ValueError("'args' is not a supported keyword argument. curve_fit calls "
-                         "f(xdata, *params); bind extra arguments with a closure or "
-                         "functools.partial.")
+        raise ValueError(
+            "'args' is not a supported keyword argument. curve_fit calls "
+            "f(xdata, *params); bind extra arguments with a closure or "
+            "functools.partial."
+        )
     if jac is not None and (callable(jac) or jac not in _FINITE_DIFFERENCES):
-        raise TypeError("curve_fit: `jac` must be None or '2-point', '3-point', 'cs' (ignored: "
-                        f"the Jacobian is JAX's, exact); got {jac!r}.")
+        raise TypeError(
+            "curve_fit: `jac` must be None or '2-point', '3-point', 'cs' (ignored: "
+            f"the Jacobian is JAX's, exact); got {jac!r}."
+        )
     inputs = _prepare(f, xdata, ydata, p0, sigma, bounds, check_finite, nan_policy)
     options = dict(kwargs)
     algorithm = _algorithm(method, algorithm, inputs.bounds is not None, options)
-    minpack = type(algorithm).__name__ == "LevenbergMarquardt" or getattr(
-        getattr(algorithm, "spec", None), "key", None) == "lm"
+    minpack = (
+        type(algorithm).__name__ == "LevenbergMarquardt"
+        or getattr(getattr(algorithm, "spec", None), "key", None) == "lm"
+    )
     n, m = inputs.p0.shape[0], int(np.prod(inputs.ydata.shape))
     if minpack and m != 1 and n > m:
-        raise TypeError(f"The number of func parameters={n} must not exceed the number of "
-                        f"data points={m} (curve_fit with method 'lm').")
+        raise TypeError(
+            f"The number of func parameters={n} must not exceed the number of "
+            f"data points={m} (curve_fit with method 'lm')."
+        )
     if inputs.bounds is not None and not is_traced(inputs.p0, inputs.bounds):
         lower, upper = inputs.bounds
         if np.any(np.asarray(inputs.p0) < lower) or np.any(np.asarray(inputs.p0) > upper):
-            raise ValueError(f"Initial guess is outside of provided bounds: curve_fit's `p0` "
-                             f"{np.asarray(inputs.p0).tolist()} must lie within `bounds`.")
+            raise ValueError(
+                f"Initial guess is outside of provided bounds: curve_fit's `p0` "
+                f"{np.asarray(inputs.p0).tolist()} must lie within `bounds`."
+            )
     problem = _problem(f, inputs)
     solution = solve(problem, algorithm, **options)
     if not is_traced(solution.x) and not bool(np.asarray(solution.success)):
@@ -434,10 +510,13 @@ def curve_fit(f: Callable[..., Any], xdata: Any, ydata: Any, p0: Any = None,
         if low_precision and int(np.asarray(solution.retcode)) == ReturnCode.STALLED:
             from scipy.optimize import OptimizeWarning  # scipy's, for scipy users' filters
 
-            warnings.warn(f"curve_fit: the {inputs.p0.dtype} fit stopped where "
-                          f"{inputs.p0.dtype} resolves no further progress (retcode "
-                          "STALLED); popt is returned. Enable x64 for a tighter fit.",
-                          OptimizeWarning, stacklevel=2)
+            warnings.warn(
+                f"curve_fit: the {inputs.p0.dtype} fit stopped where "
+                f"{inputs.p0.dtype} resolves no further progress (retcode "
+                "STALLED); popt is returned. Enable x64 for a tighter fit.",
+                OptimizeWarning,
+                stacklevel=2,
+            )
         else:
             raise RuntimeError(f"Optimal parameters not found: {solution.message}")
     pcov = covariance(solution, problem, scale=not absolute_sigma)

@@ -11,6 +11,17 @@ from optsolve.solve_api.solution import Solution, Stats
 from optsolve.solve_api.solve import solve
 
 __all__ = [
-    "Algorithm", "Constraint", "ImplicitAdjoint", "LeastSquaresProblem", "OptimizationProblem", "ReturnCode", "Solution", "Stats", "UnrolledAdjoint", "load", "save", "solve",
+    "Algorithm",
+    "Constraint",
+    "ImplicitAdjoint",
+    "LeastSquaresProblem",
+    "OptimizationProblem",
+    "ReturnCode",
+    "Solution",
+    "Stats",
+    "UnrolledAdjoint",
     "enable_compilation_cache",
+    "load",
+    "save",
+    "solve",
 ]

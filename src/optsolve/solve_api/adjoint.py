@@ -26,17 +26,17 @@ import jax.numpy as jnp
 import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
-from optsolve.solve_api.linear_solve import CGStatus, cg, cgls, warn_singular
 from optsolve.solve_api.forward_passes import by_forward_passes
 from optsolve.solve_api.host import under_a_trace
 from optsolve.solve_api.kkt import kkt_tangent
+from optsolve.solve_api.linear_solve import CGStatus, cg, cgls, warn_singular
 from optsolve.solve_api.loops import CheckpointedScan, while_loop
 from optsolve.solve_api.problem import OptimizationProblem
 from optsolve.solve_api.pytree import is_traced, pytree_dataclass, replace, static_field
 from optsolve.solve_api.returncode import ReturnCode
 from optsolve.solve_api.root_problem import RootProblem
-from optsolve.solve_api.solution import Solution
 from optsolve.solve_api.sensitivity import solution_tangent
+from optsolve.solve_api.solution import Solution
 
 PyTree = Any
 Run = Callable[..., Solution]  # run(problem, algorithm, options[, loop=...])
@@ -61,8 +61,10 @@ def _is_symbolic_zero(leaf: Any) -> bool:
 
 def _perturbed(tangent: PyTree) -> bool:
     """Whether some leaf of a custom_jvp tangent (symbolic zeros on) is being differentiated."""
-    return any(not _is_symbolic_zero(leaf)
-               for leaf in jax.tree_util.tree_leaves(tangent, is_leaf=_is_symbolic_zero))
+    return any(
+        not _is_symbolic_zero(leaf)
+        for leaf in jax.tree_util.tree_leaves(tangent, is_leaf=_is_symbolic_zero)
+    )
 
 
 def _instantiated(tangent: PyTree, primal: PyTree, always: bool = False) -> PyTree | None:
@@ -72,7 +74,10 @@ def _instantiated(tangent: PyTree, primal: PyTree, always: bool = False) -> PyTr
         return None
     return jax.tree_util.tree_map(
         lambda t, x: _zero_tangent(x) if _is_symbolic_zero(t) else t,
-        tangent, primal, is_leaf=_is_symbolic_zero)
+        tangent,
+        primal,
+        is_leaf=_is_symbolic_zero,
+    )
 
 
 def _held_by(fn: Any) -> list[Any]:
@@ -103,10 +108,13 @@ def _closes_over_tracers(fn: Any, depth: int = 4) -> bool:
     held = _held_by(fn)
     if is_traced(held):
         return True
-    return any((callable(value) or hasattr(value, "__dict__"))
-               and not (inspect.isclass(value) or inspect.ismodule(value))
-               and _closes_over_tracers(value, depth - 1)
-               for value in jax.tree_util.tree_leaves(held) if value is not fn)
+    return any(
+        (callable(value) or hasattr(value, "__dict__"))
+        and not (inspect.isclass(value) or inspect.ismodule(value))
+        and _closes_over_tracers(value, depth - 1)
+        for value in jax.tree_util.tree_leaves(held)
+        if value is not fn
+    )
 
 
 def _hoisted(problem: OptimizationProblem) -> OptimizationProblem:
@@ -120,9 +128,15 @@ def _hoisted(problem: OptimizationProblem) -> OptimizationProblem:
     # string keys throughout: p's pytree flattening sorts them; a residual problem's f is
     # derived from its residual, which is the function converted
     functions: dict[str, Callable[..., Any] | None] = (
-        {"f": problem.f} if residual is None else {"residual": residual})
-    functions.update({"grad": problem.grad, "hvp": problem.hvp,
-                      **{f"g{i}": c.g for i, c in enumerate(constraints)}})
+        {"f": problem.f} if residual is None else {"residual": residual}
+    )
+    functions.update(
+        {
+            "grad": problem.grad,
+            "hvp": problem.hvp,
+            **{f"g{i}": c.g for i, c in enumerate(constraints)},
+        }
+    )
     if not any(_closes_over_tracers(fn) for fn in functions.values()):
         return problem
     x0, p = problem.x0, problem.p
@@ -140,8 +154,12 @@ def _hoisted(problem: OptimizationProblem) -> OptimizationProblem:
 
     functions = {"f": lift("f")} if residual is None else {"residual": lift("residual")}
     return problem.replace(
-        **functions, grad=lift("grad"), hvp=lift("hvp"), p=(p, consts),
-        constraints=tuple(replace(c, g=lift(f"g{i}")) for i, c in enumerate(constraints)) or None)
+        **functions,
+        grad=lift("grad"),
+        hvp=lift("hvp"),
+        p=(p, consts),
+        constraints=tuple(replace(c, g=lift(f"g{i}")) for i, c in enumerate(constraints)) or None,
+    )
 
 
 def _warn_not_converged(code) -> None:
@@ -150,15 +168,21 @@ def _warn_not_converged(code) -> None:
         warnings.warn(
             f"optsolve: differentiating a solution whose retcode is {code.name}; the implicit "
             "gradient assumes x is a minimiser (grad_x f = 0) and may be inaccurate. Tighten "
-            "gtol or raise maxiters.", RuntimeWarning, stacklevel=2,
+            "gtol or raise maxiters.",
+            RuntimeWarning,
+            stacklevel=2,
         )
 
 
 # Not jax.scipy's cg: it spends one Hessian-vector product on H 0 (b - A(x0) from the zero
 # start), which costs as much as a gradient on data-bound objectives.
-def _cg(matvec: Callable[[PyTree], PyTree], b: PyTree, tol: Any,
-        maxiter: int, preconditioner: Callable[[PyTree], PyTree] | None = None
-        ) -> tuple[PyTree, jax.Array]:
+def _cg(
+    matvec: Callable[[PyTree], PyTree],
+    b: PyTree,
+    tol: Any,
+    maxiter: int,
+    preconditioner: Callable[[PyTree], PyTree] | None = None,
+) -> tuple[PyTree, jax.Array]:
     """Conjugate gradients from v = 0 until ``|b - H v| <= tol |b|``: :func:`cg` with a
     relative tolerance and H taken as positive semidefinite (Hestenes & Stiefel 1952;
     Nocedal & Wright, *Numerical Optimization*, 2006, Algorithms 5.2 and, with
@@ -170,15 +194,28 @@ def _cg(matvec: Callable[[PyTree], PyTree], b: PyTree, tol: Any,
     Returns:
       (v, the number of products with H made).
     """
-    result = cg(matvec, b, rtol=tol, maxiter=maxiter, negative_curvature="singular",
-                preconditioner=preconditioner)
-    return _least_squares_fallback(matvec, b, result.x, result.status == CGStatus.SINGULAR,
-                                   tol, maxiter, result.matvecs)
+    result = cg(
+        matvec,
+        b,
+        rtol=tol,
+        maxiter=maxiter,
+        negative_curvature="singular",
+        preconditioner=preconditioner,
+    )
+    return _least_squares_fallback(
+        matvec, b, result.x, result.status == CGStatus.SINGULAR, tol, maxiter, result.matvecs
+    )
 
 
-def _least_squares_fallback(matvec: Callable[[jax.Array], jax.Array], b: jax.Array,
-                            v: jax.Array, singular: jax.Array, tol: Any, maxiter: int,
-                            matvecs: Any = 0) -> tuple[jax.Array, jax.Array]:
+def _least_squares_fallback(
+    matvec: Callable[[jax.Array], jax.Array],
+    b: jax.Array,
+    v: jax.Array,
+    singular: jax.Array,
+    tol: Any,
+    maxiter: int,
+    matvecs: Any = 0,
+) -> tuple[jax.Array, jax.Array]:
     """``v`` where the solve succeeded, else ``H^+ b`` (:func:`cgls`), warning once.
 
     Why minimum-norm: forward mode solves H dx = -B dp with B dp in the range of H (f does
@@ -193,22 +230,23 @@ def _least_squares_fallback(matvec: Callable[[jax.Array], jax.Array], b: jax.Arr
     Returns:
       (the solution, ``matvecs`` plus the fallback's products).
     """
-    fallback = cgls(matvec, jnp.where(singular, b, jnp.zeros_like(b)), rtol=tol,
-                    maxiter=maxiter)
+    fallback = cgls(matvec, jnp.where(singular, b, jnp.zeros_like(b)), rtol=tol, maxiter=maxiter)
     warn_singular(singular)
     return jnp.where(singular, fallback.x, v), matvecs + fallback.matvecs
 
 
-def _tangents(adjoint, problem, algorithm, x, state, p_dot, p_dot_or_zero, bounds_dot,
-              constraints_dot):
+def _tangents(
+    adjoint, problem, algorithm, x, state, p_dot, p_dot_or_zero, bounds_dot, constraints_dot
+):
     """dx and d(objective) at the solution ``x`` (see :meth:`ImplicitAdjoint.apply`)."""
     # the optimality condition of what the algorithm minimised (a robust loss, say)
     problem = algorithm.minimised_problem(problem)
     if problem.constraints:
         dx = kkt_tangent(problem, x, p_dot, bounds_dot, constraints_dot)
     else:
-        dx = adjoint.solution_tangent(problem, x, p_dot, bounds_dot,
-                                      algorithm.inverse_hessian_estimate(problem, state))
+        dx = adjoint.solution_tangent(
+            problem, x, p_dot, bounds_dot, algorithm.inverse_hessian_estimate(problem, state)
+        )
     _, dobjective = jax.jvp(problem.f, (x, problem.p), (dx, p_dot_or_zero))
     return dx, dobjective
 
@@ -280,8 +318,12 @@ class ImplicitAdjoint:
                 f"got {self.linear_solver!r}."
             )
 
-    def _solve(self, matvec: Callable[[jax.Array], jax.Array], b: jax.Array,
-               preconditioner: Callable[[jax.Array], jax.Array] | None = None) -> jax.Array:
+    def _solve(
+        self,
+        matvec: Callable[[jax.Array], jax.Array],
+        b: jax.Array,
+        preconditioner: Callable[[jax.Array], jax.Array] | None = None,
+    ) -> jax.Array:
         """H v = b on flat vectors, with the configured linear solver (CG preconditioned
         by ``preconditioner`` where given); the minimum-norm least-squares solution
         ``H^+ b`` where H is singular and b has a component in its null space, with a
@@ -296,8 +338,10 @@ class ImplicitAdjoint:
         maxiter = self.maxiter if self.maxiter is not None else 10 * b.size
         if self.linear_solver == "cg":
             return _cg(matvec, b, tol, maxiter, preconditioner)[0]
-        solver = {"gmres": jax.scipy.sparse.linalg.gmres,
-                  "bicgstab": jax.scipy.sparse.linalg.bicgstab}[self.linear_solver]
+        solver = {
+            "gmres": jax.scipy.sparse.linalg.gmres,
+            "bicgstab": jax.scipy.sparse.linalg.bicgstab,
+        }[self.linear_solver]
         v = solver(matvec, b, tol=tol, atol=0.0, maxiter=maxiter)[0]
         # jax.scipy's solvers return no status, and on a singular system give NaN or a
         # finite v far from a solution: one product checks the true residual. Their own
@@ -307,18 +351,24 @@ class ImplicitAdjoint:
         singular = ~(residual <= jnp.sqrt(tol) * jnp.linalg.norm(b))  # also NaN
         return _least_squares_fallback(matvec, b, v, singular, tol, maxiter)[0]
 
-    def solution_tangent(self, problem: OptimizationProblem, x: PyTree, p_dot: PyTree | None,
-                         bounds_dot: tuple[PyTree, PyTree] | None = None,
-                         inverse_hessian: Callable[[jax.Array], jax.Array] | None = None
-                         ) -> PyTree:
+    def solution_tangent(
+        self,
+        problem: OptimizationProblem,
+        x: PyTree,
+        p_dot: PyTree | None,
+        bounds_dot: tuple[PyTree, PyTree] | None = None,
+        inverse_hessian: Callable[[jax.Array], jax.Array] | None = None,
+    ) -> PyTree:
         """dx at the solution ``x`` for the tangents of p and of the bounds
         (:func:`~optsolve.solve_api.sensitivity.solution_tangent`); ``inverse_hessian``, the
         run's own estimate of H^-1 (an L-BFGS memory), preconditions CG."""
-        return solution_tangent(problem, x, p_dot, bounds_dot, self._solve, self.ridge,
-                                inverse_hessian)
+        return solution_tangent(
+            problem, x, p_dot, bounds_dot, self._solve, self.ridge, inverse_hessian
+        )
 
-    def apply(self, run: Run, problem: OptimizationProblem, algorithm: Any,
-              options: Any) -> Solution:
+    def apply(
+        self, run: Run, problem: OptimizationProblem, algorithm: Any, options: Any
+    ) -> Solution:
         """Run the backend with x*(p, bounds) differentiable by the implicit function theorem."""
         if not under_a_trace() and not is_traced(problem, algorithm):
             # an eager call's functions hold no tracer: there is no trace to hold one of
@@ -343,17 +393,34 @@ class ImplicitAdjoint:
                     "statistics, RNG counters), so the solution is not the minimiser of one "
                     "f(x, p) and has no implicit derivative; differentiate a model evaluated "
                     "in eval mode, or the iterations themselves with "
-                    "solve(..., adjoint=UnrolledAdjoint()).")
+                    "solve(..., adjoint=UnrolledAdjoint())."
+                )
             warn_each(_warn_not_converged, solution.retcode)
             p_dot = _instantiated(problem_dot.p, problem.p)
-            bounds_dot = (None if problem.bounds is None
-                          else _instantiated(problem_dot.bounds, problem.bounds))
-            p_dot_or_zero = p_dot if p_dot is not None else _instantiated(
-                problem_dot.p, problem.p, always=True)
-            constraints_dot = None if not problem.constraints else _instantiated(
-                problem_dot.constraints, problem.constraints)
-            return _compiled_tangents(self, problem, algorithm, solution.x, solution.state,
-                                      p_dot, p_dot_or_zero, bounds_dot, constraints_dot)
+            bounds_dot = (
+                None
+                if problem.bounds is None
+                else _instantiated(problem_dot.bounds, problem.bounds)
+            )
+            p_dot_or_zero = (
+                p_dot if p_dot is not None else _instantiated(problem_dot.p, problem.p, always=True)
+            )
+            constraints_dot = (
+                None
+                if not problem.constraints
+                else _instantiated(problem_dot.constraints, problem.constraints)
+            )
+            return _compiled_tangents(
+                self,
+                problem,
+                algorithm,
+                solution.x,
+                solution.state,
+                p_dot,
+                p_dot_or_zero,
+                bounds_dot,
+                constraints_dot,
+            )
 
         return with_tangent_rule(run, problem, algorithm, options, tangents)
 
@@ -361,6 +428,7 @@ class ImplicitAdjoint:
 def warn_each(warn: Callable[[Any], None], code: Any) -> None:
     """``warn(c)`` for every return code c in ``code`` (one, or a batch's), at run time
     where the codes are traced."""
+
     def warn_all(codes: Any) -> None:
         for ci in np.ravel(np.asarray(codes)):
             warn(ci)
@@ -371,9 +439,15 @@ def warn_each(warn: Callable[[Any], None], code: Any) -> None:
         warn_all(code)
 
 
-def with_tangent_rule(run: Run, problem: Any, algorithm: Any, options: Any,
-                      tangents: Callable[..., tuple[PyTree, jax.Array]], *,
-                      rule_differentiable: bool = False) -> Solution:
+def with_tangent_rule(
+    run: Run,
+    problem: Any,
+    algorithm: Any,
+    options: Any,
+    tangents: Callable[..., tuple[PyTree, jax.Array]],
+    *,
+    rule_differentiable: bool = False,
+) -> Solution:
     """``run(problem, algorithm, options)``, its Solution differentiable by a rule rather
     than through the run: ``tangents(problem, algorithm, problem_dot, algorithm_dot,
     solution)`` gives the tangents (dx, d objective) of x and the objective; every other
@@ -389,23 +463,23 @@ def with_tangent_rule(run: Run, problem: Any, algorithm: Any, options: Any,
     def primal(problem, algorithm, options):
         solution = run(problem, algorithm, options)
         leaves, treedef = jax.tree_util.tree_flatten(solution)
-        side["objects"] = [None if _is_array_leaf(l) else l for l in leaves]
+        side["objects"] = [None if _is_array_leaf(leaf) else leaf for leaf in leaves]
         side["treedef"] = treedef
-        return [l if _is_array_leaf(l) else None for l in leaves]
+        return [leaf if _is_array_leaf(leaf) else None for leaf in leaves]
 
     differentiable = jax.custom_jvp(primal)
 
     def rebuilt(leaves):
-        return jax.tree_util.tree_unflatten(side["treedef"], [
-            obj if obj is not None else leaf for leaf, obj in zip(leaves, side["objects"])])
+        return jax.tree_util.tree_unflatten(
+            side["treedef"],
+            [obj if obj is not None else leaf for leaf, obj in zip(leaves, side["objects"])],
+        )
 
     def jvp(primals, tangents_in):
         problem, algorithm, options = primals
         problem_dot, algorithm_dot, _ = tangents_in
-        leaves = (differentiable if rule_differentiable else primal)(problem, algorithm,
-                                                                     options)
-        dx, dobjective = tangents(problem, algorithm, problem_dot, algorithm_dot,
-                                  rebuilt(leaves))
+        leaves = (differentiable if rule_differentiable else primal)(problem, algorithm, options)
+        dx, dobjective = tangents(problem, algorithm, problem_dot, algorithm_dot, rebuilt(leaves))
         arrays_only = jax.tree_util.tree_unflatten(side["treedef"], leaves)
         tangent = jax.tree_util.tree_map(_zero_tangent, arrays_only)
         tangent = dataclasses.replace(tangent, x=dx, objective=dobjective)
@@ -432,8 +506,9 @@ class UnrolledAdjoint:
     algorithms cannot be unrolled at all.
     """
 
-    def apply(self, run: Run, problem: OptimizationProblem | RootProblem, algorithm: Any,
-              options: Any) -> Solution:
+    def apply(
+        self, run: Run, problem: OptimizationProblem | RootProblem, algorithm: Any, options: Any
+    ) -> Solution:
         """Run the backend in a differentiable bounded loop of ``maxiters`` steps (``solve``
         has checked that the algorithm can be unrolled)."""
         maxiters = options.maxiters
@@ -450,5 +525,6 @@ class UnrolledAdjoint:
         # forward mode needs neither a bounded loop nor checkpoints: the plain while loop
         leaves, treedef = jax.tree_util.tree_flatten((problem, algorithm, options))
         return by_forward_passes(
-            lambda *values: run(*jax.tree_util.tree_unflatten(treedef, values),
-                                loop=while_loop), leaves)
+            lambda *values: run(*jax.tree_util.tree_unflatten(treedef, values), loop=while_loop),
+            leaves,
+        )

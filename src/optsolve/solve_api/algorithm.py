@@ -38,16 +38,22 @@ def argument_error(cls: type, args: tuple, kwargs: dict) -> str | None:
         problem = str(err)
     else:
         return None
-    names = [n for n, p in signature.parameters.items()
-             if p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
+    names = [
+        n
+        for n, p in signature.parameters.items()
+        if p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    ]
     unknown = [k for k in kwargs if k not in names]
     if unknown:  # named first: a misspelling also leaves its argument missing
         problem = f"unknown argument(s) {', '.join(map(repr, unknown))}"
     close = difflib.get_close_matches(unknown[0], names, n=1) if unknown else []
     hint = f"; did you mean {close[0]!r}?" if close else "."
-    required = [n for n, p in signature.parameters.items()
-                if p.default is inspect.Parameter.empty and p.kind not in (
-                    inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
+    required = [
+        n
+        for n, p in signature.parameters.items()
+        if p.default is inspect.Parameter.empty
+        and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    ]
     needs = f" (required: {', '.join(required)})" if required else ""
     start = f"{cls.__name__}: {problem}{hint} {cls.__name__} takes "
     takes = ", ".join(names) or "no arguments"
@@ -174,15 +180,30 @@ class Algorithm(metaclass=_Checked):
     def traits(cls) -> dict[str, Any]:
         """The capability traits of this algorithm class, by name."""
         names = (
-            "family", "needs_gradient", "needs_hessian", "needs_residuals", "takes_bounds", "takes_constraints",
-            "jittable", "vmappable", "stops_by_itself", "extra_options", "unrollable",
-            "resumable", "records_history", "takes_data", "compiled_driver",
-            "threads_model_state", "dense_matrices", "float_dtypes", "solves_roots",
+            "family",
+            "needs_gradient",
+            "needs_hessian",
+            "needs_residuals",
+            "takes_bounds",
+            "takes_constraints",
+            "jittable",
+            "vmappable",
+            "stops_by_itself",
+            "extra_options",
+            "unrollable",
+            "resumable",
+            "records_history",
+            "takes_data",
+            "compiled_driver",
+            "threads_model_state",
+            "dense_matrices",
+            "float_dtypes",
+            "solves_roots",
             "roots_only",
         )
         return {n: getattr(cls, n) for n in names}
 
-    def replace(self, **changes: Any) -> "Algorithm":
+    def replace(self, **changes: Any) -> Algorithm:
         """A copy with some hyperparameters changed, validated like a new construction.
 
         Raises:
@@ -201,7 +222,7 @@ class Algorithm(metaclass=_Checked):
         changes one (basinhopping's local method). ``solve`` checks these, once."""
         return type(self).traits()
 
-    def specialised_for(self, problem: Any) -> "Algorithm":
+    def specialised_for(self, problem: Any) -> Algorithm:
         """This configuration with its static choices made for ``problem`` while the
         problem is still concrete (``solve`` calls it before any tracing of its own): itself
         by default. A choice that depends on the problem's values, not only its structure
@@ -217,8 +238,7 @@ class Algorithm(metaclass=_Checked):
         :class:`~optsolve.ScipyLeastSquares` can) returns that objective's problem here."""
         return problem
 
-    def inverse_hessian_estimate(self, problem: Any, state: Any
-                                 ) -> Callable[[Any], Any] | None:
+    def inverse_hessian_estimate(self, problem: Any, state: Any) -> Callable[[Any], Any] | None:
         """The run's own estimate of v -> H^-1 v at its solution, on x flattened with
         ``jax.flatten_util.ravel_pytree``, from its final ``state`` (an L-BFGS memory): the
         implicit adjoint's CG preconditioner. None (no estimate) by default."""

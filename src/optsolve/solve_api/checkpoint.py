@@ -55,8 +55,10 @@ def _restored(saved: Any, leaf: Any) -> Any:
 
 
 def _leaves_with_paths(solution: Solution) -> list[tuple[str, Any]]:
-    return [(jax.tree_util.keystr(path), leaf)
-            for path, leaf in jax.tree_util.tree_leaves_with_path(solution)]
+    return [
+        (jax.tree_util.keystr(path), leaf)
+        for path, leaf in jax.tree_util.tree_leaves_with_path(solution)
+    ]
 
 
 def save(path: str | os.PathLike, solution: Solution) -> None:
@@ -86,14 +88,12 @@ def save(path: str | os.PathLike, solution: Solution) -> None:
             raise TypeError(f"save: leaf {key} is not an array ({type(leaf).__name__}).")
         name = f"leaf_{i:05d}"
         arrays[name] = value
-        record.append(entry | {"name": name, "shape": list(value.shape),
-                               "dtype": str(value.dtype)})
+        record.append(entry | {"name": name, "shape": list(value.shape), "dtype": str(value.dtype)})
     meta = json.dumps({"format": _FORMAT, "leaves": record})
     with open(path, "wb") as fh:
         # numpy's stub reads **arrays as possibly naming its allow_pickle flag; every name
         # here is a leaf_NNNNN
-        np.savez(fh, __meta__=np.frombuffer(meta.encode(), dtype=np.uint8),
-                 **arrays)  # type: ignore[arg-type]
+        np.savez(fh, __meta__=np.frombuffer(meta.encode(), dtype=np.uint8), **arrays)  # type: ignore[arg-type]
 
 
 @jax.tree_util.register_pytree_node_class
@@ -118,24 +118,30 @@ class SavedLeaves:
         errors: ``"solve"`` (a resume) or ``"load"`` (``like=model``)."""
         leaves, treedef = jax.tree_util.tree_flatten(template)
         data = [leaf for leaf in leaves if _is_saved(leaf)]
-        fix = ("resume with the problem and algorithm that wrote it" if who == "solve" else
-               "give as `like` a model of the structure the run trained")
+        fix = (
+            "resume with the problem and algorithm that wrote it"
+            if who == "solve"
+            else "give as `like` a model of the structure the run trained"
+        )
         theirs = "this problem and algorithm's" if who == "solve" else "`like`'s"
         if len(data) != len(self.leaves):
             raise ValueError(
                 f"{who}: the checkpoint's {self.field} has {len(self.leaves)} arrays, but "
-                f"{theirs} has {len(data)}; {fix}.")
+                f"{theirs} has {len(data)}; {fix}."
+            )
         for key, saved, leaf in zip(self.keys, self.leaves, data):
-            if jnp.shape(saved) != jnp.shape(leaf) or jnp.result_type(saved) != \
-                    jnp.result_type(leaf):
+            if jnp.shape(saved) != jnp.shape(leaf) or jnp.result_type(saved) != jnp.result_type(
+                leaf
+            ):
                 raise ValueError(
                     f"{who}: the checkpoint's {key} is {jnp.result_type(saved)}"
                     f"{list(jnp.shape(saved))}, but {theirs} is "
-                    f"{jnp.result_type(leaf)}{list(jnp.shape(leaf))}; {fix}.")
+                    f"{jnp.result_type(leaf)}{list(jnp.shape(leaf))}; {fix}."
+                )
         saved = iter(self.leaves)
         return jax.tree_util.tree_unflatten(
-            treedef, [_restored(next(saved), leaf) if _is_saved(leaf) else leaf
-                      for leaf in leaves])
+            treedef, [_restored(next(saved), leaf) if _is_saved(leaf) else leaf for leaf in leaves]
+        )
 
 
 def _is_prng_key(leaf: Any) -> bool:
@@ -149,9 +155,12 @@ def _read(path: str | os.PathLike) -> dict[str, Any]:
         meta = json.loads(bytes(archive["__meta__"]).decode())
         if meta.get("format") != _FORMAT:
             raise ValueError(f"load: {path} is not an optsolve solution file.")
-        return {entry["key"]: archive[entry["name"]] if "key_impl" not in entry else
-                jax.random.wrap_key_data(archive[entry["name"]], impl=entry["key_impl"])
-                for entry in meta["leaves"]}
+        return {
+            entry["key"]: archive[entry["name"]]
+            if "key_impl" not in entry
+            else jax.random.wrap_key_data(archive[entry["name"]], impl=entry["key_impl"])
+            for entry in meta["leaves"]
+        }
 
 
 _FIELD = re.compile(r"^\.(\w+)")
@@ -167,15 +176,22 @@ def _resume_point(path, saved: dict[str, np.ndarray]) -> Solution:
         fields.setdefault(field.group(1), []).append((key, value))
     if "x" not in fields or "retcode" not in fields:
         raise ValueError(f"load: {path} holds no Solution's x.")
-    leaves = lambda name: SavedLeaves([jnp.asarray(v) for _, v in fields[name]],
-                                      tuple(k for k, _ in fields[name]), name)
+    leaves = lambda name: SavedLeaves(
+        [jnp.asarray(v) for _, v in fields[name]], tuple(k for k, _ in fields[name]), name
+    )
     number = lambda key: saved[key].item() if key in saved else None
     return Solution(
-        x=leaves("x"), objective=jnp.asarray(saved[".objective"]),
+        x=leaves("x"),
+        objective=jnp.asarray(saved[".objective"]),
         retcode=ReturnCode(int(saved[".retcode"])),
-        stats=Stats(iterations=number(".stats.iterations"), f_evals=number(".stats.f_evals"),
-                    grad_evals=number(".stats.grad_evals"), time=number(".stats.time")),
-        state=leaves("state") if "state" in fields else None)
+        stats=Stats(
+            iterations=number(".stats.iterations"),
+            f_evals=number(".stats.f_evals"),
+            grad_evals=number(".stats.grad_evals"),
+            time=number(".stats.time"),
+        ),
+        state=leaves("state") if "state" in fields else None,
+    )
 
 
 def load(path: str | os.PathLike, like: Any = None) -> Solution:
@@ -246,8 +262,9 @@ class Checkpoint:
     Resume a killed run with ``solve(..., resume=optsolve.load(path))``: the x and the
     optimizer state continue exactly (on in-memory data, at the same epoch and batch)."""
 
-    def __init__(self, path: str | os.PathLike, every: int,
-                 to_user: Callable[[Solution], Solution]):
+    def __init__(
+        self, path: str | os.PathLike, every: int, to_user: Callable[[Solution], Solution]
+    ):
         self.path, self.every, self.to_user = os.fspath(path), every, to_user
 
     def steps_to_next(self, iterations: int) -> int:

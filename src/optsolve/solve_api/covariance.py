@@ -27,8 +27,9 @@ from optsolve.solve_api.solution import Solution
 MAX_DENSE_PARAMETERS = 4096
 
 
-def covariance(solution: Solution, problem: OptimizationProblem | None = None, *,
-               scale: bool = True) -> jax.Array:
+def covariance(
+    solution: Solution, problem: OptimizationProblem | None = None, *, scale: bool = True
+) -> jax.Array:
     """The covariance matrix of the parameters at ``solution.x``, dense (n x n).
 
     - Least squares (a :class:`~optsolve.LeastSquaresProblem`): ``s^2 (J^T J)^+`` with J
@@ -67,7 +68,8 @@ def covariance(solution: Solution, problem: OptimizationProblem | None = None, *
     if problem is None:
         raise ValueError(
             "covariance: this Solution holds no problem (it crossed jax.jit, or was built by "
-            "hand); pass it: covariance(sol, problem).")
+            "hand); pass it: covariance(sol, problem)."
+        )
     if isinstance(solution.x, list):  # an x0 given as a list of numbers: f takes one array
         solution = dataclasses.replace(solution, x=jnp.asarray(solution.x))
     # the curvature of what was minimised: -f for sense="max", f's value for has_aux
@@ -78,7 +80,8 @@ def covariance(solution: Solution, problem: OptimizationProblem | None = None, *
             f"covariance: x has {n} parameters; the dense {n} x {n} covariance is limited to "
             f"{MAX_DENSE_PARAMETERS} parameters (optsolve.solve_api.covariance."
             "MAX_DENSE_PARAMETERS). Compute the variances you need from Hessian-vector "
-            "products instead.")
+            "products instead."
+        )
     if isinstance(problem, LeastSquaresProblem) and not is_traced(solution.x, problem):
         return _host_least_squares_covariance(problem, solution.x, scale)
     return _compiled_covariance(problem, solution.x, scale)
@@ -97,8 +100,9 @@ def _covariance(problem: OptimizationProblem, x: Any, scale: bool) -> jax.Array:
 _compiled_covariance = jax.jit(_covariance, static_argnums=2)
 
 
-def _least_squares_covariance(problem: LeastSquaresProblem, flat: jax.Array, unravel: Any,
-                              scale: bool) -> jax.Array:
+def _least_squares_covariance(
+    problem: LeastSquaresProblem, flat: jax.Array, unravel: Any, scale: bool
+) -> jax.Array:
     cov, determinate, variance = _least_squares_pieces(problem, flat, unravel)
     n = flat.size
     if scale:
@@ -106,8 +110,9 @@ def _least_squares_covariance(problem: LeastSquaresProblem, flat: jax.Array, unr
     return jnp.where(determinate, cov, jnp.full((n, n), jnp.inf, cov.dtype))
 
 
-def _residuals_and_jacobian(problem: LeastSquaresProblem, flat: jax.Array, unravel: Any
-                            ) -> tuple[jax.Array, jax.Array]:
+def _residuals_and_jacobian(
+    problem: LeastSquaresProblem, flat: jax.Array, unravel: Any
+) -> tuple[jax.Array, jax.Array]:
     def residuals(z):
         return ravel_pytree(problem.residual(unravel(z), problem.p))[0]
 
@@ -135,7 +140,7 @@ def _pseudo_inverse(jac, xp, eps=None):
     _, s, vt = xp.linalg.svd(jac / norms, full_matrices=False)
     determinate = (s.size == n) & xp.all(s > eps * max(m, n) * s[0]) & xp.all(xp.isfinite(s))
     safe = xp.where(s > 0, s, 1.0)
-    cov = (vt.T / safe ** 2) @ vt
+    cov = (vt.T / safe**2) @ vt
     return cov / norms[:, None] / norms[None, :], determinate
 
 
@@ -153,8 +158,7 @@ def _pieces_at(problem: LeastSquaresProblem, x: Any) -> tuple[jax.Array, jax.Arr
 _compiled_pieces = jax.jit(_pieces_at)
 
 
-def _host_least_squares_covariance(problem: LeastSquaresProblem, x: Any, scale: bool
-                                   ) -> jax.Array:
+def _host_least_squares_covariance(problem: LeastSquaresProblem, x: Any, scale: bool) -> jax.Array:
     """The covariance from J and r computed by JAX (in x's dtype) and factorised in float64
     NumPy: float32's own SVD cannot resolve the singular values of an ill-conditioned J."""
     r, jac = _compiled_pieces(problem, x)
@@ -167,13 +171,18 @@ def _host_least_squares_covariance(problem: LeastSquaresProblem, x: Any, scale: 
         cov, determinate = np.zeros((n, n)), False
     variance = _variance(r, m, n, np)
     if not determinate or (scale and not np.isfinite(variance)):
-        why = ("J is rank-deficient at x, to the precision it was computed in"
-               if not determinate else
-               f"there are {m} residuals for {n} parameters, none left for the variance")
+        why = (
+            "J is rank-deficient at x, to the precision it was computed in"
+            if not determinate
+            else f"there are {m} residuals for {n} parameters, none left for the variance"
+        )
         from scipy.optimize import OptimizeWarning  # scipy's, for scipy users' filters
 
-        warnings.warn(f"Covariance of the parameters could not be estimated: {why}; its "
-                      "entries are inf.", OptimizeWarning, stacklevel=3)
+        warnings.warn(
+            f"Covariance of the parameters could not be estimated: {why}; its entries are inf.",
+            OptimizeWarning,
+            stacklevel=3,
+        )
         return jnp.full((n, n), jnp.inf, jac.dtype)
     if scale:
         cov = cov * variance

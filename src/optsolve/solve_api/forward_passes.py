@@ -64,8 +64,9 @@ def by_forward_passes(call: Callable[..., PyTree], leaves: list[Any]) -> PyTree:
 
         # jacobians[k][j]: output leaf k (float ones only) by moved input j; the run's own
         # output comes back as the auxiliary value (the primal pass, not one more run)
-        jacobians, out = jax.jacfwd(of_moved, argnums=tuple(range(len(moved))),
-                                    has_aux=True)(*(primals[i] for i in moved))
+        jacobians, out = jax.jacfwd(of_moved, argnums=tuple(range(len(moved))), has_aux=True)(
+            *(primals[i] for i in moved)
+        )
         out_leaves, out_def = jax.tree_util.tree_flatten(out)
         float_outputs = iter(jacobians)
         out_tangents = []

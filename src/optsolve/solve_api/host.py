@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+
 def under_a_trace() -> bool:
     """Whether this call runs inside a JAX transformation (jit, vmap, grad, ...), where the
     host cannot read values, even when none of its own inputs is traced (a jitted function
@@ -50,8 +51,7 @@ def clock(token: jax.Array) -> jax.Array:
             _INTERRUPTED[0] = True
             return np.asarray(np.inf, dtype=dtype)  # out of time: the loop stops
 
-    return jax.pure_callback(host, jax.ShapeDtypeStruct((), dtype), token,
-                             vmap_method="sequential")
+    return jax.pure_callback(host, jax.ShapeDtypeStruct((), dtype), token, vmap_method="sequential")
 
 
 def wants_grad_norm(callback: Callable[..., Any]) -> bool:
@@ -62,8 +62,11 @@ def wants_grad_norm(callback: Callable[..., Any]) -> bool:
         params = inspect.signature(callback).parameters.values()
     except (TypeError, ValueError):
         return False
-    required = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-                and p.default is p.empty]
+    required = [
+        p
+        for p in params
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+    ]
     return len(required) >= 4 or any(p.kind == p.VAR_POSITIONAL for p in params)
 
 
@@ -104,7 +107,7 @@ def _run_callback(callback, *args) -> bool:
             raise
         _INTERRUPTED[0] = True
         return True
-    except Exception as err:  # noqa: BLE001  (re-raised by solve, unchanged)
+    except Exception as err:  # re-raised by solve, unchanged
         if not _CATCHING[0]:
             raise
         _RAISED.append(err)
@@ -144,7 +147,7 @@ class HostCalls:
         _INTERRUPTED[0] = self.was_interrupted
         if len(_RAISED) > self.depth:
             err = _RAISED[self.depth]
-            del _RAISED[self.depth:]
+            del _RAISED[self.depth :]
             if kind is None:
                 raise err
         return False
@@ -156,9 +159,14 @@ def _on_interrupt(signum, frame) -> None:
     _INTERRUPTED[0] = True
 
 
-def call_user_callback(callback: Callable[..., Any], due: jax.Array, iteration: jax.Array,
-                       x: Any, objective: jax.Array, grad_norm: jax.Array | None = None
-                       ) -> jax.Array:
+def call_user_callback(
+    callback: Callable[..., Any],
+    due: jax.Array,
+    iteration: jax.Array,
+    x: Any,
+    objective: jax.Array,
+    grad_norm: jax.Array | None = None,
+) -> jax.Array:
     """Where ``due``, run ``callback(iteration, x, objective[, grad_norm])`` on the host.
 
     Returns a bool array, True where the callback asked to stop.
@@ -172,8 +180,16 @@ def call_user_callback(callback: Callable[..., Any], due: jax.Array, iteration: 
         return np.asarray(True)  # an earlier call raised: stop at once
 
     extra = () if grad_norm is None else (grad_norm,)
-    return jax.pure_callback(host, jax.ShapeDtypeStruct((), jnp.bool_), due, iteration, x,
-                             objective, *extra, vmap_method="sequential")
+    return jax.pure_callback(
+        host,
+        jax.ShapeDtypeStruct((), jnp.bool_),
+        due,
+        iteration,
+        x,
+        objective,
+        *extra,
+        vmap_method="sequential",
+    )
 
 
 # The progress bars of the solves running now, innermost last (solve inside solve nests).
@@ -205,8 +221,9 @@ def _show(bar, iteration, objective, grad_norm) -> None:
     bar.set_postfix(postfix, refresh=False)
 
 
-def report_progress(due: jax.Array, iteration: jax.Array, objective: jax.Array,
-                    grad_norm: jax.Array) -> jax.Array:
+def report_progress(
+    due: jax.Array, iteration: jax.Array, objective: jax.Array, grad_norm: jax.Array
+) -> jax.Array:
     """Where ``due``, move the innermost progress bar to ``iteration``; returns False (True
     after a Ctrl-C, which stops the run)."""
 
@@ -223,5 +240,12 @@ def report_progress(due: jax.Array, iteration: jax.Array, objective: jax.Array,
             return np.asarray(True)
         return np.asarray(False)
 
-    return jax.pure_callback(host, jax.ShapeDtypeStruct((), jnp.bool_), due, iteration,
-                             objective, grad_norm, vmap_method="sequential")
+    return jax.pure_callback(
+        host,
+        jax.ShapeDtypeStruct((), jnp.bool_),
+        due,
+        iteration,
+        objective,
+        grad_norm,
+        vmap_method="sequential",
+    )

@@ -67,14 +67,18 @@ def _sizes(problem: OptimizationProblem, x: PyTree) -> list[int]:
     return [int(np.prod(shape)) for shape in _shapes(problem, x)]
 
 
-def _stacked(problem: OptimizationProblem, x: PyTree, field: str,
-             constraints: Any = None) -> jax.Array:
+def _stacked(
+    problem: OptimizationProblem, x: PyTree, field: str, constraints: Any = None
+) -> jax.Array:
     """One constraint bound (``lower`` or ``upper``) of every constraint, as one vector."""
     constraints = problem.constraints if constraints is None else constraints
     dtype = ravel_pytree(x)[0].dtype
-    return jnp.concatenate([
-        jnp.broadcast_to(jnp.asarray(getattr(c, field), dtype), (n,)).ravel()
-        for c, n in zip(constraints, _sizes(problem, x))])
+    return jnp.concatenate(
+        [
+            jnp.broadcast_to(jnp.asarray(getattr(c, field), dtype), (n,)).ravel()
+            for c, n in zip(constraints, _sizes(problem, x))
+        ]
+    )
 
 
 def constraint_values(constraints: Any, x: PyTree, p: PyTree, dtype: Any) -> jax.Array:
@@ -90,8 +94,7 @@ def constraint_values(constraints: Any, x: PyTree, p: PyTree, dtype: Any) -> jax
     Returns:
       A 1-D array of ``dtype``: the constraints' values in order.
     """
-    return jnp.concatenate([jnp.ravel(jnp.asarray(c.g(x, p))).astype(dtype)
-                            for c in constraints])
+    return jnp.concatenate([jnp.ravel(jnp.asarray(c.g(x, p))).astype(dtype) for c in constraints])
 
 
 class _Active:
@@ -100,8 +103,7 @@ class _Active:
     def __init__(self, problem: OptimizationProblem, x: PyTree):
         flat_x, self.unravel = ravel_pytree(x)
         p, dtype = problem.p, flat_x.dtype
-        self.values = lambda v, q: constraint_values(problem.constraints, self.unravel(v), q,
-                                                     dtype)
+        self.values = lambda v, q: constraint_values(problem.constraints, self.unravel(v), q, dtype)
         self.lower, self.upper = _stacked(problem, x, "lower"), _stacked(problem, x, "upper")
         c = self.values(flat_x, p)
         jac = jax.jacfwd(self.values)(flat_x, p)
@@ -110,7 +112,8 @@ class _Active:
         hvp = hessian_product(problem, x)
         # H is symmetric: its rows are the products with the unit vectors
         self.hessian_f = jax.vmap(lambda e: ravel_pytree(hvp(self.unravel(e)))[0])(
-            jnp.eye(flat_x.size, dtype=dtype))
+            jnp.eye(flat_x.size, dtype=dtype)
+        )
         self.jac, self.flat_x, self.p = jac, flat_x, p
         equality = self.lower == self.upper
         gap_lower, gap_upper = c - self.lower, self.upper - c
@@ -125,28 +128,35 @@ class _Active:
         on_box = self._on_box_bound(problem, flat_x)
         lam = self._least_squares(jac, grad_f, candidate_lower | candidate_upper, on_box)
         hessian = self.lagrangian_hessian(lam)
-        norm2 = jnp.sum(jac ** 2, axis=1)
+        norm2 = jnp.sum(jac**2, axis=1)
         along = jnp.maximum(jnp.einsum("jn,nk,jk->j", jac, hessian, jac), 0.0)
 
         def newton_crosses(push, gap):  # |lam| |J|^2 / h > gap, with h = J H J^T / |J|^2
-            return push * norm2 ** 2 > gap * along
+            return push * norm2**2 > gap * along
 
         at_lower = equality | (candidate_lower & (lam < 0) & newton_crosses(-lam, gap_lower))
         at_upper = candidate_upper & (lam > 0) & newton_crosses(lam, gap_upper)
         self.active = at_lower | at_upper
         grad_lagrangian = grad_f + jac.T @ self._least_squares(jac, grad_f, self.active, on_box)
-        self.box_sides = active_sides(x, self.unravel(grad_lagrangian), problem.bounds,
-                                      self.unravel(jnp.diagonal(hessian)))
-        held = jnp.zeros_like(flat_x) if self.box_sides is None else ravel_pytree(
-            jax.tree_util.tree_map(lambda lo, up: (lo | up).astype(dtype), *self.box_sides))[0]
+        self.box_sides = active_sides(
+            x, self.unravel(grad_lagrangian), problem.bounds, self.unravel(jnp.diagonal(hessian))
+        )
+        held = (
+            jnp.zeros_like(flat_x)
+            if self.box_sides is None
+            else ravel_pytree(
+                jax.tree_util.tree_map(lambda lo, up: (lo | up).astype(dtype), *self.box_sides)
+            )[0]
+        )
         self.free = 1.0 - held
         self.lam = self._least_squares(jac, grad_f, self.active, held)
         self.at_lower = at_lower
 
     def lagrangian_hessian(self, lam: jax.Array) -> jax.Array:
         """The dense Hessian in x of ``f + lam . c`` at the solution."""
-        return self.hessian_f + jax.hessian(
-            lambda v: jnp.dot(lam, self.values(v, self.p)))(self.flat_x)
+        return self.hessian_f + jax.hessian(lambda v: jnp.dot(lam, self.values(v, self.p)))(
+            self.flat_x
+        )
 
     @staticmethod
     def _on_box_bound(problem: OptimizationProblem, flat_x: jax.Array) -> jax.Array:
@@ -165,8 +175,9 @@ class _Active:
         return -jnp.linalg.lstsq(rows, (1.0 - held_x) * grad_f)[0]
 
 
-def _null_space_solve(hessian: jax.Array, rows: jax.Array, targets: jax.Array,
-                      rhs: jax.Array) -> jax.Array:
+def _null_space_solve(
+    hessian: jax.Array, rows: jax.Array, targets: jax.Array, rhs: jax.Array
+) -> jax.Array:
     """dx with ``rows @ dx = targets`` and ``Z^T (hessian @ dx - rhs) = 0``, Z a basis of the
     rows' null space.
 
@@ -205,14 +216,15 @@ def multipliers(problem: OptimizationProblem, x: PyTree) -> tuple[jax.Array, ...
     return per_constraint(problem, x, _Active(problem, x).lam)
 
 
-def per_constraint(problem: OptimizationProblem, x: PyTree,
-                   flat: jax.Array) -> tuple[jax.Array, ...]:
+def per_constraint(
+    problem: OptimizationProblem, x: PyTree, flat: jax.Array
+) -> tuple[jax.Array, ...]:
     """Flat per-component values (multipliers; a leading batch axis allowed) as one array
     per constraint, shaped like its g at ``x`` (x without the batch axis)."""
     batch, out, start = jnp.shape(flat)[:-1], [], 0
     for shape in _shapes(problem, x):
         n = int(np.prod(shape))
-        out.append(jnp.reshape(flat[..., start:start + n], batch + shape))
+        out.append(jnp.reshape(flat[..., start : start + n], batch + shape))
         start += n
     return tuple(out)
 
@@ -223,9 +235,13 @@ def constraint_size(problem: OptimizationProblem, x: PyTree) -> int:
     return sum(_sizes(problem, x)) if problem.constraints else 0
 
 
-def kkt_tangent(problem: OptimizationProblem, x: PyTree, p_dot: PyTree | None,
-                bounds_dot: tuple[PyTree, PyTree] | None,
-                constraints_dot: Any | None) -> PyTree:
+def kkt_tangent(
+    problem: OptimizationProblem,
+    x: PyTree,
+    p_dot: PyTree | None,
+    bounds_dot: tuple[PyTree, PyTree] | None,
+    constraints_dot: Any | None,
+) -> PyTree:
     """dx at the solution ``x`` of a constrained problem.
 
     Args:
@@ -248,7 +264,8 @@ def kkt_tangent(problem: OptimizationProblem, x: PyTree, p_dot: PyTree | None,
 
     def grad_lagrangian(q: PyTree) -> jax.Array:
         return ravel_pytree(active.grad_fn(x, q))[0] + jax.grad(
-            lambda v: jnp.dot(lam, active.values(v, q)))(flat_x)
+            lambda v: jnp.dot(lam, active.values(v, q))
+        )(flat_x)
 
     rhs_x = jnp.zeros(n, flat_x.dtype)
     rhs_c = jnp.zeros(m, flat_x.dtype)
@@ -261,9 +278,13 @@ def kkt_tangent(problem: OptimizationProblem, x: PyTree, p_dot: PyTree | None,
         rhs_c = rhs_c + jnp.where(active.at_lower, d_lower, d_upper)
     held_move = jnp.zeros(n, flat_x.dtype)
     if bounds_dot is not None and active.box_sides is not None:
-        held_move = ravel_pytree(jax.tree_util.tree_map(
-            lambda lo, up, dlo, dup: jnp.where(lo, dlo, jnp.where(up, dup, 0.0)),
-            *active.box_sides, *bounds_dot))[0].astype(flat_x.dtype)
+        held_move = ravel_pytree(
+            jax.tree_util.tree_map(
+                lambda lo, up, dlo, dup: jnp.where(lo, dlo, jnp.where(up, dup, 0.0)),
+                *active.box_sides,
+                *bounds_dot,
+            )
+        )[0].astype(flat_x.dtype)
     held = 1.0 - free
     rows = jnp.concatenate([mask[:, None] * active.jac, jnp.diag(held)], axis=0)
     targets = jnp.concatenate([mask * rhs_c, held * held_move])

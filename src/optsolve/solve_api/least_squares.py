@@ -76,37 +76,53 @@ class LeastSquaresProblem(OptimizationProblem):
         if not callable(residual):
             raise TypeError(
                 "LeastSquaresProblem: `residual` must be a callable residual(x, p) -> array, "
-                f"got {residual!r}.")
+                f"got {residual!r}."
+            )
         super().__init__(HalfSquaredNorm(residual), x0, p, bounds=bounds)
         object.__setattr__(self, "residual", residual)
 
-    def replace(self, **changes: Any) -> "LeastSquaresProblem":
+    def replace(self, **changes: Any) -> LeastSquaresProblem:
         """A new problem with some of ``residual``, ``x0``, ``p``, ``bounds`` changed."""
         # solve's internals pass grad/hvp/constraints unchanged (None) when they rebuild one
         for name in ("sense", "has_aux", "trainable"):  # solve's internals pass them unchanged
             if changes.pop(name, getattr(self, name)) != getattr(self, name):
-                raise TypeError(f"LeastSquaresProblem.replace: `{name}` cannot change (a sum of "
-                                "squares is minimised); valid fields are residual, x0, p, bounds.")
+                raise TypeError(
+                    f"LeastSquaresProblem.replace: `{name}` cannot change (a sum of "
+                    "squares is minimised); valid fields are residual, x0, p, bounds."
+                )
         for name in ("grad", "hvp", "constraints"):
-            if changes.get(name, None) is not None:
-                raise TypeError(f"LeastSquaresProblem.replace: a least-squares problem has no "
-                                f"`{name}`; valid fields are residual, x0, p, bounds.")
+            if changes.get(name) is not None:
+                raise TypeError(
+                    f"LeastSquaresProblem.replace: a least-squares problem has no "
+                    f"`{name}`; valid fields are residual, x0, p, bounds."
+                )
             changes.pop(name, None)
         if "f" in changes:
-            raise TypeError("LeastSquaresProblem.replace: `f` is 0.5 * |residual|^2; replace "
-                            "`residual` instead (valid fields are residual, x0, p, bounds).")
+            raise TypeError(
+                "LeastSquaresProblem.replace: `f` is 0.5 * |residual|^2; replace "
+                "`residual` instead (valid fields are residual, x0, p, bounds)."
+            )
         unknown = set(changes) - {"residual", "x0", "p", "bounds"}
         if unknown:
-            raise TypeError(f"LeastSquaresProblem.replace: unknown field(s) {sorted(unknown)}; "
-                            "valid fields are residual, x0, p, bounds.")
-        fields = {"residual": self.residual, "x0": self.x0, "p": self.p,
-                  "bounds": self.bounds, **changes}
-        return LeastSquaresProblem(fields["residual"], fields["x0"], fields["p"],
-                                   bounds=fields["bounds"])
+            raise TypeError(
+                f"LeastSquaresProblem.replace: unknown field(s) {sorted(unknown)}; "
+                "valid fields are residual, x0, p, bounds."
+            )
+        fields = {
+            "residual": self.residual,
+            "x0": self.x0,
+            "p": self.p,
+            "bounds": self.bounds,
+            **changes,
+        }
+        return LeastSquaresProblem(
+            fields["residual"], fields["x0"], fields["p"], bounds=fields["bounds"]
+        )
 
 
-def jacobian_of(fn: Callable[[jax.Array], jax.Array], m: int, n: int
-                ) -> Callable[[jax.Array], jax.Array]:
+def jacobian_of(
+    fn: Callable[[jax.Array], jax.Array], m: int, n: int
+) -> Callable[[jax.Array], jax.Array]:
     """The dense Jacobian function of ``fn``: R^n -> R^m: forward mode (n passes) when
     m >= n, else reverse mode (m passes), the cheaper of the two."""
     return jax.jacfwd(fn) if m >= n else jax.jacrev(fn)
@@ -123,19 +139,22 @@ def check_residual(problem: LeastSquaresProblem) -> None:
     arrays with at least one entry."""
     out = jax.eval_shape(problem.residual, problem.x0, problem.p)
     leaves = jax.tree_util.tree_leaves(out)
-    if not leaves or not all(hasattr(l, "shape") and hasattr(l, "dtype") for l in leaves):
+    if not leaves or not all(hasattr(leaf, "shape") and hasattr(leaf, "dtype") for leaf in leaves):
         raise TypeError(
             "LeastSquaresProblem: `residual(x, p)` must return an array (or a pytree of "
-            f"arrays) of residuals, got {jax.tree_util.tree_structure(out)}.")
+            f"arrays) of residuals, got {jax.tree_util.tree_structure(out)}."
+        )
     for leaf in leaves:
         if not jnp.issubdtype(leaf.dtype, jnp.floating):
             raise TypeError(
                 "LeastSquaresProblem: `residual(x, p)` must return real floating-point "
                 f"residuals, got dtype {leaf.dtype}. Convert them, e.g. with .astype(float), "
-                "or take jnp.abs / .real of complex ones (or stack real and imaginary parts).")
-    if sum(_size(l.shape) for l in leaves) == 0:
-        raise ValueError("LeastSquaresProblem: `residual(x, p)` returned no residuals "
-                         "(every array is empty).")
+                "or take jnp.abs / .real of complex ones (or stack real and imaginary parts)."
+            )
+    if sum(_size(leaf.shape) for leaf in leaves) == 0:
+        raise ValueError(
+            "LeastSquaresProblem: `residual(x, p)` returned no residuals (every array is empty)."
+        )
 
 
 def _size(shape: tuple[int, ...]) -> int:

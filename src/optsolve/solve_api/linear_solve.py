@@ -37,11 +37,11 @@ _NEGATIVE_CURVATURE = ("ignore", "last", "steepest", "boundary", "singular")
 class CGStatus(enum.IntEnum):
     """Why :func:`cg` stopped (``CGResult.status`` holds the value as an int32 array)."""
 
-    CONVERGED = 0           # |H x - b| <= the tolerance
-    MAX_ITERATIONS = 1      # maxiter products made without meeting the tolerance
+    CONVERGED = 0  # |H x - b| <= the tolerance
+    MAX_ITERATIONS = 1  # maxiter products made without meeting the tolerance
     NEGATIVE_CURVATURE = 2  # d.Hd <= 0 along the current direction
-    BOUNDARY = 3            # the next iterate would leave the trust region |x| <= radius
-    SINGULAR = 4            # d.Hd <= eps (largest d.Hd / d.d seen) d.d: H singular along d
+    BOUNDARY = 3  # the next iterate would leave the trust region |x| <= radius
+    SINGULAR = 4  # d.Hd <= eps (largest d.Hd / d.d seen) d.d: H singular along d
 
 
 class CGResult(NamedTuple):
@@ -56,8 +56,8 @@ class CGResult(NamedTuple):
         ``"singular"``.
       status: a :class:`CGStatus` value (int32).
       model: ``q(x) = x.Hx/2 - b.x``, tracked from the CG recurrences without another
-        product (<= 0 unless "ignore" met negative curvature); with ``b = -g`` it is the change ``m(x) - m(0)`` of the quadratic
-        model of f.
+        product (<= 0 unless "ignore" met negative curvature); with ``b = -g`` it is the change
+        ``m(x) - m(0)`` of the quadratic model of f.
     """
 
     x: PyTree
@@ -68,21 +68,23 @@ class CGResult(NamedTuple):
 
 
 class _Carry(NamedTuple):
-    k: Array           # products made
-    steps: Array       # iterations that moved x
+    k: Array  # products made
+    steps: Array  # iterations that moved x
     x: PyTree
-    r: PyTree          # residual H x - b, the gradient of q at x
-    d: PyTree          # search direction
-    rr: Array          # r.z, z = M r the preconditioned residual (r.r without M)
-    model: Array       # q(x)
-    status: Array      # MAX_ITERATIONS while running
-    curvature: Array   # the largest d.Hd / d.d seen ("singular" only; else 0)
+    r: PyTree  # residual H x - b, the gradient of q at x
+    d: PyTree  # search direction
+    rr: Array  # r.z, z = M r the preconditioned residual (r.r without M)
+    model: Array  # q(x)
+    status: Array  # MAX_ITERATIONS while running
+    curvature: Array  # the largest d.Hd / d.d seen ("singular" only; else 0)
 
 
 def tree_dot(u: PyTree, w: PyTree, dtype: Any) -> Array:
     """The real inner product of two pytrees of the same structure, in ``dtype``."""
-    leaves = [jnp.vdot(a, c).real.astype(dtype)
-              for a, c in zip(jax.tree_util.tree_leaves(u), jax.tree_util.tree_leaves(w))]
+    leaves = [
+        jnp.vdot(a, c).real.astype(dtype)
+        for a, c in zip(jax.tree_util.tree_leaves(u), jax.tree_util.tree_leaves(w))
+    ]
     return functools.reduce(operator.add, leaves)
 
 
@@ -101,10 +103,18 @@ def _to_boundary(x: PyTree, d: PyTree, radius: Array, dtype: Any) -> Array:
     return (-xd + jnp.sqrt(jnp.maximum(xd * xd + dd * (radius * radius - xx), 0.0))) / dd
 
 
-def cg(matvec: Callable[[PyTree], PyTree], b: PyTree, *, maxiter: Any,
-       rtol: Any = None, atol: Any = None, negative_curvature: str = "ignore",
-       radius: Any = None, test_start: bool = True,
-       preconditioner: Callable[[PyTree], PyTree] | None = None) -> CGResult:
+def cg(
+    matvec: Callable[[PyTree], PyTree],
+    b: PyTree,
+    *,
+    maxiter: Any,
+    rtol: Any = None,
+    atol: Any = None,
+    negative_curvature: str = "ignore",
+    radius: Any = None,
+    test_start: bool = True,
+    preconditioner: Callable[[PyTree], PyTree] | None = None,
+) -> CGResult:
     """Conjugate gradients for ``H x = b`` from ``x = 0``, i.e. minimising
     ``q(x) = x.Hx/2 - b.x`` (Hestenes & Stiefel 1952; Nocedal & Wright, *Numerical
     Optimization*, 2006, Algorithm 5.2), with the truncations of Newton-CG (Algorithm 7.1)
@@ -156,17 +166,23 @@ def cg(matvec: Callable[[PyTree], PyTree], b: PyTree, *, maxiter: Any,
       (2, True)
     """
     if negative_curvature not in _NEGATIVE_CURVATURE:
-        raise ValueError(f"cg: `negative_curvature` must be one of "
-                         f"{', '.join(_NEGATIVE_CURVATURE)}, got {negative_curvature!r}.")
+        raise ValueError(
+            f"cg: `negative_curvature` must be one of "
+            f"{', '.join(_NEGATIVE_CURVATURE)}, got {negative_curvature!r}."
+        )
     if (radius is None) != (negative_curvature != "boundary"):
-        raise ValueError("cg: a trust `radius` goes with negative_curvature='boundary' and "
-                         f"only with it; got radius={radius!r}, "
-                         f"negative_curvature={negative_curvature!r}.")
+        raise ValueError(
+            "cg: a trust `radius` goes with negative_curvature='boundary' and "
+            f"only with it; got radius={radius!r}, "
+            f"negative_curvature={negative_curvature!r}."
+        )
     if rtol is None and atol is None:
         raise ValueError("cg: give `rtol`, `atol` or both (the residual tolerance).")
     if preconditioner is not None and negative_curvature not in ("ignore", "singular"):
-        raise ValueError("cg: a `preconditioner` goes with negative_curvature='ignore' or "
-                         f"'singular' only; got negative_curvature={negative_curvature!r}.")
+        raise ValueError(
+            "cg: a `preconditioner` goes with negative_curvature='ignore' or "
+            f"'singular' only; got negative_curvature={negative_curvature!r}."
+        )
     precondition = preconditioner if preconditioner is not None else (lambda r: r)
 
     with jax.numpy_dtype_promotion("standard"):
@@ -194,8 +210,7 @@ def cg(matvec: Callable[[PyTree], PyTree], b: PyTree, *, maxiter: Any,
         r = _axpy(alpha, hd, c.r)
         z = precondition(r)
         rr = tree_dot(r, z, dtype)
-        d = jax.tree_util.tree_map(lambda zi, di: -zi + (rr / c.rr).astype(di.dtype) * di,
-                                   z, c.d)
+        d = jax.tree_util.tree_map(lambda zi, di: -zi + (rr / c.rr).astype(di.dtype) * di, z, c.d)
         model = c.model - 0.5 * alpha * c.rr
         residual = rr if preconditioner is None else tree_dot(r, r, dtype)
         status = status_of(jnp.sqrt(residual) <= tol)
@@ -217,24 +232,44 @@ def cg(matvec: Callable[[PyTree], PyTree], b: PyTree, *, maxiter: Any,
                 outside = bad | crossing
                 tau = _to_boundary(c.x, c.d, radius, dtype)
                 x = _where(outside, _axpy(tau, c.d, c.x), x)
-                model = jnp.where(outside, c.model + tau * tree_dot(c.r, c.d, dtype)
-                                  + 0.5 * tau * tau * dhd, model)
+                model = jnp.where(
+                    outside,
+                    c.model + tau * tree_dot(c.r, c.d, dtype) + 0.5 * tau * tau * dhd,
+                    model,
+                )
                 status = jnp.where(crossing, CGStatus.BOUNDARY, status)
             status = jnp.where(bad, CGStatus.NEGATIVE_CURVATURE, status).astype(jnp.int32)
-        return _Carry(c.k + 1, c.steps + moved.astype(jnp.int32), x, r, d, rr, model, status,
-                      curvature)
+        return _Carry(
+            c.k + 1, c.steps + moved.astype(jnp.int32), x, r, d, rr, model, status, curvature
+        )
 
-    start = (status_of(jnp.sqrt(rr0) <= tol) if test_start
-             else jnp.asarray(CGStatus.MAX_ITERATIONS, jnp.int32))
+    start = (
+        status_of(jnp.sqrt(rr0) <= tol)
+        if test_start
+        else jnp.asarray(CGStatus.MAX_ITERATIONS, jnp.int32)
+    )
     zero_int = jnp.zeros((), jnp.int32)
     if preconditioner is None:
         d0, rz0 = b, rr0
     else:
         d0 = preconditioner(b)  # -M r0
         rz0 = tree_dot(b, d0, dtype)
-    c = inner_while_loop(cond, body, _Carry(
-        zero_int, zero_int, jax.tree_util.tree_map(jnp.zeros_like, b), r0, d0, rz0,
-        jnp.zeros((), dtype), start, jnp.zeros((), dtype)), maxiter)
+    c = inner_while_loop(
+        cond,
+        body,
+        _Carry(
+            zero_int,
+            zero_int,
+            jax.tree_util.tree_map(jnp.zeros_like, b),
+            r0,
+            d0,
+            rz0,
+            jnp.zeros((), dtype),
+            start,
+            jnp.zeros((), dtype),
+        ),
+        maxiter,
+    )
     x = c.x
     if negative_curvature == "steepest":
         x = _where((c.status == CGStatus.NEGATIVE_CURVATURE) & (c.steps == 0), b, x)
@@ -256,17 +291,16 @@ class CGLSResult(NamedTuple):
 
 
 class _CGLSCarry(NamedTuple):
-    k: Array           # iterations made
+    k: Array  # iterations made
     x: PyTree
-    r: PyTree          # b - H x
-    p: PyTree          # search direction
-    ss: Array          # s.s of the last s = H r (the normal equations' residual)
-    tol: Array         # rtol |H b|, set at the first iteration
+    r: PyTree  # b - H x
+    p: PyTree  # search direction
+    ss: Array  # s.s of the last s = H r (the normal equations' residual)
+    tol: Array  # rtol |H b|, set at the first iteration
     done: Array
 
 
-def cgls(matvec: Callable[[PyTree], PyTree], b: PyTree, *, rtol: Any,
-         maxiter: Any) -> CGLSResult:
+def cgls(matvec: Callable[[PyTree], PyTree], b: PyTree, *, rtol: Any, maxiter: Any) -> CGLSResult:
     """The minimum-norm least-squares solution ``H^+ b`` of ``H x = b`` for a symmetric,
     possibly singular H: conjugate gradients on the normal equations ``H^2 x = H b`` from
     x = 0, in the form that never multiplies H by itself (CGLS: Hestenes & Stiefel 1952;
@@ -323,9 +357,20 @@ def cgls(matvec: Callable[[PyTree], PyTree], b: PyTree, *, rtol: Any,
 
     zero = jax.tree_util.tree_map(jnp.zeros_like, b)
     empty = tree_dot(b, b, dtype) == 0
-    c = inner_while_loop(cond, body, _CGLSCarry(
-        jnp.zeros((), jnp.int32), zero, b, zero, jnp.zeros((), dtype), jnp.zeros((), dtype),
-        empty), maxiter)
+    c = inner_while_loop(
+        cond,
+        body,
+        _CGLSCarry(
+            jnp.zeros((), jnp.int32),
+            zero,
+            b,
+            zero,
+            jnp.zeros((), dtype),
+            jnp.zeros((), dtype),
+            empty,
+        ),
+        maxiter,
+    )
     return CGLSResult(c.x, 2 * c.k, c.done)
 
 
@@ -350,25 +395,31 @@ class MINRESResult(NamedTuple):
 
 
 class _MINRESCarry(NamedTuple):
-    k: Array           # products made
+    k: Array  # products made
     x: Array
-    r1: Array          # the Lanczos vector before r2, unscaled, in b's space
-    r2: Array          # the newest Lanczos vector, unscaled: M r2 = beta v_{k+1}
-    y: Array           # M r2, so that beta^2 = r2.y
-    w: Array           # the last two columns of V R^-1, the directions x moves along
+    r1: Array  # the Lanczos vector before r2, unscaled, in b's space
+    r2: Array  # the newest Lanczos vector, unscaled: M r2 = beta v_{k+1}
+    y: Array  # M r2, so that beta^2 = r2.y
+    w: Array  # the last two columns of V R^-1, the directions x moves along
     w2: Array
-    beta: Array        # beta_{k+1}, the Lanczos off-diagonal
-    oldb: Array        # beta_k
-    dbar: Array        # the rotated tridiagonal entries carried to the next column
+    beta: Array  # beta_{k+1}, the Lanczos off-diagonal
+    oldb: Array  # beta_k
+    dbar: Array  # the rotated tridiagonal entries carried to the next column
     epsln: Array
-    cs: Array          # the last Givens rotation
+    cs: Array  # the last Givens rotation
     sn: Array
-    phibar: Array      # the residual-norm estimate |r_k|_M
+    phibar: Array  # the residual-norm estimate |r_k|_M
     done: Array
 
 
-def minres(matvec: Callable[[Array], Array], b: Array, *, maxiter: int, rtol: Any,
-           preconditioner: Callable[[Array], Array] | None = None) -> MINRESResult:
+def minres(
+    matvec: Callable[[Array], Array],
+    b: Array,
+    *,
+    maxiter: int,
+    rtol: Any,
+    preconditioner: Callable[[Array], Array] | None = None,
+) -> MINRESResult:
     """MINRES for ``A x = b`` with A symmetric, possibly indefinite or singular, from x = 0:
     the iterate minimising ``|b - A x|`` over the Krylov space (Paige & Saunders, "Solution
     of sparse indefinite systems of linear equations", SIAM J. Numer. Anal. 12, 1975; the
@@ -459,14 +510,33 @@ def minres(matvec: Callable[[Array], Array], b: Array, *, maxiter: int, rtol: An
         x = c.x + phi * w
         # ~(phibar > tol) also stops on a NaN estimate; ~(beta > 0) is the breakdown
         done = ~(phibar > tol) | ~(beta > 0)
-        return _MINRESCarry(c.k + 1, x, r1, r2, y, w, c.w, beta, c.beta, dbar, epsln, cs,
-                            sn, phibar, done)
+        return _MINRESCarry(
+            c.k + 1, x, r1, r2, y, w, c.w, beta, c.beta, dbar, epsln, cs, sn, phibar, done
+        )
 
     # cs = -1 makes the first column's "previous rotation" give gbar = alpha_1, delta = 0.
-    c = inner_while_loop(cond, body, _MINRESCarry(
-        jnp.zeros((), jnp.int32), zero, b, b, y, zero, zero, beta1, scalar_zero,
-        scalar_zero, scalar_zero, -jnp.ones((), dtype), scalar_zero, beta1,
-        ~(beta1 > tol)), maxiter)
+    c = inner_while_loop(
+        cond,
+        body,
+        _MINRESCarry(
+            jnp.zeros((), jnp.int32),
+            zero,
+            b,
+            b,
+            y,
+            zero,
+            zero,
+            beta1,
+            scalar_zero,
+            scalar_zero,
+            scalar_zero,
+            -jnp.ones((), dtype),
+            scalar_zero,
+            beta1,
+            ~(beta1 > tol),
+        ),
+        maxiter,
+    )
     empty = beta1 == 0
     residual = jnp.where(empty, scalar_zero, c.phibar / jnp.where(empty, 1.0, beta1))
     return MINRESResult(c.x, c.k, residual, c.phibar <= tol)
@@ -476,7 +546,8 @@ SINGULAR_MESSAGE = (
     "optsolve: the implicit derivative's linear system is singular (the Hessian at x* has "
     "a null space: a leaf of x that f ignores, a flat direction of f); its minimum-norm "
     "least-squares solution was used, which gives the null directions no derivative. "
-    "ImplicitAdjoint(ridge=...) regularises them instead.")
+    "ImplicitAdjoint(ridge=...) regularises them instead."
+)
 
 
 def _warn_singular(flag: Any) -> None:

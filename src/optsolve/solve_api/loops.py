@@ -29,8 +29,9 @@ Loop = Callable[[Callable[[Carry], Any], Callable[[Carry], Carry], Carry], Carry
 _BOUNDED_INNER_LOOPS = contextvars.ContextVar("optsolve_bounded_inner_loops", default=False)
 
 
-def inner_while_loop(cond: Callable[[Carry], Any], body: Callable[[Carry], Carry],
-                     carry: Carry, max_steps: int) -> Carry:
+def inner_while_loop(
+    cond: Callable[[Carry], Any], body: Callable[[Carry], Carry], carry: Carry, max_steps: int
+) -> Carry:
     """A loop inside one iteration that runs at most ``max_steps`` bodies (static): a
     ``lax.while_loop``, or, while a :class:`CheckpointedScan` is traced, ``max_steps``
     guarded bodies as a ``lax.scan``, which reverse mode can differentiate."""
@@ -54,8 +55,7 @@ def _bounded_inner_loops():
         _BOUNDED_INNER_LOOPS.reset(token)
 
 
-def while_loop(cond: Callable[[Carry], Any], body: Callable[[Carry], Carry],
-               carry: Carry) -> Carry:
+def while_loop(cond: Callable[[Carry], Any], body: Callable[[Carry], Carry], carry: Carry) -> Carry:
     """``while cond(carry): carry = body(carry)``, as one ``lax.while_loop``."""
     return lax.while_loop(cond, body, carry)
 
@@ -72,8 +72,9 @@ class CheckpointedScan:
 
     steps: int
 
-    def __call__(self, cond: Callable[[Carry], Any], body: Callable[[Carry], Carry],
-                 carry: Carry) -> Carry:
+    def __call__(
+        self, cond: Callable[[Carry], Any], body: Callable[[Carry], Carry], carry: Carry
+    ) -> Carry:
         def guarded(c, _):
             return lax.cond(cond(c), body, lambda same: same, c), None
 

@@ -15,6 +15,7 @@ from optsolve.solve_api.algorithm import Algorithm
 from optsolve.solve_api.pytree import pytree_dataclass, static_field
 from optsolve.solve_api.solve_signature import solve_keyword_defaults
 
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class DataSpec:
     """How ``solve`` feeds data (see ``solve``'s ``data``, ``batch_size``, ``key``, ``epochs``)."""
@@ -103,7 +104,9 @@ class ScipyCallback:
 
     def __eq__(self, other: Any) -> bool:
         return isinstance(other, ScipyCallback) and (other.fn, other.result) == (
-            self.fn, self.result)
+            self.fn,
+            self.result,
+        )
 
     def __hash__(self) -> int:
         return hash((ScipyCallback, self.fn, self.result))
@@ -129,8 +132,11 @@ def as_callback(callback: Any) -> Any:
     params = list(signature.parameters.values())
     if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params):
         return callback
-    positional = [p for p in params if p.kind in (inspect.Parameter.POSITIONAL_ONLY,
-                                                  inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    positional = [
+        p
+        for p in params
+        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    ]
     required = sum(p.default is inspect.Parameter.empty for p in positional)
     if any(required <= n <= len(positional) for n in (3, 4)):
         return callback
@@ -140,7 +146,8 @@ def as_callback(callback: Any) -> Any:
     raise TypeError(
         f"solve: `callback` must be callback(iteration, x, objective) (a fourth argument "
         f"gets the gradient norm) or scipy's callback(xk) or callback(intermediate_result); "
-        f"got {name}{signature}. E.g. callback=lambda i, x, f: print(i, f).")
+        f"got {name}{signature}. E.g. callback=lambda i, x, f: print(i, f)."
+    )
 
 
 def check_key(key: Any) -> None:
@@ -149,13 +156,16 @@ def check_key(key: Any) -> None:
     if key is None:
         return
     dtype = getattr(key, "dtype", None)
-    if dtype is not None and (jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key) or (
-            dtype == np.uint32 and np.ndim(key) >= 1)):
+    if dtype is not None and (
+        jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
+        or (dtype == np.uint32 and np.ndim(key) >= 1)
+    ):
         return
     given = f"{key!r}" if len(repr(key)) < 40 else type(key).__name__
     raise TypeError(
         f"solve: `key` (which shuffles in-memory data) must be a jax.random key, e.g. "
-        f"jax.random.key(0); got {given}.")
+        f"jax.random.key(0); got {given}."
+    )
 
 
 @pytree_dataclass
@@ -244,8 +254,11 @@ def _check_number(name: str, value: Any, *, integer: bool = False, positive: boo
     if isinstance(value, jax.core.Tracer):
         return
     arr = np.asarray(value)
-    ok = arr.ndim == 0 and (np.issubdtype(arr.dtype, np.integer) if integer
-                            else np.issubdtype(arr.dtype, np.number) and not np.iscomplexobj(arr))
+    ok = arr.ndim == 0 and (
+        np.issubdtype(arr.dtype, np.integer)
+        if integer
+        else np.issubdtype(arr.dtype, np.number) and not np.iscomplexobj(arr)
+    )
     if isinstance(value, bool) or not ok:
         kind = "an integer" if integer else "a real number"
         raise TypeError(f"solve: `{name}` must be {kind}, got {value!r}.")
@@ -267,17 +280,34 @@ def _check_tracking(history: bool, metrics, evaluate, eval_every, keep) -> None:
     if keep not in ("last", "best"):
         raise ValueError(f"solve: `keep` must be 'last' or 'best', got {keep!r}.")
     if evaluate is not None and not history and keep != "best":
-        raise ValueError("solve: `evaluate`'s values are recorded in `sol.history` (pass "
-                         "history=True) or rank the iterates for keep='best'; neither is on.")
+        raise ValueError(
+            "solve: `evaluate`'s values are recorded in `sol.history` (pass "
+            "history=True) or rank the iterates for keep='best'; neither is on."
+        )
     _check_every("eval_every", eval_every)
     if eval_every != 1 and evaluate is None:
         raise ValueError("solve: `eval_every` is how often `evaluate` runs; pass `evaluate` too.")
 
 
-def make_options(algorithm: Algorithm, *, maxiters=None, maxtime=None, gtol=None, ftol=None,
-                 callback=None, callback_every: int = 1, resume=None, history: bool = False,
-                 progress: bool = False, metrics=None, evaluate=None, eval_every: int = 1,
-                 keep: str = "last", checkpoint=None, **extra: Any) -> SolveOptions:
+def make_options(
+    algorithm: Algorithm,
+    *,
+    maxiters=None,
+    maxtime=None,
+    gtol=None,
+    ftol=None,
+    callback=None,
+    callback_every: int = 1,
+    resume=None,
+    history: bool = False,
+    progress: bool = False,
+    metrics=None,
+    evaluate=None,
+    eval_every: int = 1,
+    keep: str = "last",
+    checkpoint=None,
+    **extra: Any,
+) -> SolveOptions:
     """Validate ``solve``'s keyword options for ``algorithm`` and bundle them."""
     valid_extra = tuple(type(algorithm).extra_options)
     unknown = sorted(set(extra) - set(valid_extra))
@@ -305,9 +335,20 @@ def make_options(algorithm: Algorithm, *, maxiters=None, maxtime=None, gtol=None
     # -1: a history without a known length, which only a training loop on data can record
     length = -1 if maxiters is None or isinstance(maxiters, jax.core.Tracer) else int(maxiters) + 1
     return SolveOptions(
-        maxiters=maxiters, maxtime=maxtime, gtol=gtol, ftol=ftol, xtol=xtol, callback=callback,
-        callback_every=int(callback_every), extra=tuple(sorted(extra.items())),
-        resume=resume, history=length if history else 0, progress=bool(progress),
-        metrics=metrics, evaluate=evaluate, eval_every=int(eval_every), keep=keep,
+        maxiters=maxiters,
+        maxtime=maxtime,
+        gtol=gtol,
+        ftol=ftol,
+        xtol=xtol,
+        callback=callback,
+        callback_every=int(callback_every),
+        extra=tuple(sorted(extra.items())),
+        resume=resume,
+        history=length if history else 0,
+        progress=bool(progress),
+        metrics=metrics,
+        evaluate=evaluate,
+        eval_every=int(eval_every),
+        keep=keep,
         checkpoint=checkpoint,
     )

@@ -53,17 +53,26 @@ class Plan:
 
     def call(self, problem: Any, algorithm: Any) -> Call:
         """The call the backends take for ``problem`` and ``algorithm``."""
-        return Call(problem, algorithm=algorithm, options=self.options, adjoint=self.adjoint,
-                    steps=self.steps)
+        return Call(
+            problem,
+            algorithm=algorithm,
+            options=self.options,
+            adjoint=self.adjoint,
+            steps=self.steps,
+        )
 
 
 def may_stand_for(problem: Any) -> bool:
     """Whether the stages may leave ``problem`` unchanged, read from its static fields alone
     (a problem they change, or check by value, is never planned: its key's flatten would be
     wasted)."""
-    return (getattr(problem, "trainable", None) is None and sense.is_plain(problem)
-            and not problem.has_bounds and not problem.constraints
-            and getattr(problem, "x0_form", None) is None)
+    return (
+        getattr(problem, "trainable", None) is None
+        and sense.is_plain(problem)
+        and not problem.has_bounds
+        and not problem.constraints
+        and getattr(problem, "x0_form", None) is None
+    )
 
 
 def key(inputs: FlatInputs, given: dict[str, Any]) -> tuple | None:
@@ -97,17 +106,28 @@ def record(found: tuple | None, call: Call, problem: Any, algorithm: Any) -> Non
     problem and the algorithm as given and added nothing of the call's own."""
     if found is None or call.problem is not problem or call.algorithm is not algorithm:
         return
-    if any(part is not None for part in (call.resume, call.callback, call.metrics,
-                                         call.evaluate, call.options.checkpoint)) or \
-            call.trains_model:
+    if (
+        any(
+            part is not None
+            for part in (
+                call.resume,
+                call.callback,
+                call.metrics,
+                call.evaluate,
+                call.options.checkpoint,
+            )
+        )
+        or call.trains_model
+    ):
         return
-    _PLANS.put(found, Plan(call.options, call.adjoint, call.steps,
-                           jax.tree_util.tree_flatten(call.options)))
+    _PLANS.put(
+        found,
+        Plan(call.options, call.adjoint, call.steps, jax.tree_util.tree_flatten(call.options)),
+    )
 
 
 # the call whose run a backend may offer: (its plan, problem, algorithm)
-_RECORDING: contextvars.ContextVar[tuple | None] = contextvars.ContextVar("recording",
-                                                                         default=None)
+_RECORDING: contextvars.ContextVar[tuple | None] = contextvars.ContextVar("recording", default=None)
 
 
 @contextlib.contextmanager
@@ -120,8 +140,7 @@ def recording(plan: Plan, problem: Any, algorithm: Any) -> Iterator[None]:
         _RECORDING.reset(token)
 
 
-def offer(run: Callable[[list, Any, Any], Any], problem: Any, algorithm: Any,
-          options: Any) -> None:
+def offer(run: Callable[[list, Any, Any], Any], problem: Any, algorithm: Any, options: Any) -> None:
     """From a backend: ``run``, which runs a call of this structure from the leaves of
     (problem, algorithm, options), for later calls of the plan being recorded. Taken only
     where the backend runs the recorded call itself (the same problem, algorithm and
@@ -130,6 +149,10 @@ def offer(run: Callable[[list, Any, Any], Any], problem: Any, algorithm: Any,
     if recorded is None:
         return
     plan, planned_problem, planned_algorithm = recorded
-    if problem is planned_problem and algorithm is planned_algorithm and \
-            options is plan.options and not plan.runs:
+    if (
+        problem is planned_problem
+        and algorithm is planned_algorithm
+        and options is plan.options
+        and not plan.runs
+    ):
         plan.runs.append(run)

@@ -11,7 +11,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from optsolve.solve_api import scipy_forms, trainable as trainable_leaves
+from optsolve.solve_api import scipy_forms
+from optsolve.solve_api import trainable as trainable_leaves
 from optsolve.solve_api.pytree import freeze, pytree_dataclass, replace, static_field
 
 PyTree = Any
@@ -43,12 +44,11 @@ class Constraint:
         if not callable(self.g):
             raise TypeError(f"Constraint: `g` must be a callable g(x, p) -> array, got {self.g!r}.")
         lo, up = self.lower, self.upper
-        if _is_concrete(lo) and _is_concrete(up):
-            if np.any(np.asarray(lo) > np.asarray(up)):
-                raise ValueError(
-                    f"Constraint: `lower` must be <= `upper` elementwise, got lower={lo!r}, "
-                    f"upper={up!r}."
-                )
+        if _is_concrete(lo) and _is_concrete(up) and np.any(np.asarray(lo) > np.asarray(up)):
+            raise ValueError(
+                f"Constraint: `lower` must be <= `upper` elementwise, got lower={lo!r}, "
+                f"upper={up!r}."
+            )
 
     @property
     def is_equality(self) -> bool:
@@ -60,20 +60,27 @@ def _check_takes_x_and_p(f: Callable[..., Any], name: str, form: str) -> None:
     from its code object (free), callables without one (partials, jitted functions, modules)
     are called as they are."""
     code = getattr(f, "__code__", None)
-    if code is None or inspect.ismethod(f) or code.co_flags & inspect.CO_VARARGS or \
-            code.co_argcount >= 2:
+    if (
+        code is None
+        or inspect.ismethod(f)
+        or code.co_flags & inspect.CO_VARARGS
+        or code.co_argcount >= 2
+    ):
         return
     label = getattr(f, "__name__", "f")
     raise TypeError(
         f"OptimizationProblem: `{name}` must be {form}, taking x and the hyperparameters p "
         f"(None when there are none); got {label}{inspect.signature(f)}. Write "
-        f"lambda x, p: ..., and pass p= to the problem to use it.")
+        f"lambda x, p: ..., and pass p= to the problem to use it."
+    )
 
 
 def _check_x0(x0: PyTree) -> None:
     leaves = jax.tree_util.tree_leaves(x0)
     if not leaves:
-        raise ValueError("OptimizationProblem: `x0` must contain at least one array, got an empty pytree.")
+        raise ValueError(
+            "OptimizationProblem: `x0` must contain at least one array, got an empty pytree."
+        )
     hint = trainable_leaves.untrainable_hint(x0)
     if hint is not None:
         raise ValueError(hint)
@@ -104,10 +111,13 @@ def _normalize_bound(bound: Any, x0: PyTree, fill: float, name: str) -> PyTree:
     x0_leaves, x0_def = jax.tree_util.tree_flatten(x0)
     if bound is None:
         return jax.tree_util.tree_unflatten(
-            x0_def, [jnp.full(jnp.shape(l), fill, jnp.result_type(l)) for l in x0_leaves]
+            x0_def, [jnp.full(jnp.shape(leaf), fill, jnp.result_type(leaf)) for leaf in x0_leaves]
         )
-    if isinstance(bound, list) and len(x0_leaves) == 1 and all(
-            isinstance(b, (int, float, np.number)) or b is None for b in bound):
+    if (
+        isinstance(bound, list)
+        and len(x0_leaves) == 1
+        and all(isinstance(b, (int, float, np.number)) or b is None for b in bound)
+    ):
         # scipy's form for an array x0: one number per entry (None: no bound)
         bound = np.asarray([fill if b is None else b for b in bound], dtype=float)
     if isinstance(bound, (int, float, np.number)) or (
@@ -115,7 +125,7 @@ def _normalize_bound(bound: Any, x0: PyTree, fill: float, name: str) -> PyTree:
     ):
         return jax.tree_util.tree_unflatten(
             x0_def,
-            [jnp.full(jnp.shape(l), bound, jnp.result_type(l)) for l in x0_leaves],
+            [jnp.full(jnp.shape(leaf), bound, jnp.result_type(leaf)) for leaf in x0_leaves],
         )
     try:
         b_leaves = x0_def.flatten_up_to(bound)
@@ -173,11 +183,11 @@ class OptimizationProblem:
         module (``nnx.Param``), a predicate ``leaf -> bool`` (``eqx.is_inexact_array``),
         or a pytree of bools shaped like x0 (or a prefix of it). The other leaves are
         carried, not optimised (bounds are then scalars, or pytrees shaped like the trained
-        leaves: the model with None elsewhere, as ``eqx.filter`` gives it): f receives the whole model, and state f changes in place
-        (an NNX BatchNorm's statistics in train mode, a Dropout's RNG counter) is carried
-        from step to step by the algorithms that evaluate f once per step (the optax
-        family) and returned in ``sol.x``. None (default): every leaf is trained and must
-        be a floating-point array.
+        leaves: the model with None elsewhere, as ``eqx.filter`` gives it): f receives the whole
+        model, and state f changes in place (an NNX BatchNorm's statistics in train mode, a
+        Dropout's RNG counter) is carried from step to step by the algorithms that evaluate f once
+        per step (the optax family) and returned in ``sol.x``. None (default): every leaf is trained
+        and must be a floating-point array.
       x0_form: set by the problem itself (a :class:`~optsolve.solve_api.scipy_forms.ListForm`
         where x0 was a list of numbers): the form ``sol.x`` is given back in.
 
@@ -198,18 +208,35 @@ class OptimizationProblem:
     trainable: Any = static_field(default=None)
     x0_form: scipy_forms.ListForm | None = static_field(default=None)
 
-    def __init__(self, f, x0, p=None, *, bounds=None, constraints=None, grad=None, hvp=None,
-                 sense="min", has_aux=False, trainable=None, x0_form=None):
+    def __init__(
+        self,
+        f,
+        x0,
+        p=None,
+        *,
+        bounds=None,
+        constraints=None,
+        grad=None,
+        hvp=None,
+        sense="min",
+        has_aux=False,
+        trainable=None,
+        x0_form=None,
+    ):
         if sense not in ("min", "max"):
             raise ValueError(f"OptimizationProblem: `sense` must be 'min' or 'max', got {sense!r}.")
         if not isinstance(has_aux, bool):
-            raise TypeError(f"OptimizationProblem: `has_aux` must be True or False, got "
-                            f"{has_aux!r}.")
+            raise TypeError(
+                f"OptimizationProblem: `has_aux` must be True or False, got {has_aux!r}."
+            )
         if not callable(f):
-            raise TypeError(f"OptimizationProblem: `f` must be a callable f(x, p) -> scalar, got {f!r}.")
+            raise TypeError(
+                f"OptimizationProblem: `f` must be a callable f(x, p) -> scalar, got {f!r}."
+            )
         _check_takes_x_and_p(f, "f", "f(x, p) -> scalar")
-        _check_takes_x_and_p(getattr(f, "residual", None), "residual",
-                             "residual(x, p) -> array")  # a least-squares problem's
+        _check_takes_x_and_p(
+            getattr(f, "residual", None), "residual", "residual(x, p) -> array"
+        )  # a least-squares problem's
         if grad is not None and not callable(grad):
             raise TypeError(
                 f"OptimizationProblem: `grad` must be None or a callable grad(x, p) -> pytree "
@@ -221,8 +248,11 @@ class OptimizationProblem:
                 f"like x, got {hvp!r}."
             )
         x0, form = scipy_forms.start_point(x0)
-        if form is None and isinstance(x0_form, scipy_forms.ListForm) and \
-                getattr(x0, "shape", None) == x0_form.shape:
+        if (
+            form is None
+            and isinstance(x0_form, scipy_forms.ListForm)
+            and getattr(x0, "shape", None) == x0_form.shape
+        ):
             form = x0_form  # a copy of a problem given a list (prob.replace(p=...))
         bounded = x0  # what bounds are shaped like: x0, or a model's trained leaves
         if trainable is None:
@@ -233,7 +263,8 @@ class OptimizationProblem:
                     raise ValueError(
                         f"OptimizationProblem: `{name}` cannot be combined with `trainable` (a "
                         "model as x0); declare the problem over the trained leaves themselves "
-                        "to use it.")
+                        "to use it."
+                    )
             trainable = freeze(trainable)
             # its errors, at construction
             bounded = trainable_leaves.cached_split(x0, trainable).trained(x0)
@@ -247,18 +278,29 @@ class OptimizationProblem:
             lower = _normalize_bound(bounds[0], bounded, -jnp.inf, "lower")
             upper = _normalize_bound(bounds[1], bounded, jnp.inf, "upper")
             for lo, up in zip(jax.tree_util.tree_leaves(lower), jax.tree_util.tree_leaves(upper)):
-                if _is_concrete(lo) and _is_concrete(up) and np.any(np.asarray(lo) > np.asarray(up)):
+                if (
+                    _is_concrete(lo)
+                    and _is_concrete(up)
+                    and np.any(np.asarray(lo) > np.asarray(up))
+                ):
                     raise ValueError(
                         "OptimizationProblem: `bounds` must have lower <= upper elementwise; "
                         f"got lower={np.asarray(lo)!r} > upper={np.asarray(up)!r} somewhere."
                     )
             bounds = (lower, upper)
         if constraints is not None:
-            if isinstance(constraints, (Constraint, dict, *scipy_forms.scipy_types(
-                    "LinearConstraint", "NonlinearConstraint"))):
+            if isinstance(
+                constraints,
+                (
+                    Constraint,
+                    dict,
+                    *scipy_forms.scipy_types("LinearConstraint", "NonlinearConstraint"),
+                ),
+            ):
                 constraints = (constraints,)
-            constraints = tuple(scipy_forms.constraint(c, i, Constraint)
-                                for i, c in enumerate(constraints))
+            constraints = tuple(
+                scipy_forms.constraint(c, i, Constraint) for i, c in enumerate(constraints)
+            )
             for i, c in enumerate(constraints):
                 if not isinstance(c, Constraint):
                     raise TypeError(
@@ -280,7 +322,7 @@ class OptimizationProblem:
         object.__setattr__(self, "trainable", trainable)
         object.__setattr__(self, "x0_form", form)
 
-    def replace(self, **changes: Any) -> "OptimizationProblem":
+    def replace(self, **changes: Any) -> OptimizationProblem:
         """A new problem with some of ``f``, ``x0``, ``p``, ``bounds``, ``constraints``, ``grad``,
         ``hvp``, ``sense``, ``has_aux``, ``trainable`` changed."""
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
@@ -299,14 +341,15 @@ class OptimizationProblem:
                 changes["x0_form"] = None
         return replace(self, **changes)
 
-    def derived(self, **changes: Any) -> "OptimizationProblem":
+    def derived(self, **changes: Any) -> OptimizationProblem:
         """A problem ``solve`` derives from this validated one (the trained leaves of a
         model, ...), its fields set as given: validating them again costs more than a small
         model's whole step."""
         derived = object.__new__(type(self))
         for field in dataclasses.fields(self):
-            object.__setattr__(derived, field.name, changes.get(field.name,
-                                                                getattr(self, field.name)))
+            object.__setattr__(
+                derived, field.name, changes.get(field.name, getattr(self, field.name))
+            )
         return derived
 
     @property

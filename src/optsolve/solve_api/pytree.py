@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 if sys.version_info >= (3, 11):
     from typing import dataclass_transform
 else:  # the marker only informs type checkers, which read it from 3.11's typing
+
     def dataclass_transform(**_: Any) -> Callable[[T], T]:
         return lambda decorator: decorator
 
@@ -40,8 +41,9 @@ def static_field(**kwargs: Any) -> Any:
 
 # declared a dataclass transform: type checkers then know the constructor of every class
 # it makes (its fields, in order, with their defaults) and that its instances are frozen
-@dataclass_transform(frozen_default=True, eq_default=False,
-                     field_specifiers=(dataclasses.field, static_field))
+@dataclass_transform(
+    frozen_default=True, eq_default=False, field_specifiers=(dataclasses.field, static_field)
+)
 def pytree_dataclass(cls: type[T]) -> type[T]:
     """Make ``cls`` a frozen dataclass registered as a pytree (with key paths)."""
     own_init = "__init__" in cls.__dict__  # kept by dataclass: a construction that checks
@@ -120,15 +122,18 @@ class FlatInputs:
     which the layers below reuse within :meth:`reused` instead of flattening them again (a
     model's flattening runs in Python, at every ask)."""
 
-    def __init__(self, *objects: Any, known: "FlatInputs | None" = None):
+    def __init__(self, *objects: Any, known: FlatInputs | None = None):
         """``known``: flattens made before, reused for the very objects they hold."""
         self.objects = objects
-        self.flat = [jax.tree_util.tree_flatten(obj) if known is None else
-                     known.flat_of(obj) for obj in objects]
-        self.traced = any(isinstance(leaf, jax.core.Tracer)
-                          for leaves, _ in self.flat for leaf in leaves)
+        self.flat = [
+            jax.tree_util.tree_flatten(obj) if known is None else known.flat_of(obj)
+            for obj in objects
+        ]
+        self.traced = any(
+            isinstance(leaf, jax.core.Tracer) for leaves, _ in self.flat for leaf in leaves
+        )
 
-    def including(self, obj: Any, flat: tuple[list, Any]) -> "FlatInputs":
+    def including(self, obj: Any, flat: tuple[list, Any]) -> FlatInputs:
         """These flattens and ``obj``'s, ``flat`` (``tree_flatten(obj)``, made before)."""
         more = object.__new__(FlatInputs)
         more.objects, more.flat = self.objects + (obj,), self.flat + [flat]
@@ -142,10 +147,12 @@ class FlatInputs:
 
     def first(self, n: int) -> tuple[list, Any]:
         """``tree_flatten`` of the tuple of the first ``n`` objects."""
-        return ([leaf for leaves, _ in self.flat[:n] for leaf in leaves],
-                jax.tree_util.treedef_tuple([treedef for _, treedef in self.flat[:n]]))
+        return (
+            [leaf for leaves, _ in self.flat[:n] for leaf in leaves],
+            jax.tree_util.treedef_tuple([treedef for _, treedef in self.flat[:n]]),
+        )
 
-    def reused(self) -> "_Reused":
+    def reused(self) -> _Reused:
         """A context within which the layers below reuse these flattens."""
         return _Reused(self)
 
@@ -164,8 +171,7 @@ class _Reused:
         _REUSED.reset(self.token)
 
 
-_REUSED: contextvars.ContextVar[FlatInputs | None] = contextvars.ContextVar("reused",
-                                                                            default=None)
+_REUSED: contextvars.ContextVar[FlatInputs | None] = contextvars.ContextVar("reused", default=None)
 
 
 def flatten_inputs(*objects: Any) -> tuple[list, Any]:
@@ -185,8 +191,11 @@ def flatten_inputs(*objects: Any) -> tuple[list, Any]:
 def is_traced(*trees: Any) -> bool:
     """Whether any leaf of ``trees`` is a JAX tracer (inside jit, vmap, grad, ...)."""
     known = _REUSED.get()
-    if known is not None and not known.traced and all(
-            any(tree is k for k in known.objects) for tree in trees):
+    if (
+        known is not None
+        and not known.traced
+        and all(any(tree is k for k in known.objects) for tree in trees)
+    ):
         return False
     return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(trees))
 
@@ -220,8 +229,12 @@ def leaf_spec(leaf: Any) -> tuple:
     elif not isinstance(dtype, np.dtype):  # numpy's scalar types; JAX's extended dtypes (keys)
         dtype = dtype if jax.dtypes.issubdtype(dtype, jax.dtypes.extended) else np.dtype(dtype)
     array_spec = (tuple(np.shape(leaf)), dtype, bool(getattr(leaf, "weak_type", False)))
-    if isinstance(leaf, jax.Array) and not isinstance(leaf, jax.core.Tracer) and \
-            isinstance(dtype, np.dtype) and array_spec == (leaf.shape, leaf.dtype, leaf.weak_type):
+    if (
+        isinstance(leaf, jax.Array)
+        and not isinstance(leaf, jax.core.Tracer)
+        and isinstance(dtype, np.dtype)
+        and array_spec == (leaf.shape, leaf.dtype, leaf.weak_type)
+    ):
         _ARRAY_TYPES.add(kind)
     return array_spec
 

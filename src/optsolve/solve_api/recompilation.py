@@ -27,7 +27,7 @@ class RecompilationWarning(UserWarning):
 
 _ADDRESS = re.compile(r" (?:object )?at 0x[0-9a-fA-F]+")
 _OBJECT = re.compile(r"<(?:[^<>]|<[^<>]*>)*? at 0x[0-9a-fA-F]+>")  # <function f.<locals>.g at 0x..>
-_SEEN = BoundedCache(64)          # structure -> its fingerprint (holds its objects alive,
+_SEEN = BoundedCache(64)  # structure -> its fingerprint (holds its objects alive,
 _FINGERPRINTS = BoundedCache(64)  # so no new one takes an address); fingerprint -> first
 _WARNED: set = set()
 
@@ -36,11 +36,12 @@ def _node_data(treedef: Any) -> list:
     """The static data of every node of ``treedef`` (where functions and options live)."""
     data = treedef.node_data()
     return ([] if data is None else [data[1]]) + [
-        item for child in treedef.children() for item in _node_data(child)]
+        item for child in treedef.children() for item in _node_data(child)
+    ]
 
 
-_DEPTH = 8      # closures nest (optax.chain of chains); deeper than this is taken as equal
-_ITEMS = 32     # a longer sequence is described by its type and length
+_DEPTH = 8  # closures nest (optax.chain of chains); deeper than this is taken as equal
+_ITEMS = 32  # a longer sequence is described by its type and length
 
 
 def _built(obj: Any, depth: int) -> str:
@@ -50,10 +51,10 @@ def _built(obj: Any, depth: int) -> str:
     described by its type's name."""
     try:
         return _describe(obj, depth)
-    except Exception:  # any user object may raise anywhere; the check only warns
+    except Exception:  # noqa: BLE001  (any user object may raise anywhere; the check only warns)
         try:
             return type(obj).__qualname__
-        except Exception:
+        except Exception:  # noqa: BLE001  (likewise)
             return "?"
 
 
@@ -91,8 +92,11 @@ def _describe(obj: Any, depth: int) -> str:
         if len(obj) > _ITEMS:
             return f"{type(obj).__name__}[{len(obj)}]"
         items = obj.items() if isinstance(obj, dict) else enumerate(obj)
-        return f"{type(obj).__name__}(" + ", ".join(
-            f"{key!r}: {_built(value, depth + 1)}" for key, value in items) + ")"
+        return (
+            f"{type(obj).__name__}("
+            + ", ".join(f"{key!r}: {_built(value, depth + 1)}" for key, value in items)
+            + ")"
+        )
     return type(obj).__qualname__
 
 
@@ -104,7 +108,7 @@ def note(leaves: list, treedef: Any, hooks: Any) -> None:
     cannot be hashed, compared or printed is not checked."""
     try:
         message = _check(leaves, treedef, hooks)
-    except Exception:  # the user's objects may raise anywhere; the check only warns
+    except Exception:  # noqa: BLE001  (the user's objects may raise anywhere; the check only warns)
         return
     if message is not None:
         warnings.warn(message, RecompilationWarning, stacklevel=3)
@@ -113,8 +117,9 @@ def note(leaves: list, treedef: Any, hooks: Any) -> None:
 def _check(leaves: list, treedef: Any, hooks: Any) -> str | None:
     """:func:`note`'s work: the warning's message, or None where there is nothing to say."""
     # shapes and dtypes too: a new shape compiles anew whatever else changed
-    shapes = tuple((getattr(leaf, "shape", None), getattr(leaf, "dtype", type(leaf)))
-                   for leaf in leaves)
+    shapes = tuple(
+        (getattr(leaf, "shape", None), getattr(leaf, "dtype", type(leaf))) for leaf in leaves
+    )
     structure = (treedef, shapes, hooks)
     try:
         if _SEEN.get(structure) is not None:
@@ -123,8 +128,7 @@ def _check(leaves: list, treedef: Any, hooks: Any) -> str | None:
         return None
     printed = f"{treedef} {shapes} {hooks!r}"
     static = [leaf for leaf in leaves if not hasattr(leaf, "dtype")]
-    fingerprint = _ADDRESS.sub("", printed) + " " + _built(
-        (static, _node_data(treedef), hooks), 0)
+    fingerprint = _ADDRESS.sub("", printed) + " " + _built((static, _node_data(treedef), hooks), 0)
     _SEEN.get_or_make(structure, lambda: fingerprint)
     first = _FINGERPRINTS.get_or_make(fingerprint, lambda: printed)
     if first == printed or fingerprint in _WARNED:
@@ -138,4 +142,5 @@ def _check(leaves: list, treedef: Any, hooks: Any) -> str | None:
         "anew). Build it once, outside the loop; or use the pytree forms, whose numbers are "
         "leaves: optsolve's algorithm classes (optsolve.OptaxLBFGS() for optax.lbfgs(), "
         "optsolve.Adam(...) for optax.adam(...)), optsolve.schedules for optax's schedules, "
-        "and `p` for the numbers f closes over. (Shown once per structure.)")
+        "and `p` for the numbers f closes over. (Shown once per structure.)"
+    )

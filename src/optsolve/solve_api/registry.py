@@ -20,7 +20,8 @@ _ALGORITHMS: list[type[Algorithm]] = []
 
 
 def register_backend(algorithm_type: type[Algorithm], backend: Backend) -> None:
-    """Route algorithms of ``algorithm_type`` (and subclasses) to ``backend(problem, alg, opts)``."""
+    """Route algorithms of ``algorithm_type`` (and subclasses) to
+    ``backend(problem, alg, opts)``."""
     _BACKENDS[algorithm_type] = backend
 
 

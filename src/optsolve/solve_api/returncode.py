@@ -64,16 +64,15 @@ REASONS = {
     6: "the next iterate is not finite",
     7: "the line search found no acceptable step",
     8: "no progress beyond rounding: the step no longer changes x, or 10 iterations "
-       "lowered neither f nor the gradient norm",
+    "lowered neither f nor the gradient norm",
     9: "the line search met a non-finite objective or gradient at its trial points",
     10: "no step short of the non-finite objective or gradient values met at the trial "
-        "points changes x beyond rounding",
+    "points changes x beyond rounding",
     11: "the relative reduction of the sum of squares (Levenberg-Marquardt: the actual and "
-        "the predicted one) is <= ftol",
+    "the predicted one) is <= ftol",
     12: "the step (Levenberg-Marquardt: the trust region, in the scaled norm) is <= xtol "
-        "relative to the norm of x",
-    13: "F(a) and F(b) must have different signs: the bracket (a, b) holds no sign change "
-        "of F",
+    "relative to the norm of x",
+    13: "F(a) and F(b) must have different signs: the bracket (a, b) holds no sign change of F",
 }
 
 # The reason of a bracketing root solve whose bracket holds no sign change (set by

@@ -31,8 +31,14 @@ PyTree = Any
 MATRIX_FREE_ABOVE = 256
 
 
-def krylov_solve(method: str, matvec: Callable[[jax.Array], jax.Array], b: jax.Array,
-                 rtol: Any, maxiter: int, restart: int = 50) -> jax.Array:
+def krylov_solve(
+    method: str,
+    matvec: Callable[[jax.Array], jax.Array],
+    b: jax.Array,
+    rtol: Any,
+    maxiter: int,
+    restart: int = 50,
+) -> jax.Array:
     """An approximate solution of the nonsymmetric system ``A v = b`` from products
     ``matvec(v) = A v``, from v = 0, to ``|A v - b| <= rtol |b|`` or ``maxiter`` products
     (about; BiCGStab makes two an iteration).
@@ -47,10 +53,10 @@ def krylov_solve(method: str, matvec: Callable[[jax.Array], jax.Array], b: jax.A
     """
     if method == "gmres":
         restart = min(b.size, restart)
-        return jax.scipy.sparse.linalg.gmres(matvec, b, tol=rtol, restart=restart,
-                                             maxiter=max(1, -(-maxiter // restart)))[0]
-    return jax.scipy.sparse.linalg.bicgstab(matvec, b, tol=rtol,
-                                            maxiter=max(1, maxiter // 2))[0]
+        return jax.scipy.sparse.linalg.gmres(
+            matvec, b, tol=rtol, restart=restart, maxiter=max(1, -(-maxiter // restart))
+        )[0]
+    return jax.scipy.sparse.linalg.bicgstab(matvec, b, tol=rtol, maxiter=max(1, maxiter // 2))[0]
 
 
 def _as_root_problem_error(err: Exception) -> Exception:
@@ -100,8 +106,9 @@ class RootProblem:
 
     def __init__(self, F, x0, p=None, *, bracket=None):
         if not callable(F):
-            raise TypeError(f"RootProblem: `F` must be a callable F(x, p) -> array shaped like "
-                            f"x, got {F!r}.")
+            raise TypeError(
+                f"RootProblem: `F` must be a callable F(x, p) -> array shaped like x, got {F!r}."
+            )
         try:
             _check_takes_x_and_p(F, "F", "F(x, p) -> array shaped like x")
             x0, _ = scipy_forms.start_point(x0)
@@ -115,12 +122,14 @@ class RootProblem:
         object.__setattr__(self, "p", p)
         object.__setattr__(self, "bracket", bracket)
 
-    def replace(self, **changes: Any) -> "RootProblem":
+    def replace(self, **changes: Any) -> RootProblem:
         """A new problem with some of ``F``, ``x0``, ``p``, ``bracket`` changed."""
         unknown = set(changes) - {"F", "x0", "p", "bracket"}
         if unknown:
-            raise TypeError(f"RootProblem.replace: unknown field(s) {sorted(unknown)}; valid "
-                            "fields are F, x0, p, bracket.")
+            raise TypeError(
+                f"RootProblem.replace: unknown field(s) {sorted(unknown)}; valid "
+                "fields are F, x0, p, bracket."
+            )
         fields = {"F": self.F, "x0": self.x0, "p": self.p, "bracket": self.bracket, **changes}
         return RootProblem(fields["F"], fields["x0"], fields["p"], bracket=fields["bracket"])
 
@@ -133,10 +142,15 @@ def _scalar_x0_error(x0: PyTree, what: str) -> str | None:
     leaves = jax.tree_util.tree_leaves(x0)
     if len(leaves) == 1 and jnp.ndim(leaves[0]) == 0:
         return None
-    given = (f"an array of shape {jnp.shape(leaves[0])}" if len(leaves) == 1
-             else f"a pytree of {len(leaves)} arrays")
-    return (f"{what} one scalar unknown, so `x0` must be a 0-d float array (e.g. "
-            f"jnp.array(1.0)); got {given}. E.g. {_BRACKET_EXAMPLE}.")
+    given = (
+        f"an array of shape {jnp.shape(leaves[0])}"
+        if len(leaves) == 1
+        else f"a pytree of {len(leaves)} arrays"
+    )
+    return (
+        f"{what} one scalar unknown, so `x0` must be a 0-d float array (e.g. "
+        f"jnp.array(1.0)); got {given}. E.g. {_BRACKET_EXAMPLE}."
+    )
 
 
 def _checked_bracket(bracket: Any, x0: PyTree) -> tuple[jax.Array, jax.Array]:
@@ -148,21 +162,24 @@ def _checked_bracket(bracket: Any, x0: PyTree) -> tuple[jax.Array, jax.Array]:
     if hasattr(bracket, "shape") and not isinstance(bracket, (tuple, list)):
         ends = [bracket[0], bracket[1]] if jnp.shape(bracket) == (2,) else None
     else:
-        ends = list(bracket) if isinstance(bracket, (tuple, list)) and len(bracket) == 2 \
-            else None
+        ends = list(bracket) if isinstance(bracket, (tuple, list)) and len(bracket) == 2 else None
     if ends is None or any(jnp.ndim(e) != 0 or not _real(e) for e in ends):
-        raise ValueError(f"RootProblem: `bracket` must be a pair (a, b) of real numbers, the "
-                         f"ends of an interval where F changes sign; got {bracket!r}. E.g. "
-                         f"{_BRACKET_EXAMPLE}.")
+        raise ValueError(
+            f"RootProblem: `bracket` must be a pair (a, b) of real numbers, the "
+            f"ends of an interval where F changes sign; got {bracket!r}. E.g. "
+            f"{_BRACKET_EXAMPLE}."
+        )
     dtype = jnp.result_type(jax.tree_util.tree_leaves(x0)[0])
     a, b = (jnp.asarray(e).astype(dtype) for e in ends)
     if not is_traced((a, b)):
         if not (np.isfinite(float(a)) and np.isfinite(float(b))):
-            raise ValueError(f"RootProblem: `bracket` must have finite ends; got "
-                             f"({float(a)}, {float(b)}).")
+            raise ValueError(
+                f"RootProblem: `bracket` must have finite ends; got ({float(a)}, {float(b)})."
+            )
         if not float(a) < float(b):
-            raise ValueError(f"RootProblem: `bracket` must be (a, b) with a < b; got "
-                             f"({float(a)}, {float(b)}).")
+            raise ValueError(
+                f"RootProblem: `bracket` must be (a, b) with a < b; got ({float(a)}, {float(b)})."
+            )
     return a, b
 
 
@@ -172,11 +189,12 @@ def _real(value: Any) -> bool:
     if isinstance(value, (int, float)):
         return True
     dtype = getattr(value, "dtype", None)
-    return dtype is not None and (jnp.issubdtype(dtype, jnp.floating)
-                                  or jnp.issubdtype(dtype, jnp.integer))
+    return dtype is not None and (
+        jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.integer)
+    )
 
 
-def check_bracketed(problem: "RootProblem", name: str) -> None:
+def check_bracketed(problem: RootProblem, name: str) -> None:
     """Raise a clear error unless ``problem`` suits a bracketing method (``name``): a
     bracket, on a scalar x."""
     complaint = _scalar_x0_error(problem.x0, f"solve: {name} searches a bracket around")
@@ -185,7 +203,8 @@ def check_bracketed(problem: "RootProblem", name: str) -> None:
     if problem.bracket is None:
         raise ValueError(
             f"solve: {name} searches the interval given by the problem's `bracket`, an "
-            f"interval where F changes sign; got bracket=None. E.g. {_BRACKET_EXAMPLE}.")
+            f"interval where F changes sign; got bracket=None. E.g. {_BRACKET_EXAMPLE}."
+        )
 
 
 _CHECKED = BoundedCache(1024)
@@ -208,30 +227,38 @@ def _check_uncached(problem: RootProblem) -> None:
     if out_def != x_def:
         if len(x_leaves) == 1:
             shape = jnp.shape(x_leaves[0])
-            got = (f"shape {out.shape}" if hasattr(out, "shape") and hasattr(out, "dtype")
-                   else f"{out_def}")
+            got = (
+                f"shape {out.shape}"
+                if hasattr(out, "shape") and hasattr(out, "dtype")
+                else f"{out_def}"
+            )
             raise TypeError(
                 f"RootProblem: `F(x, p)` must return an array shaped like x (x0 has shape "
                 f"{shape}); got {got}. A root problem is square: one equation per unknown "
-                "(for more equations than unknowns use optsolve.LeastSquaresProblem).")
+                "(for more equations than unknowns use optsolve.LeastSquaresProblem)."
+            )
         raise TypeError(
             f"RootProblem: `F(x, p)` must return a pytree with x's structure ({x_def}), one "
-            f"equation per unknown; got {out_def}.")
-    for path, leaf, xl in zip(jax.tree_util.tree_flatten_with_path(out)[0],
-                              jax.tree_util.tree_leaves(out), x_leaves):
+            f"equation per unknown; got {out_def}."
+        )
+    for path, leaf, xl in zip(
+        jax.tree_util.tree_flatten_with_path(out)[0], jax.tree_util.tree_leaves(out), x_leaves
+    ):
         where = jax.tree_util.keystr(path[0])
         if not hasattr(leaf, "dtype") or not jnp.issubdtype(leaf.dtype, jnp.floating):
             kind = getattr(leaf, "dtype", type(leaf).__name__)
             raise TypeError(
                 f"RootProblem: `F(x, p)` must return real floating-point values, got {kind}"
                 f"{' at ' + where if where else ''}. Split a complex system into its real and "
-                "imaginary parts.")
+                "imaginary parts."
+            )
         if leaf.shape != jnp.shape(xl):
             raise TypeError(
                 f"RootProblem: `F(x, p)` must return an array shaped like x"
                 f"{' at ' + where if where else ''}: x0 has shape {jnp.shape(xl)}, F returned "
                 f"shape {leaf.shape}. A root problem is square: one equation per unknown (for "
-                "more equations than unknowns use optsolve.LeastSquaresProblem).")
+                "more equations than unknowns use optsolve.LeastSquaresProblem)."
+            )
 
 
 class RootField:
@@ -243,8 +270,9 @@ class RootField:
         self.F = F
 
     def __call__(self, x: PyTree, p: PyTree) -> PyTree:
-        return jax.tree_util.tree_map(lambda fx, xl: jnp.asarray(fx).astype(jnp.result_type(xl)),
-                                      self.F(x, p), x)
+        return jax.tree_util.tree_map(
+            lambda fx, xl: jnp.asarray(fx).astype(jnp.result_type(xl)), self.F(x, p), x
+        )
 
     def __eq__(self, other: Any) -> bool:
         return isinstance(other, RootField) and other.F == self.F
@@ -295,12 +323,12 @@ def derived(problem: RootProblem, **changes: Any) -> RootProblem:
     own derived problems: closures hoisted into p)."""
     out = object.__new__(RootProblem)
     for field in dataclasses.fields(RootProblem):
-        object.__setattr__(out, field.name, changes.get(field.name,
-                                                        getattr(problem, field.name)))
+        object.__setattr__(out, field.name, changes.get(field.name, getattr(problem, field.name)))
     return out
 
 
 # The root traits of the capability table (Algorithm.traits; capabilities.py checks them)
+
 
 def _caps(algorithm: Algorithm | type[Algorithm]) -> dict[str, Any]:
     return algorithm.traits() if isinstance(algorithm, type) else algorithm.capabilities()

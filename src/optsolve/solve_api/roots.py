@@ -46,19 +46,33 @@ from jax.flatten_util import ravel_pytree
 
 from optsolve.solve_api import host
 from optsolve.solve_api.adjoint import (
-    ImplicitAdjoint, UnrolledAdjoint, _closes_over_tracers, _instantiated, _perturbed,
-    warn_each, with_tangent_rule,
+    ImplicitAdjoint,
+    UnrolledAdjoint,
+    _closes_over_tracers,
+    _instantiated,
+    _perturbed,
+    warn_each,
+    with_tangent_rule,
 )
 from optsolve.solve_api.capabilities import (
-    check_capabilities, check_solves_roots, resume_point,
+    check_capabilities,
+    check_solves_roots,
+    resume_point,
 )
 from optsolve.solve_api.options import as_callback, make_options
 from optsolve.solve_api.pytree import is_traced, replace
 from optsolve.solve_api.registry import as_algorithm, backend_for
 from optsolve.solve_api.returncode import BRACKET_SIGN, ReturnCode
 from optsolve.solve_api.root_problem import (
-    MATRIX_FREE_ABOVE, RootField, RootProblem, check_bracketed, check_root_function, derived,
-    krylov_solve, residual_problem, root_system,
+    MATRIX_FREE_ABOVE,
+    RootField,
+    RootProblem,
+    check_bracketed,
+    check_root_function,
+    derived,
+    krylov_solve,
+    residual_problem,
+    root_system,
 )
 from optsolve.solve_api.solution import Solution
 from optsolve.solve_api.solve_signature import solve_keyword_defaults
@@ -70,8 +84,22 @@ PyTree = Any
 _DEFAULT_TOL = {8: 1e-8, 4: 1e-5, 2: 1e-2}
 
 # solve's keywords a root solve takes; any other must be left at its default
-_TAKEN = frozenset({"maxiters", "maxtime", "ftol", "callback", "adjoint", "resume",
-                    "history", "metrics", "evaluate", "eval_every", "keep", "nonfinite"})
+_TAKEN = frozenset(
+    {
+        "maxiters",
+        "maxtime",
+        "ftol",
+        "callback",
+        "adjoint",
+        "resume",
+        "history",
+        "metrics",
+        "evaluate",
+        "eval_every",
+        "keep",
+        "nonfinite",
+    }
+)
 _WHY_NOT = {
     "gtol": "a root solve stops when max|F(x)| <= ftol (F is not a gradient); pass ftol",
     "progress": "the progress bar is not wired to root solves yet; use a callback",
@@ -82,8 +110,7 @@ _WHY_NOT = {
 def default_tol(x0: PyTree) -> float:
     """The default ``ftol`` of a root solve: 1e-8 (float64), 1e-5 (float32), 1e-2 (16-bit
     floats), by x0's widest floating-point dtype."""
-    size = max(jnp.dtype(jnp.result_type(leaf)).itemsize
-               for leaf in jax.tree_util.tree_leaves(x0))
+    size = max(jnp.dtype(jnp.result_type(leaf)).itemsize for leaf in jax.tree_util.tree_leaves(x0))
     return _DEFAULT_TOL[size]
 
 
@@ -96,18 +123,23 @@ def _check_keywords(keywords: dict[str, Any]) -> None:
         if value is default or (type(value) is type(default) and value == default):
             continue
         why = _WHY_NOT.get(name, "it does not apply to root finding")
-        raise ValueError(f"solve: `{name}` is not an option of a RootProblem's solve: {why}. "
-                         "A root solve takes maxiters, maxtime, ftol, callback, history, "
-                         "metrics, evaluate, keep, resume, adjoint and the algorithm's own "
-                         "options.")
+        raise ValueError(
+            f"solve: `{name}` is not an option of a RootProblem's solve: {why}. "
+            "A root solve takes maxiters, maxtime, ftol, callback, history, "
+            "metrics, evaluate, keep, resume, adjoint and the algorithm's own "
+            "options."
+        )
     if keywords.get("nonfinite") not in (None, "fail"):
-        raise ValueError("solve: a root solve ends with FAILURE at the last finite iterate "
-                         "where F is not finite (nonfinite='fail', the default); got "
-                         f"nonfinite={keywords['nonfinite']!r}.")
+        raise ValueError(
+            "solve: a root solve ends with FAILURE at the last finite iterate "
+            "where F is not finite (nonfinite='fail', the default); got "
+            f"nonfinite={keywords['nonfinite']!r}."
+        )
 
 
-def solve_root(problem: RootProblem, algorithm: Any, options: dict[str, Any] | None = None,
-               **keywords: Any) -> Solution:
+def solve_root(
+    problem: RootProblem, algorithm: Any, options: dict[str, Any] | None = None, **keywords: Any
+) -> Solution:
     """``solve(problem, algorithm, **keywords, **options)`` for a :class:`RootProblem` (see
     :func:`optsolve.solve` and this module's docstring).
 
@@ -128,16 +160,25 @@ def solve_root(problem: RootProblem, algorithm: Any, options: dict[str, Any] | N
     tol = default_tol(problem.x0) if ftol is None else ftol
     adjoint = keywords.get("adjoint")
     if adjoint is not None and not isinstance(adjoint, (ImplicitAdjoint, UnrolledAdjoint)):
-        raise TypeError(f"solve: `adjoint` must be optsolve.ImplicitAdjoint() (the default) "
-                        f"or optsolve.UnrolledAdjoint(), got {adjoint!r}.")
+        raise TypeError(
+            f"solve: `adjoint` must be optsolve.ImplicitAdjoint() (the default) "
+            f"or optsolve.UnrolledAdjoint(), got {adjoint!r}."
+        )
     resume = keywords.get("resume")
     opts = make_options(
-        algorithm, maxiters=keywords.get("maxiters"), maxtime=keywords.get("maxtime"),
-        ftol=ftol, callback=as_callback(keywords.get("callback")),
-        resume=resume_point(problem, resume), history=bool(keywords.get("history")),
-        metrics=keywords.get("metrics"), evaluate=keywords.get("evaluate"),
-        eval_every=keywords.get("eval_every", 1), keep=keywords.get("keep", "last"),
-        **options)
+        algorithm,
+        maxiters=keywords.get("maxiters"),
+        maxtime=keywords.get("maxtime"),
+        ftol=ftol,
+        callback=as_callback(keywords.get("callback")),
+        resume=resume_point(problem, resume),
+        history=bool(keywords.get("history")),
+        metrics=keywords.get("metrics"),
+        evaluate=keywords.get("evaluate"),
+        eval_every=keywords.get("eval_every", 1),
+        keep=keywords.get("keep", "last"),
+        **options,
+    )
     if form in ("field", "scipy", "bracket"):
         # the driver's gradient test on F is the root test (ScipyRoot: scipy's fatol); the
         # driver's ftol / xtol tests are off
@@ -145,8 +186,10 @@ def solve_root(problem: RootProblem, algorithm: Any, options: dict[str, Any] | N
     elif form == "residuals":
         opts = replace(opts, ftol=None)  # ftol is the root's, not the relative reduction's
     if opts.history == -1:
-        raise ValueError("solve: `history=True` needs `maxiters` as a Python int (the "
-                         f"record's length), got maxiters={keywords.get('maxiters')!r}.")
+        raise ValueError(
+            "solve: `history=True` needs `maxiters` as a Python int (the "
+            f"record's length), got maxiters={keywords.get('maxiters')!r}."
+        )
     check_capabilities(_form_of(form, problem), algorithm, opts, adjoint=adjoint)
     backend = backend_for(algorithm)
 
@@ -166,11 +209,9 @@ def solve_root(problem: RootProblem, algorithm: Any, options: dict[str, Any] | N
     elapsed = time.perf_counter() - start
     if np.ndim(solution.retcode) != 0:  # a batch (a vmapped problem solved eagerly)
         return replace(solution, stats=replace(solution.stats, time=elapsed))
-    if form == "bracket" and solution.reason is not None and \
-            int(solution.reason) == BRACKET_SIGN:
+    if form == "bracket" and solution.reason is not None and int(solution.reason) == BRACKET_SIGN:
         raise _sign_error(problem)
-    return _described(_eager(solution, elapsed, calls.interrupted), problem, algorithm, tol,
-                     form)
+    return _described(_eager(solution, elapsed, calls.interrupted), problem, algorithm, tol, form)
 
 
 def _form_of(form: str, problem: RootProblem) -> Any:
@@ -203,8 +244,7 @@ def _bracket_values(problem: RootProblem) -> tuple[jax.Array, jax.Array]:
     field = RootField(problem.F)
     unflatten = jax.tree_util.tree_structure(problem.x0).unflatten
     a, b = problem.bracket
-    values = [jax.tree_util.tree_leaves(field(unflatten([end]), problem.p))[0]
-              for end in (a, b)]
+    values = [jax.tree_util.tree_leaves(field(unflatten([end]), problem.p))[0] for end in (a, b)]
     return values[0], values[1]
 
 
@@ -235,53 +275,75 @@ def _sign_error(problem: RootProblem) -> ValueError:
     return ValueError(
         f"RootProblem: `bracket` = ({a:.6g}, {b:.6g}) holds no sign change of F: f(a) and "
         f"f(b) must have different signs, got F(a) = {fa:.6g}, F(b) = {fb:.6g}. Give a "
-        "bracket whose ends F takes with opposite signs.")
+        "bracket whose ends F takes with opposite signs."
+    )
 
 
 def _eager(solution: Solution, elapsed: float, interrupted: bool) -> Solution:
     """An eager result in one set of types: a ReturnCode, Python ints (as ``solve``'s)."""
+
     def count(value):
         return None if value is None else int(value)
+
     stats = solution.stats
     code, reason, iterations, f_evals, grad_evals = jax.device_get(
-        (solution.retcode, solution.reason, stats.iterations, stats.f_evals,
-         stats.grad_evals))
+        (solution.retcode, solution.reason, stats.iterations, stats.f_evals, stats.grad_evals)
+    )
     retcode = ReturnCode(int(code))
     if interrupted and retcode in (ReturnCode.TERMINATED, ReturnCode.MAXTIME):
         retcode, reason = ReturnCode.INTERRUPTED, None
-    return replace(solution, retcode=retcode, reason=count(reason),
-                   stats=replace(stats, iterations=count(iterations), f_evals=count(f_evals),
-                                 grad_evals=count(grad_evals), time=elapsed))
+    return replace(
+        solution,
+        retcode=retcode,
+        reason=count(reason),
+        stats=replace(
+            stats,
+            iterations=count(iterations),
+            f_evals=count(f_evals),
+            grad_evals=count(grad_evals),
+            time=elapsed,
+        ),
+    )
 
 
-def _described(solution: Solution, problem: RootProblem, algorithm: Any, tol: Any,
-               form: str) -> Solution:
+def _described(
+    solution: Solution, problem: RootProblem, algorithm: Any, tol: Any, form: str
+) -> Solution:
     """An eager solution whose message says how far from a root it ended."""
     residual = float(_max_residual_compiled(problem, solution.x))
     if form == "bracket":
         if solution.retcode == ReturnCode.SUCCESS:  # by the method's own bracket test
             if solution.reason == 12 and residual:  # the driver's words: a trust region's
-                return replace(solution, reason=None, detail=(
-                    f"the bracket around the root is below xtol + rtol |x|; |F(x)| = "
-                    f"{residual:.3g}"))
+                return replace(
+                    solution,
+                    reason=None,
+                    detail=(
+                        f"the bracket around the root is below xtol + rtol |x|; |F(x)| = "
+                        f"{residual:.3g}"
+                    ),
+                )
             if solution.reason == 12:
                 return replace(solution, reason=None, detail="F(x) = 0")
             # solve's ftol, the driver's gradient test on F: its words are a minimiser's
-            return replace(solution, reason=None,
-                           detail=f"|F(x)| = {residual:.3g} <= ftol = {float(tol):.3g}")
+            return replace(
+                solution, reason=None, detail=f"|F(x)| = {residual:.3g} <= ftol = {float(tol):.3g}"
+            )
         return replace(solution, detail=f"|F(x)| = {residual:.3g}")
     if solution.retcode == ReturnCode.SUCCESS:
         # the driver's gradient test is the root test here: its wording is a minimiser's
         reason = None if form == "field" else solution.reason
-        return replace(solution, reason=reason,
-                       detail=f"max|F(x)| = {residual:.3g} <= ftol = {float(tol):.3g}")
+        return replace(
+            solution, reason=reason, detail=f"max|F(x)| = {residual:.3g} <= ftol = {float(tol):.3g}"
+        )
     detail = f"max|F(x)| = {residual:.3g} > ftol = {float(tol):.3g}"
     if form == "scipy" and solution.detail:  # scipy's own words on why it stopped
         detail += f"; scipy: {solution.detail}"
     if solution.retcode == ReturnCode.STALLED and not solution.reason:
-        detail += (f": {type(algorithm).__name__} converged by its own tests to a point that "
-                   "is not a root (a local minimum of |F|^2, or ftol below what the dtype "
-                   "resolves)")
+        detail += (
+            f": {type(algorithm).__name__} converged by its own tests to a point that "
+            "is not a root (a local minimum of |F|^2, or ftol below what the dtype "
+            "resolves)"
+        )
     return replace(solution, detail=detail)
 
 
@@ -290,7 +352,8 @@ def _described(solution: Solution, problem: RootProblem, algorithm: Any, tol: An
 ROOT_SINGULAR_MESSAGE = (
     "optsolve: the Jacobian dF/dx at the root is singular; the implicit derivative is the "
     "minimum-norm least-squares solution of J dx = -(dF/dp) dp, which gives the null "
-    "directions no derivative.")
+    "directions no derivative."
+)
 
 
 def _warn(flag: Any) -> None:
@@ -325,14 +388,16 @@ def _krylov(matvec: Any, b: jax.Array) -> jax.Array:
     return krylov_solve("auto", matvec, b, tol, 10 * b.size)
 
 
-def _tangents(problem: RootProblem, x: PyTree, p_dot: PyTree | None,
-              p_dot_or_zero: PyTree) -> tuple[PyTree, jax.Array]:
+def _tangents(
+    problem: RootProblem, x: PyTree, p_dot: PyTree | None, p_dot_or_zero: PyTree
+) -> tuple[PyTree, jax.Array]:
     """dx and d(0.5 |F|^2) at the root ``x`` for the tangent ``p_dot`` of p."""
     field = RootField(problem.F)
     flat_x, unravel = ravel_pytree(x)
     if p_dot is None:
         dx = jax.tree_util.tree_map(jnp.zeros_like, x)
     else:
+
         def flat_F(z):
             return ravel_pytree(field(unravel(z), problem.p))[0]
 
@@ -340,14 +405,17 @@ def _tangents(problem: RootProblem, x: PyTree, p_dot: PyTree | None,
         rhs = -rhs.astype(flat_x.dtype)
         if flat_x.size > MATRIX_FREE_ABOVE:
             _, jvp = jax.linearize(flat_F, flat_x)
-            dx = unravel(lax.custom_linear_solve(jvp, rhs, solve=_krylov,
-                                                 transpose_solve=_krylov))
+            dx = unravel(lax.custom_linear_solve(jvp, rhs, solve=_krylov, transpose_solve=_krylov))
         else:
             jac = jax.jacfwd(flat_F)(flat_x)
-            dx = unravel(lax.custom_linear_solve(
-                lambda v: jac @ v, rhs,
-                solve=lambda _, b: _least_squares(jac, b),
-                transpose_solve=lambda _, b: _least_squares(jac.T, b)))
+            dx = unravel(
+                lax.custom_linear_solve(
+                    lambda v: jac @ v,
+                    rhs,
+                    solve=lambda _, b: _least_squares(jac, b),
+                    transpose_solve=lambda _, b: _least_squares(jac.T, b),
+                )
+            )
 
     def merit(x, p):
         F = ravel_pytree(field(x, p))[0]
@@ -366,7 +434,10 @@ def _warn_not_a_root(code) -> None:
         warnings.warn(
             f"optsolve: differentiating a root solve whose retcode is {code.name}; the "
             "implicit derivative assumes F(x, p) = 0 and may be inaccurate. Raise maxiters "
-            "or check the problem has a root near x0.", RuntimeWarning, stacklevel=2)
+            "or check the problem has a root near x0.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
 
 
 def _hoisted(problem: RootProblem) -> RootProblem:
@@ -375,12 +446,12 @@ def _hoisted(problem: RootProblem) -> RootProblem:
     if not _closes_over_tracers(problem.F):
         return problem
     converted, consts = jax.closure_convert(problem.F, problem.x0, problem.p)
-    return derived(problem, F=lambda x, pc: converted(x, pc[0], *pc[1]),
-                   p=(problem.p, consts))
+    return derived(problem, F=lambda x, pc: converted(x, pc[0], *pc[1]), p=(problem.p, consts))
 
 
-def _differentiated(adjoint: Any, run: Any, problem: RootProblem, algorithm: Any,
-                    options: Any) -> Solution:
+def _differentiated(
+    adjoint: Any, run: Any, problem: RootProblem, algorithm: Any, options: Any
+) -> Solution:
     """The run, differentiable with respect to p: by the implicit function theorem
     (default), or through the iterations (UnrolledAdjoint)."""
     if isinstance(adjoint, UnrolledAdjoint):
@@ -394,13 +465,14 @@ def _differentiated(adjoint: Any, run: Any, problem: RootProblem, algorithm: Any
             raise ValueError(
                 "solve: a root is being differentiated with respect to the algorithm's own "
                 f"hyperparameters ({type(algorithm).__name__}); at a root x* does not depend "
-                "on them. Differentiate with respect to the problem's p.")
+                "on them. Differentiate with respect to the problem's p."
+            )
         warn_each(_warn_not_a_root, solution.retcode)
         p_dot = _instantiated(problem_dot.p, problem.p)
-        p_dot_or_zero = p_dot if p_dot is not None else _instantiated(
-            problem_dot.p, problem.p, always=True)
+        p_dot_or_zero = (
+            p_dot if p_dot is not None else _instantiated(problem_dot.p, problem.p, always=True)
+        )
         return _compiled_tangents(problem, solution.x, p_dot, p_dot_or_zero)
 
     # a second derivative differentiates the rule again, not the iterations
-    return with_tangent_rule(run, problem, algorithm, options, tangents,
-                             rule_differentiable=True)
+    return with_tangent_rule(run, problem, algorithm, options, tangents, rule_differentiable=True)

@@ -80,7 +80,7 @@ class ListForm:
 def _entries(x: jax.Array, ndim: int) -> list[jax.Array]:
     # one compiled program per shape: an eager index per entry would dispatch (and, the
     # first time, compile) one program per number
-    return [x[(Ellipsis,) + index] for index in np.ndindex(*jnp.shape(x)[jnp.ndim(x) - ndim:])]
+    return [x[(Ellipsis,) + index] for index in np.ndindex(*jnp.shape(x)[jnp.ndim(x) - ndim :])]
 
 
 def start_point(x0: PyTree) -> tuple[PyTree, ListForm | None]:
@@ -108,8 +108,11 @@ def inner(problem: Any, resume: Any) -> tuple[Any, Any]:
         return problem, resume
     x: Any = getattr(resume, "x", None)  # a pytree, or a checkpoint's saved leaves
     saved = getattr(x, "leaves", None) if hasattr(x, "like") else None
-    if saved is not None and len(saved) == int(np.prod(form.shape)) and all(
-            np.ndim(leaf) == 0 for leaf in saved):
+    if (
+        saved is not None
+        and len(saved) == int(np.prod(form.shape))
+        and all(np.ndim(leaf) == 0 for leaf in saved)
+    ):
         x = x.like(form.to_user(problem.x0))  # a checkpoint of a run given back as lists
     if form.holds(x):
         resume = dataclasses.replace(resume, x=form.to_array(x))
@@ -126,8 +129,11 @@ def outer(problem: Any, solution: Any) -> Any:
 
 
 def _is_pair(value: Any) -> bool:
-    return (isinstance(value, (tuple, list)) and len(value) == 2
-            and all(v is None or _is_number(v) for v in value))
+    return (
+        isinstance(value, (tuple, list))
+        and len(value) == 2
+        and all(v is None or _is_number(v) for v in value)
+    )
 
 
 def box(bounds: Any, x0: PyTree) -> Any:
@@ -145,7 +151,8 @@ def box(bounds: Any, x0: PyTree) -> Any:
         raise ValueError(
             f"OptimizationProblem: `bounds` as a list of (min, max) pairs (scipy's form) needs "
             f"one pair per entry of x0 ({int(np.prod(shape))}), got {len(bounds)} pairs; or "
-            "give (lower, upper), each a scalar or an array like x0.")
+            "give (lower, upper), each a scalar or an array like x0."
+        )
     lower = np.array([-np.inf if lo is None else lo for lo, _ in bounds], float)
     upper = np.array([np.inf if up is None else up for _, up in bounds], float)
     return lower.reshape(shape), upper.reshape(shape)
@@ -168,18 +175,23 @@ def constraint(item: Any, index: int, constraint_type: type) -> Any:
     "args": ()}`` is ``fun(x) == 0`` or ``fun(x) >= 0``. Any other value is returned as it
     is."""
     if isinstance(item, scipy_types("LinearConstraint")):
-        return constraint_type(_linear(item.A), lower=jnp.asarray(item.lb, float),
-                               upper=jnp.asarray(item.ub, float))
+        return constraint_type(
+            _linear(item.A), lower=jnp.asarray(item.lb, float), upper=jnp.asarray(item.ub, float)
+        )
     if isinstance(item, scipy_types("NonlinearConstraint")):
-        return constraint_type(_nonlinear(item.fun), lower=jnp.asarray(item.lb, float),
-                               upper=jnp.asarray(item.ub, float))
+        return constraint_type(
+            _nonlinear(item.fun),
+            lower=jnp.asarray(item.lb, float),
+            upper=jnp.asarray(item.ub, float),
+        )
     if isinstance(item, dict):
         kind, fun = item.get("type"), item.get("fun")
         if kind not in ("eq", "ineq") or not callable(fun):
             raise TypeError(
                 f"OptimizationProblem: `constraints[{index}]` is a dict, which must be scipy's "
                 "{'type': 'eq' or 'ineq', 'fun': callable, 'args': tuple}; got keys "
-                f"{sorted(item)} with type={kind!r}. Or give an optsolve.Constraint.")
+                f"{sorted(item)} with type={kind!r}. Or give an optsolve.Constraint."
+            )
         g = _nonlinear(fun, tuple(item.get("args", ())))
         return constraint_type(g, lower=0.0, upper=0.0 if kind == "eq" else jnp.inf)
     return item

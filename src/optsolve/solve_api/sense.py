@@ -25,7 +25,8 @@ def _value_of(out: Any) -> Any:
     if not (isinstance(out, (tuple, list)) and len(out) == 2):
         raise TypeError(
             "OptimizationProblem: with `has_aux=True`, f(x, p) must return a pair "
-            f"(value, aux), got {type(out).__name__}.")
+            f"(value, aux), got {type(out).__name__}."
+        )
     return out[0]
 
 
@@ -43,8 +44,11 @@ class MinimisedObjective:
         return -value if self.negate else value
 
     def __eq__(self, other: Any) -> bool:
-        return (isinstance(other, MinimisedObjective) and other.f == self.f
-                and (other.negate, other.has_aux) == (self.negate, self.has_aux))
+        return (
+            isinstance(other, MinimisedObjective)
+            and other.f == self.f
+            and (other.negate, other.has_aux) == (self.negate, self.has_aux)
+        )
 
     def __hash__(self) -> int:
         return hash((MinimisedObjective, self.f, self.negate, self.has_aux))
@@ -138,10 +142,13 @@ def to_minimisation(problem: OptimizationProblem) -> OptimizationProblem:
         return problem
     negate = problem.sense == "max"
     return replace(
-        problem, f=MinimisedObjective(problem.f, negate, problem.has_aux),
+        problem,
+        f=MinimisedObjective(problem.f, negate, problem.has_aux),
         grad=_Negated(problem.grad) if negate and problem.grad is not None else problem.grad,
         hvp=_Negated(problem.hvp) if negate and problem.hvp is not None else problem.hvp,
-        sense="min", has_aux=False)
+        sense="min",
+        has_aux=False,
+    )
 
 
 def user_callback(problem: OptimizationProblem, callback: Any) -> Any:
@@ -151,8 +158,9 @@ def user_callback(problem: OptimizationProblem, callback: Any) -> Any:
     return UserValueCallback(callback)
 
 
-def in_user_terms(problem: OptimizationProblem, solution: Solution,
-                  on_data: bool = False) -> Solution:
+def in_user_terms(
+    problem: OptimizationProblem, solution: Solution, on_data: bool = False
+) -> Solution:
     """The solution of :func:`to_minimisation`'s problem in the terms of ``problem``: its
     objective and history of the user's ``f``, multipliers of the user's objective (the
     derivative of the optimal value with respect to a constraint's active bound is still
@@ -165,12 +173,10 @@ def in_user_terms(problem: OptimizationProblem, solution: Solution,
         negate = lambda tree: jax.tree_util.tree_map(lambda v: -v, tree)
         changes["objective"] = negate(solution.objective)
         if solution.history is not None:
-            changes["history"] = replace(solution.history,
-                                         objective=-solution.history.objective)
+            changes["history"] = replace(solution.history, objective=-solution.history.objective)
         if solution.multipliers is not None:
             changes["multipliers"] = negate(solution.multipliers)
     if problem.has_aux and not on_data:
         # on a copy of x: an NNX model's forward pass may change its state in place
-        changes["aux"] = problem.f(jax.tree_util.tree_map(lambda v: v, solution.x),
-                                   problem.p)[1]
+        changes["aux"] = problem.f(jax.tree_util.tree_map(lambda v: v, solution.x), problem.p)[1]
     return replace(solution, **changes)

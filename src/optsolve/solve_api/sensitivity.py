@@ -33,22 +33,30 @@ from optsolve.solve_api.stationarity import active_sides
 PyTree = Any
 Vector = jax.Array
 # solve(matvec, b, preconditioner) -> v with H v = b (see solution_tangent's ``solve``)
-LinearSolve = Callable[[Callable[[Vector], Vector], Vector, Callable[[Vector], Vector] | None],
-                       Vector]
+LinearSolve = Callable[
+    [Callable[[Vector], Vector], Vector, Callable[[Vector], Vector] | None], Vector
+]
 
 _EXACT_DIAGONAL_MAX = 256  # above this, n Hessian products for the diagonal cost too much
 
 
-def _bound_tangent(x: PyTree, sides: tuple[PyTree, PyTree],
-                   bounds_dot: tuple[PyTree, PyTree]) -> PyTree:
+def _bound_tangent(
+    x: PyTree, sides: tuple[PyTree, PyTree], bounds_dot: tuple[PyTree, PyTree]
+) -> PyTree:
     """d(bound) on the active coordinates (the lower bound's tangent where x is held at its
     lower bound, the upper's where at its upper), 0 on the free ones."""
     at_lower, at_upper = sides
     lower_dot, upper_dot = bounds_dot
     return jax.tree_util.tree_map(
         lambda xi, lo, up, dlo, dup: jnp.where(lo, dlo, jnp.where(up, dup, 0.0)).astype(
-            jnp.result_type(xi)),
-        x, at_lower, at_upper, lower_dot, upper_dot)
+            jnp.result_type(xi)
+        ),
+        x,
+        at_lower,
+        at_upper,
+        lower_dot,
+        upper_dot,
+    )
 
 
 def hessian_product(problem: OptimizationProblem, x: PyTree) -> Callable[[PyTree], PyTree]:
@@ -61,8 +69,9 @@ def hessian_product(problem: OptimizationProblem, x: PyTree) -> Callable[[PyTree
     return jax.linearize(lambda y: grad_fn(y, problem.p), x)[1]
 
 
-def coordinate_curvature(hvp_flat: Callable[[jax.Array], jax.Array], x: PyTree, g: PyTree,
-                         bounds: tuple[PyTree, PyTree]) -> PyTree:
+def coordinate_curvature(
+    hvp_flat: Callable[[jax.Array], jax.Array], x: PyTree, g: PyTree, bounds: tuple[PyTree, PyTree]
+) -> PyTree:
     """The curvature of f along each coordinate, for the active-set test of
     :func:`~optsolve.solve_api.stationarity.active_sides`.
 
@@ -80,12 +89,16 @@ def coordinate_curvature(hvp_flat: Callable[[jax.Array], jax.Array], x: PyTree, 
     flat_x, unravel = ravel_pytree(x)
     n = flat_x.size
     if n <= _EXACT_DIAGONAL_MAX:
-        return unravel(jax.vmap(lambda e: jnp.dot(e, hvp_flat(e)))(
-            jnp.eye(n, dtype=flat_x.dtype)))
+        return unravel(jax.vmap(lambda e: jnp.dot(e, hvp_flat(e)))(jnp.eye(n, dtype=flat_x.dtype)))
     lower, upper = bounds
-    outward = ravel_pytree(jax.tree_util.tree_map(
-        lambda gi, lo, up: ((gi > 0) & jnp.isfinite(lo)) | ((gi < 0) & jnp.isfinite(up)),
-        g, lower, upper))[0]
+    outward = ravel_pytree(
+        jax.tree_util.tree_map(
+            lambda gi, lo, up: ((gi > 0) & jnp.isfinite(lo)) | ((gi < 0) & jnp.isfinite(up)),
+            g,
+            lower,
+            upper,
+        )
+    )[0]
     # released, the candidates would move along -d; the curvature along it scales with f as H_ii
     d = jnp.where(outward, ravel_pytree(g)[0], 0.0).astype(flat_x.dtype)
     dd = jnp.dot(d, d)
@@ -93,10 +106,15 @@ def coordinate_curvature(hvp_flat: Callable[[jax.Array], jax.Array], x: PyTree, 
     return unravel(jnp.full_like(flat_x, rayleigh))
 
 
-def solution_tangent(problem: OptimizationProblem, x: PyTree, p_dot: PyTree | None,
-                     bounds_dot: tuple[PyTree, PyTree] | None, solve: LinearSolve,
-                     ridge: Any = 0.0,
-                     inverse_hessian: Callable[[jax.Array], jax.Array] | None = None) -> PyTree:
+def solution_tangent(
+    problem: OptimizationProblem,
+    x: PyTree,
+    p_dot: PyTree | None,
+    bounds_dot: tuple[PyTree, PyTree] | None,
+    solve: LinearSolve,
+    ridge: Any = 0.0,
+    inverse_hessian: Callable[[jax.Array], jax.Array] | None = None,
+) -> PyTree:
     """dx at the minimiser ``x`` for tangents ``p_dot`` of p and ``bounds_dot`` of the
     bounds (None where that input is not differentiated).
 
@@ -135,17 +153,24 @@ def solution_tangent(problem: OptimizationProblem, x: PyTree, p_dot: PyTree | No
 
     b = -ravel_pytree(rhs)[0] if rhs is not None else jnp.zeros_like(flat_x)
     if problem.bounds is None:
+
         def ridged(v):
             return hvp_flat(v) + ridge * v
 
-        return unravel(lax.custom_linear_solve(
-            ridged, b, solve=lambda mv, rhs: solve(mv, rhs, inverse_hessian), symmetric=True))
+        return unravel(
+            lax.custom_linear_solve(
+                ridged, b, solve=lambda mv, rhs: solve(mv, rhs, inverse_hessian), symmetric=True
+            )
+        )
 
-    sides = active_sides(x, g, problem.bounds,
-                         coordinate_curvature(hvp_flat, x, g, problem.bounds))
+    sides = active_sides(x, g, problem.bounds, coordinate_curvature(hvp_flat, x, g, problem.bounds))
     assert sides is not None  # None only without bounds
-    free = 1.0 - ravel_pytree(jax.tree_util.tree_map(
-        lambda lo, up: (lo | up).astype(flat_x.dtype), *sides))[0]
+    free = (
+        1.0
+        - ravel_pytree(
+            jax.tree_util.tree_map(lambda lo, up: (lo | up).astype(flat_x.dtype), *sides)
+        )[0]
+    )
 
     def matvec(v):
         return free * (hvp_flat(free * v) + ridge * v) + (1.0 - free) * v
@@ -155,7 +180,13 @@ def solution_tangent(problem: OptimizationProblem, x: PyTree, p_dot: PyTree | No
         b = free * (b - hvp_flat(flat_dbound)) + flat_dbound
     else:
         b = free * b
-    preconditioner = None if inverse_hessian is None else (
-        lambda v: free * inverse_hessian(free * v) + (1.0 - free) * v)
-    return unravel(lax.custom_linear_solve(
-        matvec, b, solve=lambda mv, rhs: solve(mv, rhs, preconditioner), symmetric=True))
+    preconditioner = (
+        None
+        if inverse_hessian is None
+        else (lambda v: free * inverse_hessian(free * v) + (1.0 - free) * v)
+    )
+    return unravel(
+        lax.custom_linear_solve(
+            matvec, b, solve=lambda mv, rhs: solve(mv, rhs, preconditioner), symmetric=True
+        )
+    )

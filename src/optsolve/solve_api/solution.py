@@ -150,10 +150,15 @@ class Solution:
         if reason:
             parts.append(reason)
         skipped = self.stats.skipped if self.stats is not None else None
-        if skipped is not None and np.ndim(skipped) == 0 and \
-                not isinstance(skipped, jax.core.Tracer) and int(skipped) > 0:
-            parts.append(f"{int(skipped)} step(s) skipped: their batch's loss or gradient was "
-                         "not finite")
+        if (
+            skipped is not None
+            and np.ndim(skipped) == 0
+            and not isinstance(skipped, jax.core.Tracer)
+            and int(skipped) > 0
+        ):
+            parts.append(
+                f"{int(skipped)} step(s) skipped: their batch's loss or gradient was not finite"
+            )
         if self.detail:
             parts.append(f"backend: {self.detail}")
         return "; ".join(parts)

@@ -15,8 +15,8 @@ import numpy as np
 
 from optsolve.solve_api import host, plans, recompilation
 from optsolve.solve_api.batches import Batches
-from optsolve.solve_api.checkpoint import Checkpoint
 from optsolve.solve_api.capabilities import resume_point
+from optsolve.solve_api.checkpoint import Checkpoint
 from optsolve.solve_api.options import as_callback, check_key, make_options
 from optsolve.solve_api.problem import OptimizationProblem
 from optsolve.solve_api.pytree import FlatInputs, is_traced, replace
@@ -26,8 +26,16 @@ from optsolve.solve_api.root_problem import RootProblem
 from optsolve.solve_api.roots import solve_root
 from optsolve.solve_api.solution import History, Solution, Stats
 from optsolve.solve_api.solve_signature import declare_solve_signature
-from optsolve.solve_api.stages import (Call, Maximisation, ModelSplit, Multipliers,
-                                       SavedResume, ScipyForms, Stage, StartProjection)
+from optsolve.solve_api.stages import (
+    Call,
+    Maximisation,
+    ModelSplit,
+    Multipliers,
+    SavedResume,
+    ScipyForms,
+    Stage,
+    StartProjection,
+)
 from optsolve.solve_api.stages import enter as enter_stages
 from optsolve.solve_api.stages import leave as leave_stages
 from optsolve.solve_api.stationarity import stationarity
@@ -36,11 +44,12 @@ from optsolve.solve_api.stationarity import stationarity
 def _eager(solution: Solution, elapsed: float, interrupted: bool = False) -> Solution:
     """An eager result in one set of types on every backend: a ReturnCode, Python ints.
     ``interrupted``: a Ctrl-C stopped the run from inside a host call."""
+
     def count(value):
         return None if value is None else int(value)
+
     stats = solution.stats
-    scalars = (solution.retcode, solution.reason, stats.iterations, stats.f_evals,
-               stats.grad_evals)
+    scalars = (solution.retcode, solution.reason, stats.iterations, stats.f_evals, stats.grad_evals)
     if any(isinstance(s, jax.Array) for s in scalars):  # one transfer, not one each
         scalars = jax.device_get(scalars)
     code, reason, iterations, f_evals, grad_evals = scalars
@@ -51,9 +60,18 @@ def _eager(solution: Solution, elapsed: float, interrupted: bool = False) -> Sol
     if isinstance(skipped, jax.Array):
         skipped = int(skipped)
     return replace(
-        solution, retcode=retcode, reason=reason,
-        stats=replace(stats, iterations=count(iterations), f_evals=count(f_evals),
-                      grad_evals=count(grad_evals), time=elapsed, skipped=skipped))
+        solution,
+        retcode=retcode,
+        reason=reason,
+        stats=replace(
+            stats,
+            iterations=count(iterations),
+            f_evals=count(f_evals),
+            grad_evals=count(grad_evals),
+            time=elapsed,
+            skipped=skipped,
+        ),
+    )
 
 
 def _with_problem(solution: Solution, problem: OptimizationProblem) -> Solution:
@@ -63,13 +81,14 @@ def _with_problem(solution: Solution, problem: OptimizationProblem) -> Solution:
     return solution
 
 
-def _checkpoint(finish: Callable[[Solution], Solution], algorithm, path, every,
-                keep) -> Checkpoint:
+def _checkpoint(finish: Callable[[Solution], Solution], algorithm, path, every, keep) -> Checkpoint:
     """The checkpoint hook of ``solve``'s ``checkpoint`` and ``checkpoint_every``;
     ``finish`` gives a Solution in the user's terms."""
     if path is None or every is None:
-        raise ValueError("solve: `checkpoint` (a file) and `checkpoint_every` (iterations) "
-                         "go together; give both.")
+        raise ValueError(
+            "solve: `checkpoint` (a file) and `checkpoint_every` (iterations) "
+            "go together; give both."
+        )
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"solve: `checkpoint` must be a file path, got {path!r}.")
     if isinstance(every, bool) or not isinstance(every, (int, np.integer)) or every < 1:
@@ -80,15 +99,17 @@ def _checkpoint(finish: Callable[[Solution], Solution], algorithm, path, every,
             f"solve: {type(algorithm).__name__} cannot write checkpoints: its run is not "
             f"cut into the shared driver's chunks (scipy keeps its state inside scipy; a "
             f"wrapper such as Multistart runs as one compiled call), so a resumed run would "
-            f"not continue exactly. Algorithms that can: {able}.")
+            f"not continue exactly. Algorithms that can: {able}."
+        )
     if keep == "best":
-        raise ValueError("solve: `checkpoint` saves the run's current iterate, which "
-                         "keep='best' does not return; use one or the other.")
+        raise ValueError(
+            "solve: `checkpoint` saves the run's current iterate, which "
+            "keep='best' does not return; use one or the other."
+        )
     started = time.perf_counter()
 
     def to_user(solution: Solution) -> Solution:
-        solution = replace(solution, retcode=ReturnCode.INTERRUPTED, reason=None,
-                           history=None)
+        solution = replace(solution, retcode=ReturnCode.INTERRUPTED, reason=None, history=None)
         return finish(_eager(solution, time.perf_counter() - started))
 
     return Checkpoint(path, int(every), to_user)
@@ -101,21 +122,43 @@ def _no_iterations(problem: OptimizationProblem, opts) -> Solution:
     if opts.history:
         f, g = jax.value_and_grad(problem.f)(x, problem.p)
         norm = stationarity(x, g, problem.bounds)
+
         def one(fn):  # one entry, ints as floats (as every record stores them)
-            return None if fn is None else jax.tree_util.tree_map(
-                lambda v: jnp.reshape(v, (1,) + jnp.shape(v)).astype(
-                    jnp.result_type(v) if jnp.issubdtype(jnp.result_type(v), jnp.inexact)
-                    else f.dtype), fn(x, problem.p))
-        history = History(jnp.reshape(f, (1,)), jnp.reshape(norm, (1,)).astype(f.dtype),
-                          one(opts.metrics), one(opts.evaluate))
+            return (
+                None
+                if fn is None
+                else jax.tree_util.tree_map(
+                    lambda v: jnp.reshape(v, (1,) + jnp.shape(v)).astype(
+                        jnp.result_type(v)
+                        if jnp.issubdtype(jnp.result_type(v), jnp.inexact)
+                        else f.dtype
+                    ),
+                    fn(x, problem.p),
+                )
+            )
+
+        history = History(
+            jnp.reshape(f, (1,)),
+            jnp.reshape(norm, (1,)).astype(f.dtype),
+            one(opts.metrics),
+            one(opts.evaluate),
+        )
     else:
         f, history = problem.f(x, problem.p), None
     base = resume.stats if resume is not None else Stats(0, 0, 0)
     zero = lambda v: 0 if v is None else v
-    return Solution(x=x, objective=f, retcode=ReturnCode.MAXITERS,
-                    stats=Stats(iterations=zero(base.iterations), f_evals=zero(base.f_evals) + 1,
-                                grad_evals=zero(base.grad_evals) + (1 if opts.history else 0)),
-                    state=None if resume is None else resume.state, history=history)
+    return Solution(
+        x=x,
+        objective=f,
+        retcode=ReturnCode.MAXITERS,
+        stats=Stats(
+            iterations=zero(base.iterations),
+            f_evals=zero(base.f_evals) + 1,
+            grad_evals=zero(base.grad_evals) + (1 if opts.history else 0),
+        ),
+        state=None if resume is None else resume.state,
+        history=history,
+    )
 
 
 def progress_bar(enabled: bool, total: int | None) -> contextlib.AbstractContextManager:
@@ -143,16 +186,33 @@ def _progress_bar(total: int | None):
 
 # the modules below solve (options, roots) read its keywords from here, not by importing it
 @declare_solve_signature
-def solve(problem: OptimizationProblem, algorithm: Any, *, maxiters: int | None = None,
-          maxtime: float | None = None, gtol: float | None = None, ftol: float | None = None,
-          callback: Callable[..., Any] | None = None, adjoint: Any = None,
-          resume: Solution | None = None, history: bool = False, progress: bool = False,
-          data: Any = None, batch_size: int | None = None, key: Any = None,
-          epochs: int | None = None, metrics: Callable[..., Any] | None = None,
-          evaluate: Callable[..., Any] | None = None, eval_every: int = 1,
-          keep: str = "last", checkpoint: str | os.PathLike | None = None,
-          checkpoint_every: int | None = None, nonfinite: str | None = None,
-          max_consecutive_skips: int = 10, **options: Any) -> Solution:
+def solve(
+    problem: OptimizationProblem,
+    algorithm: Any,
+    *,
+    maxiters: int | None = None,
+    maxtime: float | None = None,
+    gtol: float | None = None,
+    ftol: float | None = None,
+    callback: Callable[..., Any] | None = None,
+    adjoint: Any = None,
+    resume: Solution | None = None,
+    history: bool = False,
+    progress: bool = False,
+    data: Any = None,
+    batch_size: int | None = None,
+    key: Any = None,
+    epochs: int | None = None,
+    metrics: Callable[..., Any] | None = None,
+    evaluate: Callable[..., Any] | None = None,
+    eval_every: int = 1,
+    keep: str = "last",
+    checkpoint: str | os.PathLike | None = None,
+    checkpoint_every: int | None = None,
+    nonfinite: str | None = None,
+    max_consecutive_skips: int = 10,
+    **options: Any,
+) -> Solution:
     """Minimise ``problem`` with ``algorithm`` and return a :class:`Solution`.
 
     Args:
@@ -242,19 +302,42 @@ def solve(problem: OptimizationProblem, algorithm: Any, *, maxiters: int | None 
         return solve_root(**locals())
     if not isinstance(problem, OptimizationProblem):
         raise TypeError(
-            f"solve: `problem` must be an optsolve.OptimizationProblem, got {type(problem).__name__}."
+            "solve: `problem` must be an optsolve.OptimizationProblem, got "
+            f"{type(problem).__name__}."
         )
     check_key(key)
     if resume is not None and not isinstance(resume, Solution):
         resume_point(problem, resume)  # its error
     algorithm = as_algorithm(algorithm)
-    given = dict(maxiters=maxiters, maxtime=maxtime, gtol=gtol, ftol=ftol, history=history,
-                 progress=progress, eval_every=eval_every, keep=keep, nonfinite=nonfinite,
-                 max_consecutive_skips=max_consecutive_skips, **options)
+    given = dict(
+        maxiters=maxiters,
+        maxtime=maxtime,
+        gtol=gtol,
+        ftol=ftol,
+        history=history,
+        progress=progress,
+        eval_every=eval_every,
+        keep=keep,
+        nonfinite=nonfinite,
+        max_consecutive_skips=max_consecutive_skips,
+        **options,
+    )
     planned, inputs = None, None
-    if all(v is None for v in (callback, adjoint, resume, data, batch_size, epochs, metrics,
-                               evaluate, checkpoint, checkpoint_every)) and \
-            plans.may_stand_for(problem):
+    if all(
+        v is None
+        for v in (
+            callback,
+            adjoint,
+            resume,
+            data,
+            batch_size,
+            epochs,
+            metrics,
+            evaluate,
+            checkpoint,
+            checkpoint_every,
+        )
+    ) and plans.may_stand_for(problem):
         inputs = FlatInputs(problem, algorithm)  # the plan's key, reused below
         planned = plans.key(inputs, given)
         plan = plans.lookup(planned)
@@ -262,13 +345,19 @@ def solve(problem: OptimizationProblem, algorithm: Any, *, maxiters: int | None 
             solution = _planned_run(plan, inputs, problem, algorithm)
             if solution is None:
                 # the progress bar is the layers' (host calls update it from the loop)
-                recorded = contextlib.nullcontext() if plan.options.progress else \
-                    plans.recording(plan, problem, algorithm)
+                recorded = (
+                    contextlib.nullcontext()
+                    if plan.options.progress
+                    else plans.recording(plan, problem, algorithm)
+                )
                 with recorded:
-                    solution = _run(plan.call(problem, algorithm),
-                                    inputs.including(plan.options, plan.options_flat),
-                                    planned=True)
+                    solution = _run(
+                        plan.call(problem, algorithm),
+                        inputs.including(plan.options, plan.options_flat),
+                        planned=True,
+                    )
             return _with_problem(solution, problem)
+
     # the call as the backends take it, one stage at a time, and each stage's inverse on
     # the Solution on the way back
     def finish(solution: Solution) -> Solution:
@@ -276,16 +365,38 @@ def solve(problem: OptimizationProblem, algorithm: Any, *, maxiters: int | None 
         (which :func:`~optsolve.covariance` reads)."""
         return _with_problem(leave_stages(stages, solution), call.problem)
 
-    stages = [ScipyForms(), Maximisation(history, on_data=data is not None), SavedResume(),
-              ModelSplit(),
-              Options(dict(maxiters=maxiters, maxtime=maxtime, gtol=gtol, ftol=ftol,
-                           history=history, progress=progress, eval_every=eval_every,
-                           keep=keep, **options),
-                      checkpoint, checkpoint_every, nonfinite, max_consecutive_skips,
-                      on_data=data is not None, finish=finish),
-              Batches(data, batch_size, key, epochs), StartProjection(), Multipliers()]
-    call = enter_stages(stages, Call(problem, resume, as_callback(callback), metrics, evaluate,
-                                     algorithm, adjoint=adjoint))
+    stages = [
+        ScipyForms(),
+        Maximisation(history, on_data=data is not None),
+        SavedResume(),
+        ModelSplit(),
+        Options(
+            dict(
+                maxiters=maxiters,
+                maxtime=maxtime,
+                gtol=gtol,
+                ftol=ftol,
+                history=history,
+                progress=progress,
+                eval_every=eval_every,
+                keep=keep,
+                **options,
+            ),
+            checkpoint,
+            checkpoint_every,
+            nonfinite,
+            max_consecutive_skips,
+            on_data=data is not None,
+            finish=finish,
+        ),
+        Batches(data, batch_size, key, epochs),
+        StartProjection(),
+        Multipliers(),
+    ]
+    call = enter_stages(
+        stages,
+        Call(problem, resume, as_callback(callback), metrics, evaluate, algorithm, adjoint=adjoint),
+    )
     plans.record(planned, call, problem, algorithm)
     return finish(_run(call, inputs))
 
@@ -295,8 +406,16 @@ class Options(Stage):
     and the resume point as the stages before made them; ``checkpoint`` writes the Solution
     in the user's terms (the stages' inverses)."""
 
-    def __init__(self, given: dict, checkpoint, checkpoint_every, nonfinite,
-                 max_consecutive_skips, on_data: bool, finish: Callable[[Solution], Solution]):
+    def __init__(
+        self,
+        given: dict,
+        checkpoint,
+        checkpoint_every,
+        nonfinite,
+        max_consecutive_skips,
+        on_data: bool,
+        finish: Callable[[Solution], Solution],
+    ):
         self.given, self.checkpoint, self.every = given, checkpoint, checkpoint_every
         self.nonfinite, self.skips, self.on_data = nonfinite, max_consecutive_skips, on_data
         self.finish = finish
@@ -304,19 +423,27 @@ class Options(Stage):
     def enter(self, call: Call) -> Call:
         algorithm, checkpoint = call.algorithm, self.checkpoint
         if checkpoint is not None or self.every is not None:
-            checkpoint = _checkpoint(self.finish, algorithm, checkpoint, self.every,
-                                     self.given.get("keep", "last"))
-        opts = make_options(algorithm, callback=call.callback,
-                            resume=resume_point(call.problem, call.resume),
-                            metrics=call.metrics, evaluate=call.evaluate,
-                            checkpoint=checkpoint, **self.given)
-        opts = replace(opts, **_nonfinite_policy(algorithm, self.nonfinite, self.skips,
-                                                 on_data=self.on_data))
+            checkpoint = _checkpoint(
+                self.finish, algorithm, checkpoint, self.every, self.given.get("keep", "last")
+            )
+        opts = make_options(
+            algorithm,
+            callback=call.callback,
+            resume=resume_point(call.problem, call.resume),
+            metrics=call.metrics,
+            evaluate=call.evaluate,
+            checkpoint=checkpoint,
+            **self.given,
+        )
+        opts = replace(
+            opts, **_nonfinite_policy(algorithm, self.nonfinite, self.skips, on_data=self.on_data)
+        )
         return dataclasses.replace(call, options=opts)
 
 
-def _planned_run(plan: plans.Plan, inputs: FlatInputs, problem: OptimizationProblem,
-                 algorithm: Any) -> Solution | None:
+def _planned_run(
+    plan: plans.Plan, inputs: FlatInputs, problem: OptimizationProblem, algorithm: Any
+) -> Solution | None:
     """The call run by the run its plan holds (the backend's own, from the inputs' leaves:
     the layers of :func:`_run` did nothing for this structure but look it up), in eager
     terms; None where the plan holds no run or that run cannot take these inputs (the
@@ -347,8 +474,12 @@ def _run(call: Call, known: FlatInputs | None = None, planned: bool = False) -> 
     inputs = FlatInputs(problem, algorithm, opts, known=known)
     traced = inputs.traced or host.under_a_trace()
     # a class trait (no configuration changes it): read once, not via capabilities()
-    if (opts.maxiters is not None and not is_traced(opts.maxiters) and int(opts.maxiters) == 0
-            and not type(algorithm).compiled_driver):
+    if (
+        opts.maxiters is not None
+        and not is_traced(opts.maxiters)
+        and int(opts.maxiters) == 0
+        and not type(algorithm).compiled_driver
+    ):
         solution = _no_iterations(algorithm.minimised_problem(problem), opts)
         return solution if traced else _eager(solution, 0.0)
     if traced:
@@ -380,17 +511,25 @@ def _ready(value: Any) -> bool:
 def _nonfinite_policy(algorithm, nonfinite, max_consecutive_skips, on_data: bool) -> dict:
     """``solve``'s ``nonfinite`` and ``max_consecutive_skips``, checked, as options."""
     if nonfinite not in (None, "fail", "skip", "reject"):
-        raise ValueError("solve: `nonfinite` must be None (the method's default), 'reject' "
-                         "(scipy's derivative-free and global methods), 'fail' or 'skip' (on "
-                         f"data), got {nonfinite!r}.")
+        raise ValueError(
+            "solve: `nonfinite` must be None (the method's default), 'reject' "
+            "(scipy's derivative-free and global methods), 'fail' or 'skip' (on "
+            f"data), got {nonfinite!r}."
+        )
     if nonfinite is None:  # the method's documented default (capabilities.py checks 'reject')
         nonfinite = "reject" if algorithm.capabilities().get("rejects_nonfinite") else "fail"
-    if isinstance(max_consecutive_skips, bool) or not isinstance(
-            max_consecutive_skips, (int, np.integer)) or max_consecutive_skips < 0:
-        raise ValueError("solve: `max_consecutive_skips` must be an integer >= 0, got "
-                         f"{max_consecutive_skips!r}.")
+    if (
+        isinstance(max_consecutive_skips, bool)
+        or not isinstance(max_consecutive_skips, (int, np.integer))
+        or max_consecutive_skips < 0
+    ):
+        raise ValueError(
+            "solve: `max_consecutive_skips` must be an integer >= 0, got "
+            f"{max_consecutive_skips!r}."
+        )
     if nonfinite == "skip" and not on_data:
         raise ValueError(
             "solve: nonfinite='skip' skips the update of a batch with a non-finite loss; it "
-            "needs `data` (full batch, the same point would fail again).")
+            "needs `data` (full batch, the same point would fail again)."
+        )
     return dict(nonfinite=nonfinite, max_consecutive_skips=int(max_consecutive_skips))

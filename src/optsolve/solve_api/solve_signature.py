@@ -32,7 +32,12 @@ def solve_keyword_defaults() -> dict[str, Any]:
     try:
         signature = _declared["solve"]
     except KeyError:
-        raise RuntimeError("optsolve.solve_api.solve has not declared its signature: import "
-                           "optsolve (which defines solve) first.") from None
-    return {name: param.default for name, param in signature.parameters.items()
-            if param.kind is inspect.Parameter.KEYWORD_ONLY}
+        raise RuntimeError(
+            "optsolve.solve_api.solve has not declared its signature: import "
+            "optsolve (which defines solve) first."
+        ) from None
+    return {
+        name: param.default
+        for name, param in signature.parameters.items()
+        if param.kind is inspect.Parameter.KEYWORD_ONLY
+    }

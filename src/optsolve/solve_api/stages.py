@@ -86,9 +86,12 @@ class Maximisation(Stage):
         if resume is not None and problem.sense == "max" and isinstance(resume, Solution):
             resume = replace(resume, objective=-resume.objective)
         return dataclasses.replace(
-            call, problem=sense.to_minimisation(problem), resume=resume,
+            call,
+            problem=sense.to_minimisation(problem),
+            resume=resume,
             callback=sense.user_callback(problem, call.callback),
-            metrics=sense.recorded_metrics(problem, call.metrics, self.history))
+            metrics=sense.recorded_metrics(problem, call.metrics, self.history),
+        )
 
     def leave(self, solution: Solution) -> Solution:
         return sense.in_user_terms(self.problem, solution, self.on_data)
@@ -120,10 +123,19 @@ class ModelSplit(Stage):
         callback, metrics, evaluate = call.callback, call.metrics, call.evaluate
         if callback is not None:
             callback = trainable.ModelCallback(callback, split, problem.p.carried)
-        metrics, evaluate = (None if fn is None or not callable(fn) else
-                             trainable.ModelObjective(fn, split) for fn in (metrics, evaluate))
-        return dataclasses.replace(call, problem=problem, resume=resume, callback=callback,
-                                   metrics=metrics, evaluate=evaluate, trains_model=True)
+        metrics, evaluate = (
+            None if fn is None or not callable(fn) else trainable.ModelObjective(fn, split)
+            for fn in (metrics, evaluate)
+        )
+        return dataclasses.replace(
+            call,
+            problem=problem,
+            resume=resume,
+            callback=callback,
+            metrics=metrics,
+            evaluate=evaluate,
+            trains_model=True,
+        )
 
     def leave(self, solution: Solution) -> Solution:
         return trainable.outer(self.split, self.problem, solution)
@@ -140,17 +152,21 @@ class StartProjection(Stage):
             return call
         lower, upper = bounds
         if not is_traced(problem.x0, lower, upper):
-            outside = any(bool(np.any((np.asarray(x) < np.asarray(lo)) |
-                                      (np.asarray(x) > np.asarray(up))))
-                          for x, lo, up in zip(*(jax.tree_util.tree_leaves(t)
-                                                 for t in (problem.x0, lower, upper))))
+            outside = any(
+                bool(np.any((np.asarray(x) < np.asarray(lo)) | (np.asarray(x) > np.asarray(up))))
+                for x, lo, up in zip(
+                    *(jax.tree_util.tree_leaves(t) for t in (problem.x0, lower, upper))
+                )
+            )
             if not outside:
                 return call
-            warnings.warn("solve: x0 lies outside the bounds; it was projected onto them (as "
-                          "scipy's L-BFGS-B does) and the run starts there.", UserWarning,
-                          stacklevel=4)
-        x0 = jax.tree_util.tree_map(lambda x, lo, up: jnp.clip(x, lo, up), problem.x0, lower,
-                                    upper)
+            warnings.warn(
+                "solve: x0 lies outside the bounds; it was projected onto them (as "
+                "scipy's L-BFGS-B does) and the run starts there.",
+                UserWarning,
+                stacklevel=4,
+            )
+        x0 = jax.tree_util.tree_map(lambda x, lo, up: jnp.clip(x, lo, up), problem.x0, lower, upper)
         return dataclasses.replace(call, problem=problem.replace(x0=x0))
 
 
@@ -177,8 +193,11 @@ class Multipliers(Stage):
         if not problem.constraints:
             return solution
         own = solution.multipliers
-        if own is not None and not is_traced(problem, solution.x) and \
-                bool(jnp.all(jnp.isfinite(own))):
+        if (
+            own is not None
+            and not is_traced(problem, solution.x)
+            and bool(jnp.all(jnp.isfinite(own)))
+        ):
             return replace(solution, multipliers=per_constraint(problem, problem.x0, own))
         if own is not None and self.complete and np.ndim(solution.retcode) == 0:
             flat = _with_least_squares_derivative(problem, solution.x, own)
@@ -190,14 +209,16 @@ class Multipliers(Stage):
         if own is None:
             return replace(solution, multipliers=lam)
         batch = jnp.shape(own)[:-1]
-        least_squares = jnp.concatenate([jnp.reshape(l, batch + (-1,)) for l in lam], axis=-1)
-        flat = jnp.where(jnp.isnan(own), least_squares,
-                         own + least_squares - lax.stop_gradient(least_squares))
+        least_squares = jnp.concatenate([jnp.reshape(part, batch + (-1,)) for part in lam], axis=-1)
+        flat = jnp.where(
+            jnp.isnan(own), least_squares, own + least_squares - lax.stop_gradient(least_squares)
+        )
         return replace(solution, multipliers=per_constraint(problem, problem.x0, flat))
 
 
-def _with_least_squares_derivative(problem: OptimizationProblem, x: Any,
-                                   own: jax.Array) -> jax.Array:
+def _with_least_squares_derivative(
+    problem: OptimizationProblem, x: Any, own: jax.Array
+) -> jax.Array:
     """``own`` (flat multipliers), whose tangent is its own plus the least-squares KKT
     multipliers' at x: the value of ``own + ls - stop_gradient(ls)`` without computing ls
     unless a derivative is taken."""
@@ -205,7 +226,7 @@ def _with_least_squares_derivative(problem: OptimizationProblem, x: Any,
 
     def least_squares(leaves_, x_):
         lam = multipliers(jax.tree_util.tree_unflatten(treedef, leaves_), x_)
-        return jnp.concatenate([jnp.ravel(l) for l in lam])
+        return jnp.concatenate([jnp.ravel(part) for part in lam])
 
     @jax.custom_jvp
     def value(leaves_, x_, own_):

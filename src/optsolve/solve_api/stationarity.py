@@ -31,8 +31,9 @@ def projected_gradient(x: PyTree, g: PyTree, bounds: Bounds, xp: Any = jnp) -> P
     if bounds is None:
         return g
     lower, upper = bounds
-    return jax.tree_util.tree_map(lambda xx, gg, lo, up: xx - xp.clip(xx - gg, lo, up),
-                                  x, g, lower, upper)
+    return jax.tree_util.tree_map(
+        lambda xx, gg, lo, up: xx - xp.clip(xx - gg, lo, up), x, g, lower, upper
+    )
 
 
 def stationarity(x: PyTree, g: PyTree, bounds: Bounds, xp: Any = jnp) -> Any:
@@ -44,8 +45,9 @@ def stationarity(x: PyTree, g: PyTree, bounds: Bounds, xp: Any = jnp) -> Any:
     return float(max(xp.max(xp.abs(leaf), initial=0.0) for leaf in leaves))
 
 
-def active_sides(x: PyTree, g: PyTree, bounds: Bounds, curvature: PyTree,
-                 rtol: float = 1e-8) -> tuple[PyTree, PyTree] | None:
+def active_sides(
+    x: PyTree, g: PyTree, bounds: Bounds, curvature: PyTree, rtol: float = 1e-8
+) -> tuple[PyTree, PyTree] | None:
     """Where a coordinate is held at its lower and at its upper bound: the gradient pushes
     outward and either x is within ``rtol * max(1, |x|)`` of the bound, or the Newton step
     along the coordinate, ``|g_i| / h_i``, would cross it (``|g_i| > gap_i * h_i``; any
@@ -77,8 +79,14 @@ def active_sides(x: PyTree, g: PyTree, bounds: Bounds, curvature: PyTree,
         return (gap <= rtol * jnp.maximum(1.0, jnp.abs(xi))) | newton_crosses
 
     at_lower = jax.tree_util.tree_map(
-        lambda xi, gi, hi, lo: held(xi - lo, xi, gi, hi) & (gi >= 0), x, g, curvature, lower)
+        lambda xi, gi, hi, lo: held(xi - lo, xi, gi, hi) & (gi >= 0), x, g, curvature, lower
+    )
     at_upper = jax.tree_util.tree_map(
         lambda xi, gi, hi, up, low: held(up - xi, xi, gi, hi) & (gi <= 0) & ~low,
-        x, g, curvature, upper, at_lower)
+        x,
+        g,
+        curvature,
+        upper,
+        at_lower,
+    )
     return at_lower, at_upper

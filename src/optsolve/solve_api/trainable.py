@@ -64,8 +64,7 @@ def _state_leaf_flags(x0: PyTree) -> list[bool]:
     """Whether each leaf of ``x0`` lies inside an ``eqx.nn.State``."""
     flags = []
     for node in jax.tree_util.tree_leaves(x0, is_leaf=_is_eqx_state):
-        flags += [True] * len(jax.tree_util.tree_leaves(node)) if _is_eqx_state(node) \
-            else [False]
+        flags += [True] * len(jax.tree_util.tree_leaves(node)) if _is_eqx_state(node) else [False]
     return flags
 
 
@@ -85,8 +84,9 @@ def _key_name(key: Any) -> Any:
 
 
 def _is_array(leaf: Any) -> bool:
-    return hasattr(leaf, "shape") and hasattr(leaf, "dtype") or isinstance(
-        leaf, (bool, int, float, complex))
+    return (hasattr(leaf, "shape") and hasattr(leaf, "dtype")) or isinstance(
+        leaf, (bool, int, float, complex)
+    )
 
 
 def _is_array_object(leaf: Any) -> bool:
@@ -113,8 +113,10 @@ def _selected(x0: PyTree, trainable: Any) -> list[bool]:
     if callable(trainable):
         # an eqx.nn.State holds what the forward pass updates (BatchNorm statistics): it is
         # carried, never trained, whatever the predicate says of its arrays
-        return [bool(trainable(leaf)) and not in_state for leaf, in_state in
-                zip(jax.tree_util.tree_leaves(x0), _state_leaf_flags(x0))]
+        return [
+            bool(trainable(leaf)) and not in_state
+            for leaf, in_state in zip(jax.tree_util.tree_leaves(x0), _state_leaf_flags(x0))
+        ]
     mask_leaves, mask_def = jax.tree_util.tree_flatten(trainable)
     try:
         subtrees = mask_def.flatten_up_to(x0)
@@ -123,7 +125,8 @@ def _selected(x0: PyTree, trainable: Any) -> list[bool]:
             "OptimizationProblem: `trainable` must be a filter (an nnx filter such as "
             "nnx.Param for a flax NNX model, or a predicate leaf -> bool such as "
             "eqx.is_inexact_array) or a pytree of bools with x0's structure (or a prefix of "
-            f"it); got a pytree of structure {mask_def}.") from err
+            f"it); got a pytree of structure {mask_def}."
+        ) from err
     selected = []
     for flag, sub in zip(mask_leaves, subtrees):
         if not isinstance(flag, (bool, np.bool_)):
@@ -142,8 +145,10 @@ def _nodes(tree: PyTree) -> list[tuple[tuple, Any]]:
     are both ``('hidden', 'kernel')``."""
     nnx = _nnx()
     is_node = lambda n: n is None or (nnx is not None and isinstance(n, nnx.Variable))
-    return [(_names(path), node)
-            for path, node in jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_node)[0]]
+    return [
+        (_names(path), node)
+        for path, node in jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_node)[0]
+    ]
 
 
 def fit_to(tree: PyTree, x: PyTree, what: str) -> PyTree:
@@ -169,10 +174,12 @@ def fit_to(tree: PyTree, x: PyTree, what: str) -> PyTree:
     if per_slot is not None:
         if not any(slot is None for slot in slots):
             return tree
-        return treedef.unflatten([None if slot is None else value
-                                  for slot, value in zip(slots, per_slot)])
-    if jax.tree_util.tree_structure(x).num_leaves and \
-            jax.tree_util.tree_structure(tree) == jax.tree_util.tree_structure(True):
+        return treedef.unflatten(
+            [None if slot is None else value for slot, value in zip(slots, per_slot)]
+        )
+    if jax.tree_util.tree_structure(x).num_leaves and jax.tree_util.tree_structure(
+        tree
+    ) == jax.tree_util.tree_structure(True):
         return tree  # one value for everything: a prefix optax broadcasts
     entries = dict(_nodes(tree))
     fitted = []
@@ -181,20 +188,21 @@ def fit_to(tree: PyTree, x: PyTree, what: str) -> PyTree:
         if not node_leaves:
             fitted.append(node)
             continue
-        key = next((names[:i] for i in range(len(names), -1, -1) if names[:i] in entries),
-                   None)
+        key = next((names[:i] for i in range(len(names), -1, -1) if names[:i] in entries), None)
         if key is None:
             raise ValueError(
                 f"{what} has no entry for x0.{'.'.join(map(str, names))}, which is trained; "
                 "give it the structure of the model, of the trained leaves, or (NNX) of "
-                f"nnx.state(model, filter). Its entries: {sorted(map(str, entries))[:4]}...")
+                f"nnx.state(model, filter). Its entries: {sorted(map(str, entries))[:4]}..."
+            )
         values = jax.tree_util.tree_leaves(entries[key])
         if len(values) == 1 and len(node_leaves) > 1:
             values = values * len(node_leaves)
         if len(values) != len(node_leaves):
             raise ValueError(
                 f"{what}: its entry for x0.{'.'.join(map(str, names))} holds {len(values)} "
-                f"values where the model has {len(node_leaves)} arrays.")
+                f"values where the model has {len(node_leaves)} arrays."
+            )
         fitted.append(node_def.unflatten(values))
     is_node = lambda n: n is None or (_nnx() is not None and isinstance(n, _nnx().Variable))
     return jax.tree_util.tree_structure(x, is_leaf=is_node).unflatten(fitted)
@@ -228,13 +236,17 @@ class Split(NamedTuple):
         model's, where already flattened)."""
         leaves = self.treedef.flatten_up_to(model) if leaves is None else leaves
         return self.treedef.unflatten(
-            [leaf if role == TRAIN else None for leaf, role in zip(leaves, self.roles)])
+            [leaf if role == TRAIN else None for leaf, role in zip(leaves, self.roles)]
+        )
 
     def carried(self, model: PyTree, leaves: list | None = None) -> tuple:
         """The carried leaves of ``model`` (``leaves``: its leaves, where already flattened)."""
         leaves = self.treedef.flatten_up_to(model) if leaves is None else leaves
-        return tuple(jnp.asarray(leaf) if isinstance(leaf, (bool, int, float)) else leaf
-                     for leaf, role in zip(leaves, self.roles) if role == CARRY)
+        return tuple(
+            jnp.asarray(leaf) if isinstance(leaf, (bool, int, float)) else leaf
+            for leaf, role in zip(leaves, self.roles)
+            if role == CARRY
+        )
 
     def combine(self, trained: PyTree, carried: tuple) -> PyTree:
         """The whole model from its trained leaves (as :meth:`trained` gives them) and its
@@ -244,8 +256,13 @@ class Split(NamedTuple):
         leaves = []
         for role in self.roles:
             leaf = next(trained_leaves)
-            leaves.append(leaf if role == TRAIN else next(carried_leaves) if role == CARRY
-                          else next(static_leaves))
+            leaves.append(
+                leaf
+                if role == TRAIN
+                else next(carried_leaves)
+                if role == CARRY
+                else next(static_leaves)
+            )
         return self.treedef.unflatten(leaves)
 
     @property
@@ -255,8 +272,9 @@ class Split(NamedTuple):
     def value_and_state(self, out: Any, carried: tuple) -> tuple[Any, tuple]:
         """f's value alone, and ``carried`` with the state f returned (equinox's idiom:
         ``(value, new_state)`` for an x0 that holds an ``eqx.nn.State``) put in place."""
-        if self.state is None or not (isinstance(out, tuple) and len(out) == 2
-                                      and _is_eqx_state(out[1])):
+        if self.state is None or not (
+            isinstance(out, tuple) and len(out) == 2 and _is_eqx_state(out[1])
+        ):
             return out, carried
         start, stop, structure = self.state
         leaves, treedef = jax.tree_util.tree_flatten(out[1])
@@ -264,13 +282,15 @@ class Split(NamedTuple):
             raise ValueError(
                 "solve: f returned an eqx.nn.State of another structure than x0's "
                 f"({treedef} against {structure}); return the state the model's layers "
-                "gave back for the state f received.")
+                "gave back for the state f received."
+            )
         return out[0], carried[:start] + tuple(leaves) + carried[stop:]
 
 
 def _leaf_names(x0: PyTree) -> list[str]:
-    return ["x0" + jax.tree_util.keystr(path)
-            for path, _ in jax.tree_util.tree_flatten_with_path(x0)[0]]
+    return [
+        "x0" + jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_flatten_with_path(x0)[0]
+    ]
 
 
 def split_of(x0: PyTree, trainable: Any) -> Split:
@@ -286,33 +306,38 @@ def split_of(x0: PyTree, trainable: Any) -> Split:
             raise TypeError(
                 f"OptimizationProblem: `trainable`={trainable!r} selects leaf {name}, which "
                 f"is {kind}; only floating-point arrays can be trained. Narrow the filter "
-                "(e.g. nnx.Param for a flax NNX model, eqx.is_inexact_array for equinox).")
+                "(e.g. nnx.Param for a flax NNX model, eqx.is_inexact_array for equinox)."
+            )
         roles.append(TRAIN if chosen else CARRY if _is_array_object(leaf) else STATIC)
         if roles[-1] == STATIC:
             statics.append(leaf)
     if TRAIN not in roles:
         raise ValueError(
             f"OptimizationProblem: `trainable`={trainable!r} selects no leaf of x0; nothing "
-            "would be trained.")
+            "would be trained."
+        )
     return Split(treedef, tuple(roles), tuple(statics), _state_span(x0, roles))
 
 
 def _state_span(x0: PyTree, roles: list[str]) -> tuple[int, int, Any] | None:
     """Where the one ``eqx.nn.State`` of ``x0`` lies among its carried leaves."""
-    states = [node for node in jax.tree_util.tree_leaves(x0, is_leaf=_is_eqx_state)
-              if _is_eqx_state(node)]
+    states = [
+        node for node in jax.tree_util.tree_leaves(x0, is_leaf=_is_eqx_state) if _is_eqx_state(node)
+    ]
     if not states:
         return None
     if len(states) > 1:
         raise ValueError(
             f"OptimizationProblem: x0 holds {len(states)} eqx.nn.State objects; give one, "
-            "as eqx.nn.make_with_state makes it: x0 = (model, state).")
+            "as eqx.nn.make_with_state makes it: x0 = (model, state)."
+        )
     flags = _state_leaf_flags(x0)
     carried_flags = [flag for flag, role in zip(flags, roles) if role == CARRY]
     if sum(carried_flags) != sum(flags):
         raise ValueError(
             "OptimizationProblem: `trainable` selects leaves of the eqx.nn.State in x0; its "
-            "arrays are updated by the forward pass, not by gradients: leave them out.")
+            "arrays are updated by the forward pass, not by gradients: leave them out."
+        )
     if not any(carried_flags):
         return None
     start = carried_flags.index(True)
@@ -324,26 +349,31 @@ def untrainable_hint(x0: PyTree) -> str | None:
     be trained (NNX variables other than ``nnx.Param``: BatchNorm statistics, RNG state; an
     ``eqx.nn.State``), or None."""
     if any(_state_leaf_flags(x0)):
-        return ("OptimizationProblem: x0 holds an eqx.nn.State (BatchNorm statistics), which "
-                "the forward pass updates, not gradients; declare what is trained with "
-                "trainable=eqx.is_inexact_array: the state is then carried, and f returns "
-                "(loss, new_state) to update it.")
+        return (
+            "OptimizationProblem: x0 holds an eqx.nn.State (BatchNorm statistics), which "
+            "the forward pass updates, not gradients; declare what is trained with "
+            "trainable=eqx.is_inexact_array: the state is then carried, and f returns "
+            "(loss, new_state) to update it."
+        )
     if not _holds_nnx_variables(x0):
         return None
     nnx = _nnx()
     is_var = lambda n: isinstance(n, nnx.Variable)
-    others = [f"x0{jax.tree_util.keystr(path)} ({type(node).__name__})"
-              for path, node in jax.tree_util.tree_flatten_with_path(x0, is_leaf=is_var)[0]
-              if is_var(node) and not isinstance(node, nnx.Param)
-              and jax.tree_util.tree_leaves(node)]  # a trained part's None: not there
+    others = [
+        f"x0{jax.tree_util.keystr(path)} ({type(node).__name__})"
+        for path, node in jax.tree_util.tree_flatten_with_path(x0, is_leaf=is_var)[0]
+        if is_var(node) and not isinstance(node, nnx.Param) and jax.tree_util.tree_leaves(node)
+    ]  # a trained part's None: not there
     if not others:
         return None
     shown = ", ".join(others[:4]) + (", ..." if len(others) > 4 else "")
-    return (f"OptimizationProblem: x0 holds NNX variables that are not parameters: {shown}. "
-            "Training them as parameters would be silently wrong (BatchNorm statistics are "
-            "updated by the forward pass, not by gradients); declare what is trained with "
-            "trainable=nnx.Param (they are then carried, and updated where f updates them), "
-            "or trainable=nnx.Variable to train every variable.")
+    return (
+        f"OptimizationProblem: x0 holds NNX variables that are not parameters: {shown}. "
+        "Training them as parameters would be silently wrong (BatchNorm statistics are "
+        "updated by the forward pass, not by gradients); declare what is trained with "
+        "trainable=nnx.Param (they are then carried, and updated where f updates them), "
+        "or trainable=nnx.Variable to train every variable."
+    )
 
 
 @pytree_dataclass
@@ -390,8 +420,7 @@ class ModelObjective:
         return changed[0]
 
     def __eq__(self, other: Any) -> bool:
-        return (isinstance(other, ModelObjective) and other.f == self.f
-                and other.split == self.split)
+        return isinstance(other, ModelObjective) and other.f == self.f and other.split == self.split
 
     def __hash__(self) -> int:
         return hash((ModelObjective, self.f, self.split))
@@ -410,14 +439,20 @@ class ModelCallback:
         self.with_norm = wants_grad_norm(callback)
 
     def __call__(self, iteration, x, objective, *grad_norm):
-        model = (self.split.combine(x.trained, x.carried) if isinstance(x, ModelPoint)
-                 else self.split.combine(x, self.carried))
+        model = (
+            self.split.combine(x.trained, x.carried)
+            if isinstance(x, ModelPoint)
+            else self.split.combine(x, self.carried)
+        )
         return self.callback(iteration, model, objective, *(grad_norm if self.with_norm else ()))
 
     def __eq__(self, other: Any) -> bool:
-        return (isinstance(other, ModelCallback) and other.callback == self.callback
-                and other.split == self.split
-                and all(a is b for a, b in zip(other.carried, self.carried)))
+        return (
+            isinstance(other, ModelCallback)
+            and other.callback == self.callback
+            and other.split == self.split
+            and all(a is b for a, b in zip(other.carried, self.carried))
+        )
 
     def __hash__(self) -> int:
         return hash((ModelCallback, self.callback, self.split))
@@ -439,6 +474,7 @@ def state_mutation_error(name: str) -> ValueError:
     """The error for a model whose f changes its carried leaves, given to an algorithm that
     cannot carry them from step to step (``name`` says which)."""
     from optsolve.solve_api.registry import algorithm_classes
+
     able_classes = [c for c in algorithm_classes() if c.threads_model_state]
     families = sorted({c.family for c in able_classes})
     examples = ", ".join(c.__name__ for c in able_classes[:4])
@@ -449,7 +485,8 @@ def state_mutation_error(name: str) -> ValueError:
         "evaluates f more than once per step. Evaluate the model in eval mode inside f "
         "(deterministic, e.g. nnx.BatchNorm(use_running_average=True), nnx.Dropout("
         f"deterministic=True)), or use an algorithm that evaluates f once per step: {able} "
-        "(without a line search).")
+        "(without a line search)."
+    )
 
 
 _SPLITS = BoundedCache(256)
@@ -484,19 +521,22 @@ def inner(problem: Any, resume: Any = None) -> tuple[Any, Split | None, Any]:
     leaves, treedef = jax.tree_util.tree_flatten(problem.x0)  # once: a model's runs in Python
     split = cached_split(problem.x0, problem.trainable, (leaves, treedef))
     try:
-        carried = split.carried(problem.x0, leaves) if resume is None else \
-            split.carried(resume.x)
+        carried = split.carried(problem.x0, leaves) if resume is None else split.carried(resume.x)
     except (ValueError, TypeError) as err:
         raise ValueError(
             "solve: `resume` holds a model of another structure than the problem's x0 (a "
             "module switched to eval mode in place changes its structure: evaluate a copy, "
-            "nnx.clone(sol.x)); resume a run of the same problem.") from err
+            "nnx.clone(sol.x)); resume a run of the same problem."
+        ) from err
     args = ModelArgs(problem.p, carried)
     if resume is not None:
         resume = replace(resume, x=split.trained(resume.x))
-    model_problem = problem.derived(f=ModelObjective(problem.f, split),
-                                    x0=split.trained(problem.x0, leaves), p=args,
-                                    trainable=None)
+    model_problem = problem.derived(
+        f=ModelObjective(problem.f, split),
+        x0=split.trained(problem.x0, leaves),
+        p=args,
+        trainable=None,
+    )
     return model_problem, split, resume
 
 

@@ -75,8 +75,11 @@ class _BracketAlgorithm(ClassicalAlgorithm):
 
     @classmethod
     def traits(cls) -> dict[str, Any]:
-        return {**super().traits(), "scalar_only": cls.scalar_only,
-                "needs_bounds": cls.needs_bounds}
+        return {
+            **super().traits(),
+            "scalar_only": cls.scalar_only,
+            "needs_bounds": cls.needs_bounds,
+        }
 
     def _check(self) -> None:
         name = type(self).__name__
@@ -109,8 +112,10 @@ class _BracketSolver(SteppingSolver):
     def ends(self) -> tuple[Array, Array]:
         bracket = getattr(self.problem, "bracket", None)  # a RootSystem's; solve checks
         if not isinstance(self.problem, RootSystem) or bracket is None:
-            raise TypeError(f"{type(self.alg).__name__} solves an optsolve.RootProblem with "
-                            f"a bracket, got {type(self.problem).__name__}.")
+            raise TypeError(
+                f"{type(self.alg).__name__} solves an optsolve.RootProblem with "
+                f"a bracket, got {type(self.problem).__name__}."
+            )
         a, b = bracket
         return self.scalar(a), self.scalar(b)
 
@@ -120,18 +125,20 @@ class _BracketSolver(SteppingSolver):
         a, b = self.ends()
         fa, fb = self.F(objective, a), self.F(objective, b)
         end_root = jnp.where(fa == 0, 1, jnp.where(fb == 0, 2, 0)).astype(jnp.int32)
-        bad_end = jnp.where(~jnp.isfinite(fa), 1,
-                            jnp.where(~jnp.isfinite(fb), 2, 0)).astype(jnp.int32)
+        bad_end = jnp.where(~jnp.isfinite(fa), 1, jnp.where(~jnp.isfinite(fb), 2, 0)).astype(
+            jnp.int32
+        )
         return a, b, fa, fb, end_root, bad_end
 
-    def first_trial(self, first: Array, bad_end: Array, u: Array, fu: Array
-                    ) -> tuple[Array, Array]:
+    def first_trial(self, first: Array, bad_end: Array, u: Array, fu: Array) -> tuple[Array, Array]:
         """The trial point: an end where F is not finite on the first step (so that the
         run fails there, at x0), else ``u``."""
         a, b = self.ends()
         bad = first & (bad_end > 0)
-        return (jnp.where(bad, jnp.where(bad_end == 1, a, b), u),
-                jnp.where(bad, jnp.nan, fu).astype(self.dtype))
+        return (
+            jnp.where(bad, jnp.where(bad_end == 1, a, b), u),
+            jnp.where(bad, jnp.nan, fu).astype(self.dtype),
+        )
 
     def tolerances(self) -> tuple[Array, Array]:
         xtol, rtol = self.alg.xtol, self.alg.rtol
@@ -142,15 +149,31 @@ class _BracketSolver(SteppingSolver):
     def F(self, objective: Objective, u: Array) -> Array:
         return self.scalar(_leaf(self.problem.residual(self.tree(u), objective.p)))
 
-    def step_of(self, x: Array, fx: Array, u: Array, fu: Array, state: NamedTuple,
-                converged: Array, failed: Array, f_evals: Array) -> Step:
+    def step_of(
+        self,
+        x: Array,
+        fx: Array,
+        u: Array,
+        fu: Array,
+        state: NamedTuple,
+        converged: Array,
+        failed: Array,
+        f_evals: Array,
+    ) -> Step:
         """The driver's step: the new estimate x with F(x), or the trial point u where F is
         not finite there (the driver then fails, keeping the last good iterate)."""
         bad = ~jnp.isfinite(fu)
         x, fx = jnp.where(bad, u, x), jnp.where(bad, fu, fx)
-        return Step(self.tree(x), 0.5 * jnp.square(fx), self.tree(fx), state,
-                    f_evals.astype(jnp.int32), jnp.zeros((), jnp.int32), failed,
-                    radius_converged=converged & ~bad & ~failed)
+        return Step(
+            self.tree(x),
+            0.5 * jnp.square(fx),
+            self.tree(fx),
+            state,
+            f_evals.astype(jnp.int32),
+            jnp.zeros((), jnp.int32),
+            failed,
+            radius_converged=converged & ~bad & ~failed,
+        )
 
 
 def _opposite(fa: Array, fb: Array) -> Array:
@@ -165,6 +188,7 @@ def _same_sign(fa: Array, fb: Array) -> Array:
 
 
 # --------------------------------------------------------------------------- bisection
+
 
 class BisectionState(NamedTuple):
     """The left end ``xa`` of the bracket and F's value there (its sign is F(a)'s), the
@@ -183,11 +207,11 @@ class BisectionState(NamedTuple):
 
 
 class _BisectionSolver(_BracketSolver):
-
     def init(self, objective, x, f, g) -> BisectionState:
         a, b, fa, fb, end_root, bad_end = self.start(objective)
-        return BisectionState(a, fa, b - a, jnp.ones((), bool), end_root, bad_end,
-                              _same_sign(fa, fb))
+        return BisectionState(
+            a, fa, b - a, jnp.ones((), bool), end_root, bad_end, _same_sign(fa, fb)
+        )
 
     def step(self, objective, x, f, g, state: BisectionState) -> Step:
         xa, fa, dm, first, end_root, bad_end, sign_error = state
@@ -204,11 +228,22 @@ class _BisectionSolver(_BracketSolver):
         x_end = jnp.where(end_root == 1, a, b)
         x_new = jnp.where(at_end, x_end, xm)
         f_new = jnp.where(at_end, 0.0, fm).astype(self.dtype)
-        u, fu = self.first_trial(first, bad_end, jnp.where(at_end, x_end, xm),
-                                 jnp.where(at_end, 0.0, fm).astype(self.dtype))
+        u, fu = self.first_trial(
+            first,
+            bad_end,
+            jnp.where(at_end, x_end, xm),
+            jnp.where(at_end, 0.0, fm).astype(self.dtype),
+        )
         failed = first & sign_error
-        new = BisectionState(jnp.where(at_end, xa, xa_new), fa, dm, jnp.zeros((), bool),
-                             end_root, bad_end, sign_error)
+        new = BisectionState(
+            jnp.where(at_end, xa, xa_new),
+            fa,
+            dm,
+            jnp.zeros((), bool),
+            end_root,
+            bad_end,
+            sign_error,
+        )
         evals = jnp.where(first, 2, 0) + jnp.where(at_end, 0, 1)
         return self.step_of(x_new, f_new, u, fu, new, converged | at_end, failed, evals)
 
@@ -251,6 +286,7 @@ class Bisection(_BracketAlgorithm):
 
 
 # ------------------------------------------------------------------------------ brentq
+
 
 class BrentqState(NamedTuple):
     """Brent's points after the bookkeeping at the top of scipy's brentq loop: the
@@ -300,7 +336,6 @@ def _safe(denominator: Array) -> Array:
 
 
 class _BrentqSolver(_BracketSolver):
-
     def init(self, objective, x, f, g) -> BrentqState:
         a, b, fa, fb, end_root, bad_end = self.start(objective)
         zero = jnp.zeros((), self.dtype)
@@ -308,8 +343,9 @@ class _BrentqSolver(_BracketSolver):
         return BrentqState(*top, jnp.ones((), bool), end_root, bad_end, _same_sign(fa, fb))
 
     def step(self, objective, x, f, g, state: BrentqState) -> Step:
-        (xpre, fpre, xcur, fcur, xblk, fblk, spre, scur, first, end_root, bad_end,
-         sign_error) = state
+        (xpre, fpre, xcur, fcur, xblk, fblk, spre, scur, first, end_root, bad_end, sign_error) = (
+            state
+        )
         xtol, rtol = self.tolerances()
         done, delta, sbis = _brent_test(xcur, fcur, xblk, xtol, rtol)
         # inverse quadratic interpolation (three distinct points) or the secant (two)
@@ -322,11 +358,9 @@ class _BrentqSolver(_BracketSolver):
         try_it = (jnp.abs(spre) > delta) & (jnp.abs(fcur) < jnp.abs(fpre))
         # a short step (under half the step before last and inside the bracket's 3/4),
         # else bisection: the bracket at least halves every other step
-        good = try_it & (2 * jnp.abs(stry) < jnp.minimum(jnp.abs(spre),
-                                                         3 * jnp.abs(sbis) - delta))
+        good = try_it & (2 * jnp.abs(stry) < jnp.minimum(jnp.abs(spre), 3 * jnp.abs(sbis) - delta))
         spre_new, scur_new = jnp.where(good, scur, sbis), jnp.where(good, stry, sbis)
-        step = jnp.where(jnp.abs(scur_new) > delta, scur_new,
-                         jnp.where(sbis > 0, delta, -delta))
+        step = jnp.where(jnp.abs(scur_new) > delta, scur_new, jnp.where(sbis > 0, delta, -delta))
         u = xcur + step
         fu = self.F(objective, u)
         top = _brent_top(xcur, fcur, u, fu, xblk, fblk, spre_new, scur_new)
@@ -337,12 +371,18 @@ class _BrentqSolver(_BracketSolver):
         a, b = self.ends()
         x_end = jnp.where(end_root == 1, a, jnp.where(end_root == 2, b, xcur))
         f_end = jnp.where(end_root > 0, 0.0, fcur).astype(self.dtype)
-        new = BrentqState(*(jnp.where(at_end, old, t) for old, t in zip(state[:8], top)),
-                          jnp.zeros((), bool), end_root, bad_end, sign_error)
+        new = BrentqState(
+            *(jnp.where(at_end, old, t) for old, t in zip(state[:8], top)),
+            jnp.zeros((), bool),
+            end_root,
+            bad_end,
+            sign_error,
+        )
         x_new = jnp.where(at_end, x_end, top[2])
         f_new = jnp.where(at_end, f_end, top[3])
-        u, fu = self.first_trial(first, bad_end, jnp.where(at_end, x_new, u),
-                                 jnp.where(at_end, f_new, fu))
+        u, fu = self.first_trial(
+            first, bad_end, jnp.where(at_end, x_new, u), jnp.where(at_end, f_new, fu)
+        )
         failed = first & sign_error
         evals = jnp.where(first, 2, 0) + jnp.where(at_end, 0, 1)
         return self.step_of(x_new, f_new, u, fu, new, converged | at_end, failed, evals)

@@ -1,11 +1,11 @@
 """JAX-native classical optimizers: the shared line-search method, gradient descent and
 nonlinear conjugate gradients.
 
-A method is composed, optimistix-style, of a *descent direction* hook, a pluggable line
-search (:mod:`optsolve.backends.classical.linesearch`) and an *update* hook that refreshes the curvature model
-(quasi-Newton memory, CG's previous direction) after the step. :class:`DescentSolver` does
-the composition once; each algorithm supplies the hooks. Everything runs inside the one
-compiled loop of :mod:`optsolve.backends.native.driver`, which owns stopping, the non-finite check and counts.
+A method is composed, optimistix-style, of a *descent direction* hook, a pluggable line search
+(:mod:`optsolve.backends.classical.linesearch`) and an *update* hook that refreshes the curvature
+model (quasi-Newton memory, CG's previous direction) after the step. :class:`DescentSolver` does the
+composition once; each algorithm supplies the hooks. Everything runs inside the one compiled loop of
+:mod:`optsolve.backends.native.driver`, which owns stopping, the non-finite check and counts.
 
 Solvers work on the flattened iterate (``jax.flatten_util.ravel_pytree``), so any pytree
 ``x0`` works; a single array costs no copy.
@@ -19,11 +19,16 @@ import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
+from optsolve.backends.classical.linesearch import (
+    Backtracking,
+    LineSearch,
+    Zoom,
+    _scalar_dtype,
+    check_linesearch,
+)
 from optsolve.backends.native.chunked import run_iterative
-from optsolve.backends.native.protocol import Step, SteppingSolver
 from optsolve.backends.native.objective import Objective
-from optsolve.backends.classical.linesearch import (Backtracking, LineSearch, Zoom,
-                                                   _scalar_dtype, check_linesearch)
+from optsolve.backends.native.protocol import Step, SteppingSolver
 from optsolve.solve_api.algorithm import Algorithm
 from optsolve.solve_api.options import SolveOptions
 from optsolve.solve_api.problem import OptimizationProblem
@@ -103,16 +108,16 @@ class Flat:
 class DescentState(NamedTuple):
     """State of a line-search method: the model, the last step length and direction."""
 
-    model: PyTree      # the method's curvature model (memory, matrix, previous direction)
-    alpha: Array       # last accepted step length (0 before the first)
-    d: Array           # last search direction
-    g: Array           # gradient at the previous iterate (for CG's beta)
-    k: Array           # iterations since the last restart
-    retry: Array       # the last search failed along a model direction: use steepest descent
+    model: PyTree  # the method's curvature model (memory, matrix, previous direction)
+    alpha: Array  # last accepted step length (0 before the first)
+    d: Array  # last search direction
+    g: Array  # gradient at the previous iterate (for CG's beta)
+    k: Array  # iterations since the last restart
+    retry: Array  # the last search failed along a model direction: use steepest descent
     # (the lowest objective, the smallest (projected) gradient inf-norm) so far, in the
     # wider of f's and x's dtypes: one array, which a loop writes in one kernel
     best: Array
-    idle: Array        # iterations since either of them last improved
+    idle: Array  # iterations since either of them last improved
 
 
 # Iterations without a new lowest objective (beyond rounding) nor a new smallest gradient
@@ -158,19 +163,22 @@ class DescentSolver(SteppingSolver):
     def init_model(self, x: Array, g: Array) -> PyTree:
         return ()
 
-    def direction(self, model: PyTree, x: Array, g: Array, state: DescentState,
-                  flat: Flat) -> tuple[Array, Array]:
+    def direction(
+        self, model: PyTree, x: Array, g: Array, state: DescentState, flat: Flat
+    ) -> tuple[Array, Array]:
         """(direction, whether it is plain steepest descent)."""
         raise NotImplementedError
 
-    def update_model(self, model: PyTree, s: Array, y: Array, g_new: Array,
-                     decreased: Array) -> PyTree:
+    def update_model(
+        self, model: PyTree, s: Array, y: Array, g_new: Array, decreased: Array
+    ) -> PyTree:
         """The model after the step ``s`` with gradient change ``y``; where ``decreased`` is
         False (no step was taken) the model must be reset so the next step is steepest."""
         return model
 
-    def initial_step(self, state: DescentState, f: Array, g: Array, d: Array,
-                     steepest: Array) -> Array:
+    def initial_step(
+        self, state: DescentState, f: Array, g: Array, d: Array, steepest: Array
+    ) -> Array:
         """First trial step: 1, or ``1/|d|_2`` for an unscaled steepest-descent step."""
         return jnp.where(steepest, 1.0 / jnp.maximum(jnp.linalg.norm(d), 1e-30), 1.0)
 
@@ -179,13 +187,20 @@ class DescentSolver(SteppingSolver):
         xf, gf = Flat.ravel(x), Flat.ravel(g)
         zero = jnp.zeros((), self.dtype)
         flat = Flat(objective, self.problem)
-        return DescentState(self.init_model(xf, gf), zero, jnp.zeros_like(xf), gf,
-                            jnp.zeros((), jnp.int32), jnp.zeros((), bool),
-                            _pair(f, _grad_norm(xf, gf, flat.bounds)),
-                            jnp.zeros((), jnp.int32))
+        return DescentState(
+            self.init_model(xf, gf),
+            zero,
+            jnp.zeros_like(xf),
+            gf,
+            jnp.zeros((), jnp.int32),
+            jnp.zeros((), bool),
+            _pair(f, _grad_norm(xf, gf, flat.bounds)),
+            jnp.zeros((), jnp.int32),
+        )
 
-    def step(self, objective: Objective, x: PyTree, f: Array, g: PyTree,
-             state: DescentState) -> Step:
+    def step(
+        self, objective: Objective, x: PyTree, f: Array, g: PyTree, state: DescentState
+    ) -> Step:
         flat = Flat(objective, self.problem)
         xf, gf = Flat.ravel(x), Flat.ravel(g)
         d, steepest = self.direction(state.model, xf, gf, state, flat)
@@ -202,8 +217,9 @@ class DescentSolver(SteppingSolver):
             # The search accepts finite points only: where it found no decrease the step
             # keeps its start point, and the driver needs no select of its own (a second
             # kernel per value).
-            x_new, f_new, g_new = (jnp.where(res.decreased, a, b) for a, b in
-                                   ((res.x, xf), (res.f, f), (res.g, gf)))
+            x_new, f_new, g_new = (
+                jnp.where(res.decreased, a, b) for a, b in ((res.x, xf), (res.f, f), (res.g, gf))
+            )
         else:  # the search's own start point where it found no decrease
             x_new, f_new, g_new = res.x, res.f, res.g
         s, y = x_new - xf, g_new - gf
@@ -220,16 +236,37 @@ class DescentSolver(SteppingSolver):
         # a method whose reset model gives steepest descent needs no retry flag: it keeps
         # the one it was given (not a value its loop carries)
         retry = state.retry if self.resets_to_steepest else ~res.decreased & ~steepest
-        new_state = DescentState(model, res.alpha, d, gf, k.astype(jnp.int32), retry,
-                                 jnp.minimum(_pair(f_new, g_norm), state.best), idle)
+        new_state = DescentState(
+            model,
+            res.alpha,
+            d,
+            gf,
+            k.astype(jnp.int32),
+            retry,
+            jnp.minimum(_pair(f_new, g_norm), state.best),
+            idle,
+        )
         failed = ~res.decreased & steepest & ~res.stalled
-        stalled = ((~res.decreased & steepest & res.stalled) | (res.decreased & tiny)
-                   | (idle >= _IDLE_ITERATIONS))
+        stalled = (
+            (~res.decreased & steepest & res.stalled)
+            | (res.decreased & tiny)
+            | (idle >= _IDLE_ITERATIONS)
+        )
         g_tree = flat.unravel(g_new)
-        return Step(flat.unravel(x_new), f_new, g_tree, new_state, res.evals, res.evals,
-                    failed, stalled, res.nonfinite,
-                    grad_norm=g_norm.astype(jnp.result_type(*jax.tree_util.tree_leaves(g_tree))),
-                    g_finite=g_finite, x_finite=x_finite)
+        return Step(
+            flat.unravel(x_new),
+            f_new,
+            g_tree,
+            new_state,
+            res.evals,
+            res.evals,
+            failed,
+            stalled,
+            res.nonfinite,
+            grad_norm=g_norm.astype(jnp.result_type(*jax.tree_util.tree_leaves(g_tree))),
+            g_finite=g_finite,
+            x_finite=x_finite,
+        )
 
     def steepest_direction(self, x: Array, g: Array, flat: Flat) -> Array:
         return -g
@@ -248,8 +285,9 @@ def _grad_norm(x: Array, g: Array, bounds: tuple[Array, Array] | None) -> Array:
     return jnp.max(jnp.abs(g))
 
 
-def _measures(x: Array, g: Array, s: Array, x_prev: Array,
-              bounds: tuple[Array, Array] | None) -> tuple[Array, Array, Array, Array]:
+def _measures(
+    x: Array, g: Array, s: Array, x_prev: Array, bounds: tuple[Array, Array] | None
+) -> tuple[Array, Array, Array, Array]:
     """At the new point ``x`` (gradient ``g``), reached by the step ``s`` from ``x_prev``:
     the gradient's inf-norm (projected onto the bounds, as :func:`_grad_norm`), whether g
     and x are finite, and whether the step is tiny (as :func:`tiny_step`), from one
@@ -261,8 +299,12 @@ def _measures(x: Array, g: Array, s: Array, x_prev: Array,
     if bounds is not None:
         rows.append(jnp.abs(x - jnp.clip(x - g, bounds[0], bounds[1])))
     largest = jnp.max(jnp.stack(rows), axis=1)
-    return (largest[-1] if bounds is not None else largest[0], jnp.isfinite(largest[0]),
-            jnp.isfinite(largest[1]), largest[2] <= 0)
+    return (
+        largest[-1] if bounds is not None else largest[0],
+        jnp.isfinite(largest[0]),
+        jnp.isfinite(largest[1]),
+        largest[2] <= 0,
+    )
 
 
 def tiny_step(s: Array, x: Array) -> Array:
@@ -272,8 +314,9 @@ def tiny_step(s: Array, x: Array) -> Array:
     return jnp.all(jnp.abs(s) <= 4 * eps * jnp.abs(x))
 
 
-def solve_classical(problem: OptimizationProblem, algorithm: Algorithm,
-                    options: SolveOptions, loop: Any = None) -> Solution:
+def solve_classical(
+    problem: OptimizationProblem, algorithm: Algorithm, options: SolveOptions, loop: Any = None
+) -> Solution:
     """Run a classical algorithm: one compiled loop (see :mod:`optsolve.backends.native.driver`),
     in the ``loop`` the adjoint chose."""
     return run_iterative(_make_solver, problem, algorithm, options, loop)
@@ -296,6 +339,7 @@ def check_positive(owner: str, name: str, value: Any) -> None:
 
 
 # ----------------------------------------------------------------------- gradient descent
+
 
 def _ratio(a: Array, b: Array) -> Array:
     """a / b, NaN where b = 0, without the NaN derivative of a division by zero that a
@@ -377,9 +421,12 @@ class _CGSolver(DescentSolver):
             beta = _ratio(gg, dy)
         # Restart every n steps and when successive gradients are far from orthogonal
         # (Powell's test, Nocedal & Wright eq. 5.52).
-        restart = ((state.k == 0) | (state.k % self.n == 0)
-                   | (jnp.abs(jnp.vdot(g, g_prev)) >= self.alg.restart_threshold * gg)
-                   | ~jnp.isfinite(beta))
+        restart = (
+            (state.k == 0)
+            | (state.k % self.n == 0)
+            | (jnp.abs(jnp.vdot(g, g_prev)) >= self.alg.restart_threshold * gg)
+            | ~jnp.isfinite(beta)
+        )
         beta = jnp.where(restart, 0.0, beta)
         return -g + beta * d_prev, restart
 

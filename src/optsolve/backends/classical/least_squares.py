@@ -20,7 +20,11 @@ from jax import lax
 from jax.flatten_util import ravel_pytree
 
 from optsolve.backends.classical.descent import (
-    ClassicalAlgorithm, DescentSolver, _default_linesearch, check_positive, default_gtol,
+    ClassicalAlgorithm,
+    DescentSolver,
+    _default_linesearch,
+    check_positive,
+    default_gtol,
     register,
 )
 from optsolve.backends.classical.linesearch import Backtracking
@@ -36,7 +40,7 @@ Array = jax.Array
 
 # The dense path materialises the m x n Jacobian (n forward passes) and factorises it;
 # "auto" goes matrix-free beyond this many entries or parameters.
-DENSE_ENTRIES = 2 ** 24
+DENSE_ENTRIES = 2**24
 DENSE_PARAMETERS = 256
 _LINEAR_SOLVERS = ("auto", "dense", "cg")
 # MINPACK's defaults (and scipy.optimize.least_squares'): relative tests at 1e-8.
@@ -66,8 +70,10 @@ class Residuals:
 
 def _check_linear_solver(owner: str, value: str) -> None:
     if value not in _LINEAR_SOLVERS:
-        raise ValueError(f"{owner}: `linear_solver` must be one of "
-                         f"{', '.join(map(repr, _LINEAR_SOLVERS))}, got {value!r}.")
+        raise ValueError(
+            f"{owner}: `linear_solver` must be one of "
+            f"{', '.join(map(repr, _LINEAR_SOLVERS))}, got {value!r}."
+        )
 
 
 def _uses_dense(alg: Any, m: int, n: int) -> bool:
@@ -91,8 +97,9 @@ class DenseWhenAsked:
 
 def _check_problem(owner: str, problem: Any) -> None:
     if not isinstance(problem, LeastSquaresProblem):  # solve checks first; a direct caller
-        raise TypeError(f"{owner} needs an optsolve.LeastSquaresProblem, got "
-                        f"{type(problem).__name__}.")
+        raise TypeError(
+            f"{owner} needs an optsolve.LeastSquaresProblem, got {type(problem).__name__}."
+        )
 
 
 def default_tol(dtype: Any, m: int) -> float:
@@ -111,10 +118,11 @@ def _tolerances(options: Any, default: float) -> tuple[Any, Any]:
 
 # --------------------------------------------------------------------------- Gauss-Newton
 
+
 class _GaussNewtonSolver(DescentSolver):
     tests_tolerances: ClassVar[bool] = True
 
-    def __init__(self, alg: "GaussNewton", problem: LeastSquaresProblem):
+    def __init__(self, alg: GaussNewton, problem: LeastSquaresProblem):
         _check_problem("GaussNewton", problem)
         super().__init__(alg, problem)
         self.m = residual_size(problem)
@@ -130,7 +138,7 @@ class _GaussNewtonSolver(DescentSolver):
             # the least-norm solution of J d = -r (an SVD: rank-deficient J is fine)
             d = -jnp.linalg.lstsq(residuals.jacobian(x, self.m), residuals(x))[0]
         else:
-            r, jvp, vjp = residuals.linearized(x)
+            _, jvp, vjp = residuals.linearized(x)
             maxiter = self.alg.cg_maxiter if self.alg.cg_maxiter is not None else 2 * self.n
             d = cg(lambda v: vjp(jvp(v)), -g, rtol=self.alg.cg_rtol, maxiter=maxiter).x
         return d.astype(self.dtype), jnp.zeros((), bool)
@@ -143,8 +151,7 @@ class _GaussNewtonSolver(DescentSolver):
         # say) says nothing about convergence
         full = jnp.any(xn != xf) & (step.state.alpha == 1) & ~step.nonfinite_trials
         reduced = full & (jnp.abs(f - step.f) <= self.ftol * f)
-        small = full & (jnp.linalg.norm(xn - xf)
-                        <= self.xtol * (self.xtol + jnp.linalg.norm(xn)))
+        small = full & (jnp.linalg.norm(xn - xf) <= self.xtol * (self.xtol + jnp.linalg.norm(xn)))
         return step._replace(reduction_converged=reduced, radius_converged=small)
 
 
@@ -202,13 +209,17 @@ class GaussNewton(DenseWhenAsked, ClassicalAlgorithm):
 
 # ------------------------------------------------------------------ Levenberg-Marquardt
 
+
 def _sqrt(v: Array) -> Array:
     """sqrt with a zero derivative at 0 (not inf): reverse mode through an unrolled run
     meets lambda = 0 and zero steps, where inf times 0 is NaN. NaN stays NaN: a trial's
     non-finite residual norm must read as non-finite (the trial is then rejected)."""
     positive = v > 0
-    return jnp.where(positive, jnp.sqrt(jnp.where(positive, v, 1.0)),
-                     jnp.where(v == 0, 0.0, jnp.nan).astype(jnp.result_type(v)))
+    return jnp.where(
+        positive,
+        jnp.sqrt(jnp.where(positive, v, 1.0)),
+        jnp.where(v == 0, 0.0, jnp.nan).astype(jnp.result_type(v)),
+    )
 
 
 def _norm(v: Array, axis: int | None = None) -> Array:
@@ -228,20 +239,30 @@ class _LMState(NamedTuple):
     scalars: Array
 
     @staticmethod
-    def of(factor, diag, delta, par, first, nonfinite) -> "_LMState":
+    def of(factor, diag, delta, par, first, nonfinite) -> _LMState:
         dtype = diag.dtype
-        return _LMState(factor, jnp.concatenate(
-            [diag, jnp.stack([jnp.asarray(v).astype(dtype)
-                              for v in (delta, par, first, nonfinite)])]))
+        return _LMState(
+            factor,
+            jnp.concatenate(
+                [
+                    diag,
+                    jnp.stack(
+                        [jnp.asarray(v).astype(dtype) for v in (delta, par, first, nonfinite)]
+                    ),
+                ]
+            ),
+        )
 
-    def after(self, factor, diag, delta, par, accepted, nonfinite) -> "_LMState":
+    def after(self, factor, diag, delta, par, accepted, nonfinite) -> _LMState:
         """The state after a step: the flags updated from the old array entry by entry (read
         elsewhere, XLA would write the new array apart from the old and copy it)."""
         fresh = _LMState.of(factor, diag, delta, par, False, False).scalars
         old, index = self.scalars, np.arange(self.scalars.size)
-        flags = jnp.where(index == index.size - 2,
-                          jnp.where(accepted, jnp.zeros_like(old), old),
-                          jnp.where(nonfinite, jnp.ones_like(old), old))
+        flags = jnp.where(
+            index == index.size - 2,
+            jnp.where(accepted, jnp.zeros_like(old), old),
+            jnp.where(nonfinite, jnp.ones_like(old), old),
+        )
         return _LMState(factor, jnp.where(index >= index.size - 2, flags, fresh))
 
     @property
@@ -277,8 +298,7 @@ def _factorised(jac: Array, r: Array) -> Array:
     """``[R | Q^T r]`` of ``jac = Q R``, from one QR factorisation of ``[jac | r]`` (Q is
     never formed: the last column of that R is ``Q^T r``); R is min(m, n) x n."""
     k = min(jac.shape[0], jac.shape[1])
-    aug = jnp.linalg.qr(jnp.concatenate([jac, r[:, None].astype(jac.dtype)], axis=1),
-                        mode="r")
+    aug = jnp.linalg.qr(jnp.concatenate([jac, r[:, None].astype(jac.dtype)], axis=1), mode="r")
     return aug[:k]
 
 
@@ -303,13 +323,16 @@ def _spectrum(s: Array, a: Array, *rows: Array) -> tuple[_Spectrum, Array]:
     s2 = jnp.square(s)
     safe = s2 > 0
     q = jnp.where(safe, a / jnp.where(safe, s2, 1.0), 0.0)
-    terms = [jnp.square(a), jnp.square(q),
-             jnp.where(safe, jnp.square(q) / jnp.where(safe, s2, 1.0), 0.0),
-             (~(s > 0)).astype(s.dtype), *rows]
+    terms = [
+        jnp.square(a),
+        jnp.square(q),
+        jnp.where(safe, jnp.square(q) / jnp.where(safe, s2, 1.0), 0.0),
+        (~(s > 0)).astype(s.dtype),
+        *rows,
+    ]
     sums = jnp.sum(jnp.stack(terms), axis=1)
     roots = _sqrt(sums)  # one kernel for the square roots, not one each
-    return (_Spectrum(s, a, q, roots[0], roots[1], sums[2], sums[3] == 0),
-            (sums[4:], roots[4:]))
+    return (_Spectrum(s, a, q, roots[0], roots[1], sums[2], sums[3] == 0), (sums[4:], roots[4:]))
 
 
 def _step_coefficients(spectrum, delta_par) -> Array:
@@ -342,8 +365,9 @@ def _step_coefficients(spectrum, delta_par) -> Array:
         gn_norm, gn_q = sp.gn_norm, sp.gn_q
         fp0 = gn_norm - delta
         # the Newton step from 0 bounds lambda below when J has full rank (Moré 1978, §5)
-        lower = jnp.where(sp.full_rank,
-                          fp0 / delta * jnp.square(gn_norm) / jnp.maximum(gn_q, tiny), 0.0)
+        lower = jnp.where(
+            sp.full_rank, fp0 / delta * jnp.square(gn_norm) / jnp.maximum(gn_q, tiny), 0.0
+        )
         lower = jnp.maximum(lower, 0.0)
         upper = sp.a_norm / delta
         upper = jnp.where(upper == 0, tiny / jnp.minimum(delta, 0.1), upper)
@@ -353,8 +377,7 @@ def _step_coefficients(spectrum, delta_par) -> Array:
         def body(c):
             lam, lower, upper, done, i = c
             bad = (lam <= lower) | (lam > upper)
-            lam = jnp.where(bad & ~done, jnp.maximum(1e-3 * upper, jnp.sqrt(lower * upper)),
-                            lam)
+            lam = jnp.where(bad & ~done, jnp.maximum(1e-3 * upper, jnp.sqrt(lower * upper)), lam)
             pn, q = norms(lam)
             fp = pn - delta
             done = done | (jnp.abs(fp) <= 0.1 * delta)
@@ -366,14 +389,17 @@ def _step_coefficients(spectrum, delta_par) -> Array:
         # a loop that ends once lambda is found: a fixed count of 10 would run every kernel
         # of the body 10 times a trial; bounded (10, static), so that UnrolledAdjoint's
         # reverse mode runs through it
-        lam = inner_while_loop(lambda c: ~c[3] & (c[4] < 10), body,
-                               (lam, lower, upper, jnp.zeros((), bool),
-                                jnp.zeros((), jnp.int32)), 10)[0]
+        lam = inner_while_loop(
+            lambda c: ~c[3] & (c[4] < 10),
+            body,
+            (lam, lower, upper, jnp.zeros((), bool), jnp.zeros((), jnp.int32)),
+            10,
+        )[0]
         return jnp.concatenate([coefficients(lam)[0], lam[None]])
 
     # lambda = 0 where the Gauss-Newton step fits: a conditional, so that such a trial runs
     # none of the search's set-up (its bounds and first guess are a dozen small kernels)
-    gn = lambda: jnp.concatenate([sp.gn_coef, jnp.zeros((1,), sp.s.dtype)])  # noqa: E731
+    gn = lambda: jnp.concatenate([sp.gn_coef, jnp.zeros((1,), sp.s.dtype)])
     return lax.cond(spectrum().gn_norm <= 1.1 * delta_par()[0], gn, solve)
 
 
@@ -395,11 +421,29 @@ class _Trial(NamedTuple):
         return self.get(name) > 0
 
 
-_TRIAL_SCALARS = ("k", "delta", "par", "accepted", "reduction_converged", "radius_converged",
-                  "stalled", "nonfinite", "done", "sum_squares") + (
+_TRIAL_SCALARS = (
+    "k",
+    "delta",
+    "par",
+    "accepted",
+    "reduction_converged",
+    "radius_converged",
+    "stalled",
+    "nonfinite",
+    "done",
+    "sum_squares",
+) + (
     # and the step's scalars that no trial changes (carried through unchanged): as operands
     # of the loop, each would be written by a kernel of its own before it
-    "first", "fnorm", "xnorm", "a_norm", "gn_norm", "gn_q", "full_rank", "gn_prered")
+    "first",
+    "fnorm",
+    "xnorm",
+    "a_norm",
+    "gn_norm",
+    "gn_q",
+    "full_rank",
+    "gn_prered",
+)
 _TRIAL_INVARIANTS = _TRIAL_SCALARS[10:]
 
 
@@ -418,7 +462,7 @@ def _pack(dtype: Any, **values: Array) -> Array:
 class _LevenbergMarquardtSolver(SteppingSolver):
     tests_tolerances: ClassVar[bool] = True
 
-    def __init__(self, alg: "LevenbergMarquardt", problem: LeastSquaresProblem):
+    def __init__(self, alg: LevenbergMarquardt, problem: LeastSquaresProblem):
         _check_problem("LevenbergMarquardt", problem)
         self.alg, self.problem = alg, problem
         x0 = ravel_pytree(problem.x0)[0]
@@ -440,8 +484,9 @@ class _LevenbergMarquardtSolver(SteppingSolver):
         else:
             factor = jnp.zeros((0, self.n + 1), self.dtype)
         zero = jnp.zeros((), self.dtype)
-        return _LMState.of(factor, jnp.ones_like(xf), zero, zero, jnp.ones((), bool),
-                           jnp.zeros((), bool))
+        return _LMState.of(
+            factor, jnp.ones_like(xf), zero, zero, jnp.ones((), bool), jnp.zeros((), bool)
+        )
 
     def step(self, objective: Objective, x, f, g, state: _LMState) -> Step:
         residuals = Residuals(self.problem, objective.p)
@@ -455,8 +500,9 @@ class _LevenbergMarquardtSolver(SteppingSolver):
             # J's column norms are R's; J D^-1 = Q (R D^-1), so the SVD of the small
             # R D^-1 is the scaled Jacobian's, and U^T Q^T r its residual's coordinates
             colnorm = _norm(state.rfac, axis=0).astype(self.dtype)
-            diag = jnp.where(state.first, jnp.where(colnorm == 0, 1.0, colnorm),
-                             jnp.maximum(state.diag, colnorm))
+            diag = jnp.where(
+                state.first, jnp.where(colnorm == 0, 1.0, colnorm), jnp.maximum(state.diag, colnorm)
+            )
             u, s, vt = jnp.linalg.svd(state.rfac / diag[None, :], full_matrices=False)
             # a rank-deficient J: singular values at rounding level are zero (the step
             # stays out of the null space; scipy's rule for its pseudo-inverse)
@@ -476,17 +522,25 @@ class _LevenbergMarquardtSolver(SteppingSolver):
             diag = state.diag
             _, jvp, vjp = residuals.linearized(xf)
             xnorm = _norm(diag * xf)
-        delta0 = jnp.where(state.first, jnp.where(xnorm == 0, alg.factor, alg.factor * xnorm),
-                           state.delta)
+        delta0 = jnp.where(
+            state.first, jnp.where(xnorm == 0, alg.factor, alg.factor * xnorm), state.delta
+        )
         packed_dtype = jnp.result_type(delta0, state.par)
         invariants = dict(first=state.first, fnorm=fnorm, xnorm=xnorm)
         if self.dense:
-            invariants.update(a_norm=spectrum.a_norm, gn_norm=spectrum.gn_norm,
-                              gn_q=spectrum.gn_q, full_rank=spectrum.full_rank,
-                              gn_prered=gn_prered)
+            invariants.update(
+                a_norm=spectrum.a_norm,
+                gn_norm=spectrum.gn_norm,
+                gn_q=spectrum.gn_q,
+                full_rank=spectrum.full_rank,
+                gn_prered=gn_prered,
+            )
         # packed where the packed dtype holds them exactly
-        packed_invariants = {name: v for name, v in invariants.items()
-                             if jnp.result_type(v) in (jnp.dtype(bool), packed_dtype)}
+        packed_invariants = {
+            name: v
+            for name, v in invariants.items()
+            if jnp.result_type(v) in (jnp.dtype(bool), packed_dtype)
+        }
 
         def invariant(t: _Trial, name: str) -> Array:
             if name not in packed_invariants:
@@ -502,9 +556,14 @@ class _LevenbergMarquardtSolver(SteppingSolver):
                 # delta and par are read inside the conditional's branches: passed as
                 # operands, each would be a kernel of its own
                 packed = _step_coefficients(
-                    lambda: spectrum._replace(**{name: invariant(t, name) for name in (
-                        "a_norm", "gn_norm", "gn_q", "full_rank")}),
-                    lambda: (t.get("delta"), t.get("par")))
+                    lambda: spectrum._replace(
+                        **{
+                            name: invariant(t, name)
+                            for name in ("a_norm", "gn_norm", "gn_q", "full_rank")
+                        }
+                    ),
+                    lambda: (t.get("delta"), t.get("par")),
+                )
                 coef, par = packed[:-1], packed[-1]
                 x_trial = xf - (vt.T @ coef) / diag
                 # V's columns are orthonormal: |J p| = |S V^T D p| = |S coef| and
@@ -517,20 +576,34 @@ class _LevenbergMarquardtSolver(SteppingSolver):
                 else:
                     jp, pnorm, xnorm_trial = (_norm(v) for v in rows)
                 # divided by |r| with the trial's |r| (body): one kernel for three divisions
-                return (x_trial, pnorm, xnorm_trial, par,
-                        jnp.stack([jp, _sqrt(par) * pnorm]), par == 0,
-                        invariant(t, "gn_prered"))
+                return (
+                    x_trial,
+                    pnorm,
+                    xnorm_trial,
+                    par,
+                    jnp.stack([jp, _sqrt(par) * pnorm]),
+                    par == 0,
+                    invariant(t, "gn_prered"),
+                )
             # Steihaug-CG on the Gauss-Newton model within |p| <= delta
             maxiter = alg.cg_maxiter if alg.cg_maxiter is not None else 2 * self.n
             delta, par = t.get("delta"), t.get("par")
-            p, model, boundary = steihaug_cg(lambda v: vjp(jvp(v)), gf, delta,
-                                             alg.cg_rtol * _norm(gf), maxiter)
+            p, model, boundary = steihaug_cg(
+                lambda v: vjp(jvp(v)), gf, delta, alg.cg_rtol * _norm(gf), maxiter
+            )
             prered = -2 * model / jnp.square(fnorm)
             # inside the region, the step is the Gauss-Newton one (to CG's tolerance)
             gn = jnp.where(boundary, jnp.inf, prered)
             x_trial = xf + p
-            return (x_trial, _norm(p), _norm(diag * x_trial), jnp.zeros_like(par), prered,
-                    ~boundary, gn)
+            return (
+                x_trial,
+                _norm(p),
+                _norm(diag * x_trial),
+                jnp.zeros_like(par),
+                prered,
+                ~boundary,
+                gn,
+            )
 
         def cond(t: _Trial):
             return ~t.flag("done")
@@ -555,44 +628,77 @@ class _LevenbergMarquardtSolver(SteppingSolver):
             actred = jnp.where(finite & (0.1 * fnorm1 < fnorm), 1 - jnp.square(fratio), -1.0)
             # the ratio and Moré's radius update (MINPACK lmder): two divisions, one kernel
             denominator = dirder + 0.5 * actred
-            quotients = (jnp.stack([actred, 0.5 * dirder])
-                         / jnp.stack([jnp.where(prered != 0, prered, 1.0),
-                                      jnp.where(denominator != 0, denominator, 1.0)]))
+            quotients = jnp.stack([actred, 0.5 * dirder]) / jnp.stack(
+                [jnp.where(prered != 0, prered, 1.0), jnp.where(denominator != 0, denominator, 1.0)]
+            )
             ratio = jnp.where(prered != 0, quotients[0], 0.0)
             shrink = jnp.where(actred >= 0, 0.5, quotients[1])
             shrink = jnp.where(~finite | (0.1 * fnorm1 >= fnorm) | (shrink < 0.1), 0.1, shrink)
             low = ratio <= 0.25
             grow = ~low & ((par == 0) | (ratio >= 0.75))
-            delta = jnp.where(low, shrink * jnp.minimum(delta, pnorm / 0.1),
-                              jnp.where(grow, pnorm / 0.5, delta))
+            delta = jnp.where(
+                low, shrink * jnp.minimum(delta, pnorm / 0.1), jnp.where(grow, pnorm / 0.5, delta)
+            )
             par = jnp.where(low, par / shrink, jnp.where(grow, 0.5 * par, par))
             accepted = finite & (ratio >= 1e-4)
             xnorm_new = jnp.where(accepted, xnorm_trial, xnorm)
             # Moré's tests; but a region that stops the Gauss-Newton step (non-finite values
             # ahead, say) is small for another reason than convergence, so the reduction
             # the Gauss-Newton step predicts must be small too, and the step must be it
-            reduced = ((jnp.abs(actred) <= self.ftol) & (prered <= self.ftol)
-                       & (0.5 * ratio <= 1) & (gn_prered <= self.ftol))
+            reduced = (
+                (jnp.abs(actred) <= self.ftol)
+                & (prered <= self.ftol)
+                & (0.5 * ratio <= 1)
+                & (gn_prered <= self.ftol)
+            )
             radius = inside & (delta <= self.xtol * xnorm_new)
             stalled = ((jnp.abs(actred) <= eps) & (prered <= eps) & (0.5 * ratio <= 1)) | (
-                delta <= eps * xnorm_new)
+                delta <= eps * xnorm_new
+            )
             k = t.get("k") + 1
-            return _Trial(x_trial, r_trial, _pack(
-                t.scalars.dtype, k=k, delta=delta, par=par, accepted=accepted,
-                reduction_converged=reduced, radius_converged=radius, stalled=stalled,
-                nonfinite=t.flag("nonfinite") | ~finite,
-                done=accepted | reduced | radius | stalled | (k >= alg.max_trials),
-                sum_squares=sum_squares,
-                **{name: t.get(name) for name in packed_invariants}))
+            return _Trial(
+                x_trial,
+                r_trial,
+                _pack(
+                    t.scalars.dtype,
+                    k=k,
+                    delta=delta,
+                    par=par,
+                    accepted=accepted,
+                    reduction_converged=reduced,
+                    radius_converged=radius,
+                    stalled=stalled,
+                    nonfinite=t.flag("nonfinite") | ~finite,
+                    done=accepted | reduced | radius | stalled | (k >= alg.max_trials),
+                    sum_squares=sum_squares,
+                    **{name: t.get(name) for name in packed_invariants},
+                ),
+            )
 
         false = jnp.zeros((), bool)
-        t = inner_while_loop(cond, body, _Trial(
-            xf, jnp.zeros((self.m,), jnp.result_type(f)), _pack(
-                packed_dtype, k=0, delta=delta0, par=state.par,
-                accepted=False, reduction_converged=zero_residual, radius_converged=False,
-                stalled=False, nonfinite=False, done=zero_residual, sum_squares=0.0,
-                **packed_invariants)),
-            alg.max_trials)
+        t = inner_while_loop(
+            cond,
+            body,
+            _Trial(
+                xf,
+                jnp.zeros((self.m,), jnp.result_type(f)),
+                _pack(
+                    packed_dtype,
+                    k=0,
+                    delta=delta0,
+                    par=state.par,
+                    accepted=False,
+                    reduction_converged=zero_residual,
+                    radius_converged=False,
+                    stalled=False,
+                    nonfinite=False,
+                    done=zero_residual,
+                    sum_squares=0.0,
+                    **packed_invariants,
+                ),
+            ),
+            alg.max_trials,
+        )
         accepted, trials = t.flag("accepted"), t.get("k").astype(jnp.int32)
         x_new = jnp.where(accepted, t.x, xf)
         f_new = jnp.where(accepted, (0.5 * t.get("sum_squares")).astype(f.dtype), f)
@@ -602,30 +708,51 @@ class _LevenbergMarquardtSolver(SteppingSolver):
             # after it, a select of the old and new values)
             def accept():
                 factor = _factorised(residuals.jacobian(t.x, self.m), t.r)
-                return jnp.concatenate([factor.ravel(), t.x, factor[:, :-1].T @ factor[:, -1],
-                                        (0.5 * t.get("sum_squares"))[None]])
+                return jnp.concatenate(
+                    [
+                        factor.ravel(),
+                        t.x,
+                        factor[:, :-1].T @ factor[:, -1],
+                        (0.5 * t.get("sum_squares"))[None],
+                    ]
+                )
 
             size = state.factor.size
-            out = lax.cond(accepted, accept, lambda: jnp.concatenate(
-                [state.factor.ravel(), xf, gf, f[None]]))
+            out = lax.cond(
+                accepted, accept, lambda: jnp.concatenate([state.factor.ravel(), xf, gf, f[None]])
+            )
             factor = out[:size].reshape(state.factor.shape)
-            x_new, g_new, f_new = out[size:size + self.n], out[size + self.n:-1], out[-1]
+            x_new, g_new, f_new = out[size : size + self.n], out[size + self.n : -1], out[-1]
         elif self.dense:
             factor = lax.cond(
-                accepted, lambda: _factorised(residuals.jacobian(t.x, self.m), t.r),
-                lambda: state.factor)
-            g_new = jnp.where(accepted, (factor[:, :-1].T @ factor[:, -1]).astype(self.dtype),
-                              gf)  # J^T r
+                accepted,
+                lambda: _factorised(residuals.jacobian(t.x, self.m), t.r),
+                lambda: state.factor,
+            )
+            g_new = jnp.where(
+                accepted, (factor[:, :-1].T @ factor[:, -1]).astype(self.dtype), gf
+            )  # J^T r
         else:
             factor = state.factor
             g_new = jnp.where(accepted, jax.vjp(residuals, x_new)[1](t.r)[0], gf)
         unravel = ravel_pytree(x)[1]
         nonfinite = state.nonfinite | t.flag("nonfinite")
-        new_state = state.after(factor, diag, t.get("delta"), t.get("par"), accepted,
-                                t.flag("nonfinite"))
-        return Step(unravel(x_new), f_new, unravel(g_new), new_state, trials,
-                    accepted.astype(jnp.int32), false, t.flag("stalled") & ~accepted,
-                    nonfinite, t.flag("reduction_converged"), t.flag("radius_converged"))
+        new_state = state.after(
+            factor, diag, t.get("delta"), t.get("par"), accepted, t.flag("nonfinite")
+        )
+        return Step(
+            unravel(x_new),
+            f_new,
+            unravel(g_new),
+            new_state,
+            trials,
+            accepted.astype(jnp.int32),
+            false,
+            t.flag("stalled") & ~accepted,
+            nonfinite,
+            t.flag("reduction_converged"),
+            t.flag("radius_converged"),
+        )
 
 
 @register
@@ -680,10 +807,15 @@ class LevenbergMarquardt(DenseWhenAsked, ClassicalAlgorithm):
     def __post_init__(self):
         check_positive("LevenbergMarquardt", "factor", self.factor)
         check_positive("LevenbergMarquardt", "cg_rtol", self.cg_rtol)
-        if isinstance(self.max_trials, bool) or not isinstance(self.max_trials, int) \
-                or self.max_trials < 1:
-            raise ValueError("LevenbergMarquardt: `max_trials` must be an integer >= 1, got "
-                             f"{self.max_trials!r}.")
+        if (
+            isinstance(self.max_trials, bool)
+            or not isinstance(self.max_trials, int)
+            or self.max_trials < 1
+        ):
+            raise ValueError(
+                "LevenbergMarquardt: `max_trials` must be an integer >= 1, got "
+                f"{self.max_trials!r}."
+            )
         _check_linear_solver("LevenbergMarquardt", self.linear_solver)
 
     def make_solver(self, problem: LeastSquaresProblem) -> _LevenbergMarquardtSolver:

@@ -95,9 +95,18 @@ def _is_flat(f0: Array, predicted: Array, fa: Array) -> Array:
     return jnp.isfinite(fa) & ((fa - f0 <= noise) | small_decrease)
 
 
-def backtracking_search(fun: Fun, x: Array, f0: Array, g0: Array, d: Array, alpha0: Array,
-                        c1: Any, shrink: Any, max_steps: int,
-                        bounds: tuple[Array, Array] | None = None) -> LineSearchResult:
+def backtracking_search(
+    fun: Fun,
+    x: Array,
+    f0: Array,
+    g0: Array,
+    d: Array,
+    alpha0: Array,
+    c1: Any,
+    shrink: Any,
+    max_steps: int,
+    bounds: tuple[Array, Array] | None = None,
+) -> LineSearchResult:
     """Backtracking along the (projected) arc ``P(x + a d)`` until Armijo's condition
     ``f(x_a) <= f0 + c1 g0 . (x_a - x)`` holds (Nocedal & Wright, Algorithm 3.1; with bounds,
     Bertsekas' projected Armijo rule, Bertsekas 1982), or its approximate form where f is flat
@@ -138,13 +147,21 @@ def backtracking_search(fun: Fun, x: Array, f0: Array, g0: Array, d: Array, alph
         return i + 1, a, xa, fa, ga, slope0, ok, seen | nonfinite
 
     i, a, xa, fa, ga, slope0, ok, nonfinite = inner_while_loop(
-        cond, body, (jnp.ones((), jnp.int32), a0, xa, fa, ga, slope0, ok, nonfinite),
-        max_steps - 1)
+        cond, body, (jnp.ones((), jnp.int32), a0, xa, fa, ga, slope0, ok, nonfinite), max_steps - 1
+    )
     # the last trial's first-order change g0 . (x_a - x), as its test computed it
     stalled = ~ok & _is_flat(f0, slope0, fa)
     # the trial unselected: the caller's select of its next point is then the only one
-    return LineSearchResult(xa, fa.astype(f_start.dtype), ga,
-                            jnp.where(ok, a, 0.0).astype(x.dtype), i, ok, stalled, nonfinite)
+    return LineSearchResult(
+        xa,
+        fa.astype(f_start.dtype),
+        ga,
+        jnp.where(ok, a, 0.0).astype(x.dtype),
+        i,
+        ok,
+        stalled,
+        nonfinite,
+    )
 
 
 @pytree_dataclass
@@ -170,11 +187,20 @@ class Backtracking:
         _check_open_unit("Backtracking", "shrink", self.shrink)
         _check_steps("Backtracking", self.max_steps)
 
-    def search(self, fun: Fun, x: Array, f0: Array, g0: Array, d: Array, alpha0: Array,
-               bounds: tuple[Array, Array] | None = None) -> LineSearchResult:
+    def search(
+        self,
+        fun: Fun,
+        x: Array,
+        f0: Array,
+        g0: Array,
+        d: Array,
+        alpha0: Array,
+        bounds: tuple[Array, Array] | None = None,
+    ) -> LineSearchResult:
         """Search along ``d`` from ``x`` starting at step ``alpha0``; see the class doc."""
-        return backtracking_search(fun, x, f0, g0, d, alpha0, self.c1, self.shrink,
-                                   self.max_steps, bounds)
+        return backtracking_search(
+            fun, x, f0, g0, d, alpha0, self.c1, self.shrink, self.max_steps, bounds
+        )
 
     def finite_points(self, bounded: bool) -> bool:
         """Whether an accepted point is always finite (on a problem with bounds or
@@ -248,13 +274,14 @@ def _cubic_min(a_lo, f_lo, d_lo, a_hi, f_hi, d_hi):
     Undefined cases divide and take roots of placeholders, so that their discarded values
     leave no NaN derivative behind (reverse mode through unrolled runs)."""
     finite = jnp.isfinite(a_hi) & jnp.isfinite(f_hi) & jnp.isfinite(d_hi) & (a_lo != a_hi)
-    a_hi, f_hi, d_hi = (jnp.where(finite, v, default) for v, default in
-                        ((a_hi, a_lo + 1.0), (f_hi, f_lo), (d_hi, d_lo)))
+    a_hi, f_hi, d_hi = (
+        jnp.where(finite, v, default)
+        for v, default in ((a_hi, a_lo + 1.0), (f_hi, f_lo), (d_hi, d_lo))
+    )
     d1 = d_lo + d_hi - 3 * (f_lo - f_hi) / (a_lo - a_hi)
     disc = d1 * d1 - d_lo * d_hi
     positive = disc > 0
-    d2 = jnp.where(positive, jnp.sign(a_hi - a_lo) * jnp.sqrt(jnp.where(positive, disc, 1.0)),
-                   0.0)
+    d2 = jnp.where(positive, jnp.sign(a_hi - a_lo) * jnp.sqrt(jnp.where(positive, disc, 1.0)), 0.0)
     denominator = d_hi - d_lo + 2 * d2
     valid = finite & (disc >= 0) & (denominator != 0)
     a = a_hi - (a_hi - a_lo) * (d_hi + d2 - d1) / jnp.where(valid, denominator, 1.0)
@@ -294,12 +321,21 @@ class Zoom:
             raise ValueError(f"Zoom: `c1` must be < `c2`, got c1={self.c1!r}, c2={self.c2!r}.")
         _check_steps("Zoom", self.max_steps)
 
-    def search(self, fun: Fun, x: Array, f0: Array, g0: Array, d: Array, alpha0: Array,
-               bounds: tuple[Array, Array] | None = None) -> LineSearchResult:
+    def search(
+        self,
+        fun: Fun,
+        x: Array,
+        f0: Array,
+        g0: Array,
+        d: Array,
+        alpha0: Array,
+        bounds: tuple[Array, Array] | None = None,
+    ) -> LineSearchResult:
         """Search along ``d`` from ``x`` starting at step ``alpha0``; see the class doc."""
         if bounds is not None:
-            return backtracking_search(fun, x, f0, g0, d, alpha0, self.c1, 0.5,
-                                       self.max_steps, bounds)
+            return backtracking_search(
+                fun, x, f0, g0, d, alpha0, self.c1, 0.5, self.max_steps, bounds
+            )
         dtype = _scalar_dtype(x, f0)
         f_start = f0
         f0 = f0.astype(dtype)
@@ -308,15 +344,27 @@ class Zoom:
         inf = jnp.asarray(jnp.inf, dtype)
         zero = jnp.zeros((), dtype)
         a0 = jnp.asarray(alpha0).astype(dtype)
-        carry0 = _ZoomCarry(jnp.zeros((), jnp.int32), jnp.zeros((), bool),
-                            jnp.stack([jnp.stack([zero, f0, dphi0]), jnp.stack([inf, inf, zero]),
-                                       jnp.stack([a0, a0, inf])]), x, g0, jnp.zeros((), bool))
+        carry0 = _ZoomCarry(
+            jnp.zeros((), jnp.int32),
+            jnp.zeros((), bool),
+            jnp.stack(
+                [
+                    jnp.stack([zero, f0, dphi0]),
+                    jnp.stack([inf, inf, zero]),
+                    jnp.stack([a0, a0, inf]),
+                ]
+            ),
+            x,
+            g0,
+            jnp.zeros((), bool),
+        )
 
         # the tests' bounds that no trial changes, as one array: computed apart, outside
         # the loop, each would take a kernel of its own
         tolerance = _flat_tolerance(f0)
         limits = lax.optimization_barrier(
-            jnp.stack([f0 + tolerance, (2 * c1 - 1) * dphi0, -c2 * dphi0, tolerance]))
+            jnp.stack([f0 + tolerance, (2 * c1 - 1) * dphi0, -c2 * dphi0, tolerance])
+        )
 
         def probe(a):
             xa = x + a.astype(x.dtype) * d
@@ -345,9 +393,11 @@ class Zoom:
             # The minimiser lies between a and the old best when the slope points back.
             flip = ~bad & ~wolfe & (da * jnp.sign(c.hi[0] - c.lo[0]) >= 0)
             move_lo = ~bad
-            hi = jnp.where(bad, jnp.stack([a, jnp.where(finite, fa, inf),
-                                           jnp.where(finite, da, zero)]),
-                           jnp.where(flip, c.lo, c.hi))
+            hi = jnp.where(
+                bad,
+                jnp.stack([a, jnp.where(finite, fa, inf), jnp.where(finite, da, zero)]),
+                jnp.where(flip, c.lo, c.hi),
+            )
             lo = jnp.where(move_lo, jnp.stack([a, fa, da]), c.lo)
             a_lo, f_lo, d_lo = lo
             a_hi, f_hi, d_hi = hi
@@ -366,10 +416,13 @@ class Zoom:
             fallback = jnp.where(jnp.isfinite(f_hi), a_lo + 0.5 * width, a_lo + 0.2 * width)
             a_next = jnp.where(bracketing, 2.0 * a, jnp.where(inside, cubic, fallback))
             # steps closer than x's rounding reach the same points
-            tiny = ~bracketing & (jnp.abs(width) <= 10 * float(jnp.finfo(x.dtype).eps) * jnp.abs(a_lo))
+            tiny = ~bracketing & (
+                jnp.abs(width) <= 10 * float(jnp.finfo(x.dtype).eps) * jnp.abs(a_lo)
+            )
             steps = jnp.stack([a_next, a, jnp.where(finite, fa, inf)])
-            return _ZoomCarry(c.i + 1, wolfe | tiny, jnp.stack([lo, hi, steps]), x_lo, g_lo,
-                              c.nonfinite | ~finite)
+            return _ZoomCarry(
+                c.i + 1, wolfe | tiny, jnp.stack([lo, hi, steps]), x_lo, g_lo, c.nonfinite | ~finite
+            )
 
         def more(c: _ZoomCarry):
             return ~c.done & (c.i < self.max_steps)
@@ -378,15 +431,24 @@ class Zoom:
             return c.x_lo, c.f_lo, c.g_lo, c.a_lo, c.i, c.a_last, c.f_last, c.nonfinite
 
         if x.size < _FIRST_TRIAL_APART_FROM:
-            found = ended(inner_while_loop(more, lambda c: advance(c, probe(c.a)), carry0,
-                                           self.max_steps))
+            found = ended(
+                inner_while_loop(more, lambda c: advance(c, probe(c.a)), carry0, self.max_steps)
+            )
         else:
             found = self._first_apart(probe, tests, advance, more, ended, carry0)
         x_lo, f_lo, g_lo, a_lo, i, a_last, f_last, nonfinite = found
         decreased = a_lo > 0
         stalled = ~decreased & _is_flat(f0, dphi0 * a_last, f_last)
-        return LineSearchResult(x_lo, f_lo.astype(f_start.dtype), g_lo, a_lo.astype(x.dtype), i,
-                                decreased, stalled, nonfinite)
+        return LineSearchResult(
+            x_lo,
+            f_lo.astype(f_start.dtype),
+            g_lo,
+            a_lo.astype(x.dtype),
+            i,
+            decreased,
+            stalled,
+            nonfinite,
+        )
 
     def finite_points(self, bounded: bool) -> bool:
         """Whether an accepted point is always finite: it is. With bounds the search is
@@ -419,8 +481,11 @@ class Zoom:
             return c, lax.cond(more(c), probe, lambda _: state[1], c.a)
 
         def search_on():
-            return ended(inner_while_loop(lambda state: more(state[0]), body, (carry0, first),
-                                          self.max_steps)[0])
+            return ended(
+                inner_while_loop(
+                    lambda state: more(state[0]), body, (carry0, first), self.max_steps
+                )[0]
+            )
 
         return lax.cond(tests(f0, a0, first)[2], accept_first, search_on)
 

@@ -14,7 +14,10 @@ import jax.numpy as jnp
 from jax import lax
 
 from optsolve.backends.classical.descent import (
-    ClassicalAlgorithm, DescentSolver, _default_linesearch, register,
+    ClassicalAlgorithm,
+    DescentSolver,
+    _default_linesearch,
+    register,
 )
 from optsolve.backends.classical.linesearch import Zoom
 from optsolve.solve_api.problem import OptimizationProblem
@@ -30,8 +33,9 @@ def _curvature_ok(s: Array, y: Array, decreased: Array) -> tuple[Array, Array, A
     return _curvature_test(jnp.vdot(y, s), jnp.vdot(y, y), decreased, s.dtype)
 
 
-def _curvature_test(ys: Array, yy: Array, decreased: Array,
-                    dtype: Any) -> tuple[Array, Array, Array]:
+def _curvature_test(
+    ys: Array, yy: Array, decreased: Array, dtype: Any
+) -> tuple[Array, Array, Array]:
     """:func:`_curvature_ok` of the products ``ys = s.y`` and ``yy = y.y``."""
     eps = jnp.finfo(dtype).eps
     ok = decreased & (ys > eps * yy) & jnp.isfinite(ys) & (yy > 0)
@@ -90,10 +94,12 @@ class _LBFGSSolver(DescentSolver):
     def init_model(self, x, g):
         m = self.alg.memory_size
         zeros = lambda *shape: jnp.zeros(shape, self.dtype)
-        return LBFGSModel(zeros(2, m, self.n), jnp.stack([jnp.eye(m, dtype=self.dtype),
-                                                          zeros(m, m)]),
-                          jnp.concatenate([zeros(m), jnp.ones((1,), self.dtype)]),
-                          jnp.zeros((), jnp.int32))
+        return LBFGSModel(
+            zeros(2, m, self.n),
+            jnp.stack([jnp.eye(m, dtype=self.dtype), zeros(m, m)]),
+            jnp.concatenate([zeros(m), jnp.ones((1,), self.dtype)]),
+            jnp.zeros((), jnp.int32),
+        )
 
     def _apply_inverse(self, model: LBFGSModel, q: Array) -> Array:
         """``H q`` from the compact representation (Byrd, Nocedal & Schnabel 1994, Thm 2.2):
@@ -142,8 +148,9 @@ class _LBFGSSolver(DescentSolver):
         # the new pair's own products are the last column's: no reductions of their own
         ys, yy, ok = _curvature_test(col[0, -1], col[1, -1], decreased, s.dtype)
         pushed = self._push(model, W, col, ys, yy)
-        kept = jax.tree_util.tree_map(lambda a, z: jnp.where(decreased, a, z), model,
-                                      self.init_model(None, None))
+        kept = jax.tree_util.tree_map(
+            lambda a, z: jnp.where(decreased, a, z), model, self.init_model(None, None)
+        )
         return jax.tree_util.tree_map(lambda a, b: jnp.where(ok, a, b), pushed, kept)
 
     def _push(self, model, W, col, ys, yy):
@@ -152,14 +159,31 @@ class _LBFGSSolver(DescentSolver):
         # Dropping the oldest pair keeps the trailing block of R^-1; appending the column
         # (c, d) of the new pair appends (-R^-1 c / d, 1/d) (block inverse of a triangle).
         trail = model.Rinv[1:, 1:]
-        Rinv = (jnp.zeros_like(model.Rinv).at[:-1, :-1].set(trail)
-                .at[:-1, -1].set(-jnp.sum(trail * col[0, :-1][None, :], axis=1) / ys)
-                .at[-1, -1].set(1.0 / ys))
+        Rinv = (
+            jnp.zeros_like(model.Rinv)
+            .at[:-1, :-1]
+            .set(trail)
+            .at[:-1, -1]
+            .set(-jnp.sum(trail * col[0, :-1][None, :], axis=1) / ys)
+            .at[-1, -1]
+            .set(1.0 / ys)
+        )
         D = jnp.concatenate([model.D[1:], ys[None]])
-        YY = (jnp.zeros_like(model.YY).at[:-1, :-1].set(model.YY[1:, 1:])
-              .at[:, -1].set(col[1]).at[-1, :].set(col[1]))
-        return LBFGSModel(W, jnp.stack([Rinv, YY]), jnp.concatenate([D, (ys / yy)[None]]),
-                          jnp.minimum(model.count + 1, m))
+        YY = (
+            jnp.zeros_like(model.YY)
+            .at[:-1, :-1]
+            .set(model.YY[1:, 1:])
+            .at[:, -1]
+            .set(col[1])
+            .at[-1, :]
+            .set(col[1])
+        )
+        return LBFGSModel(
+            W,
+            jnp.stack([Rinv, YY]),
+            jnp.concatenate([D, (ys / yy)[None]]),
+            jnp.minimum(model.count + 1, m),
+        )
 
 
 # XLA's CPU runtime runs a loop body's kernels one after another in the calling thread only
@@ -194,8 +218,13 @@ class _TwoLoopLBFGSSolver(_LBFGSSolver):
     def init_model(self, x, g):
         m = self.alg.memory_size
         zeros = jnp.zeros((m, self.n), self.dtype)
-        return TwoLoopModel(zeros, zeros, jnp.zeros(m, self.dtype), jnp.ones((), self.dtype),
-                            jnp.zeros((), jnp.int32))
+        return TwoLoopModel(
+            zeros,
+            zeros,
+            jnp.zeros(m, self.dtype),
+            jnp.ones((), self.dtype),
+            jnp.zeros((), jnp.int32),
+        )
 
     def _apply_inverse(self, model: TwoLoopModel, q: Array) -> Array:
         def newest_first(q, pair):
@@ -217,12 +246,17 @@ class _TwoLoopLBFGSSolver(_LBFGSSolver):
         m = self.alg.memory_size
         # No curvature: the memory stays as it is.
         push = lambda old, new: jnp.where(ok, jnp.concatenate([old[1:], new[None]]), old)
-        pushed = TwoLoopModel(push(model.S, s), push(model.Y, y), push(model.rho, 1.0 / ys),
-                              jnp.where(ok, ys / yy, model.gamma),
-                              jnp.where(ok, jnp.minimum(model.count + 1, m), model.count))
+        pushed = TwoLoopModel(
+            push(model.S, s),
+            push(model.Y, y),
+            push(model.rho, 1.0 / ys),
+            jnp.where(ok, ys / yy, model.gamma),
+            jnp.where(ok, jnp.minimum(model.count + 1, m), model.count),
+        )
         # No step at all: empty the memory (the next step is steepest descent).
-        return jax.tree_util.tree_map(lambda a, b: jnp.where(decreased, a, b), pushed,
-                                      self.init_model(None, None))
+        return jax.tree_util.tree_map(
+            lambda a, b: jnp.where(decreased, a, b), pushed, self.init_model(None, None)
+        )
 
 
 @register
@@ -276,6 +310,7 @@ class LBFGS(ClassicalAlgorithm):
 
 # ------------------------------------------------------------------------------ BFGS
 
+
 class BFGSModel(NamedTuple):
     """The dense inverse-Hessian approximation, its product with the current gradient, and
     the number of updates since the last reset."""
@@ -313,8 +348,11 @@ class _BFGSSolver(DescentSolver):
         rho = ratios[1]
         c = rho * (1.0 + rho * scale * yu)
         Hyg = scale * ug
-        H_new = (scale * model.H + c * s[:, None] * s[None, :]
-                 - rho * (s[:, None] * Hy[None, :] + Hy[:, None] * s[None, :]))
+        H_new = (
+            scale * model.H
+            + c * s[:, None] * s[None, :]
+            - rho * (s[:, None] * Hy[None, :] + Hy[:, None] * s[None, :])
+        )
         Hg_new = scale * Hgn + c * sg * s - rho * (Hyg * s + sg * Hy)
         eye = jnp.eye(self.n, dtype=self.dtype)
         H = jnp.where(ok, H_new, jnp.where(decreased, model.H, eye))

@@ -1,6 +1,6 @@
 """JAX-native root finders for square systems ``F(x, p) = 0``: Newton-Raphson (dense
-Jacobian, or matrix-free with a Krylov solver) and Broyden's good method, each globalised by a backtracking line search on the
-merit ``0.5 |F|^2``.
+Jacobian, or matrix-free with a Krylov solver) and Broyden's good method, each globalised by a
+backtracking line search on the merit ``0.5 |F|^2``.
 
 They run on the shared compiled driver (:mod:`optsolve.backends.native.driver`), on the
 :class:`~optsolve.solve_api.root_problem.RootSystem` of the root problem: the driver's
@@ -28,16 +28,19 @@ from jax.custom_batching import custom_vmap
 from jax.flatten_util import ravel_pytree
 
 from optsolve.backends.classical.descent import (
-    ClassicalAlgorithm, check_positive, default_gtol, register,
+    ClassicalAlgorithm,
+    check_positive,
+    default_gtol,
+    register,
 )
 from optsolve.backends.classical.least_squares import DenseWhenAsked
 from optsolve.backends.native.objective import Objective
 from optsolve.backends.native.protocol import Step, SteppingSolver
 from optsolve.solve_api.least_squares import LeastSquaresProblem
 from optsolve.solve_api.linear_solve import cg
-from optsolve.solve_api.root_problem import MATRIX_FREE_ABOVE, krylov_solve
 from optsolve.solve_api.loops import inner_while_loop
 from optsolve.solve_api.pytree import pytree_dataclass, static_field
+from optsolve.solve_api.root_problem import MATRIX_FREE_ABOVE, krylov_solve
 
 Array = jax.Array
 
@@ -72,17 +75,18 @@ def _merit(F: Array) -> Array:
 
 
 class _Search(NamedTuple):
-    k: Array         # trials made
-    alpha: Array     # the step length of the next trial (of the accepted one once done)
-    x: Array         # the last trial point
+    k: Array  # trials made
+    alpha: Array  # the step length of the next trial (of the accepted one once done)
+    x: Array  # the last trial point
     F: Array
     phi: Array
     accepted: Array
     nonfinite: Array
 
 
-def _backtrack(field: _Field, x: Array, F: Array, d: Array, slope: Array, c1: Any,
-               max_trials: int) -> _Search:
+def _backtrack(
+    field: _Field, x: Array, F: Array, d: Array, slope: Array, c1: Any, max_trials: int
+) -> _Search:
     """Backtracking along ``d`` from ``alpha = 1`` until the Armijo condition on the merit,
     ``phi(alpha) <= phi(0) + c1 alpha slope``, holds (``slope``: phi's derivative at 0, the
     model's where the Jacobian is approximate); each cut is the minimiser of the quadratic
@@ -103,12 +107,21 @@ def _backtrack(field: _Field, x: Array, F: Array, d: Array, slope: Array, c1: An
         # steps too small to change phi beyond rounding pass the Armijo test
         accepted = finite & (phi <= phi0 + c1 * s.alpha * slope) & (phi < phi0)
         excess = phi - phi0 - slope * s.alpha
-        quadratic = jnp.where(finite & (excess > 0),
-                              -slope * s.alpha ** 2 / (2 * jnp.where(excess > 0, excess, 1.0)),
-                              0.5 * s.alpha)
+        quadratic = jnp.where(
+            finite & (excess > 0),
+            -slope * s.alpha**2 / (2 * jnp.where(excess > 0, excess, 1.0)),
+            0.5 * s.alpha,
+        )
         cut = jnp.clip(quadratic, 0.1 * s.alpha, 0.5 * s.alpha)
-        return _Search(s.k + 1, jnp.where(accepted, s.alpha, cut).astype(s.alpha.dtype),
-                       x_trial, F_trial, phi, accepted, s.nonfinite | ~finite)
+        return _Search(
+            s.k + 1,
+            jnp.where(accepted, s.alpha, cut).astype(s.alpha.dtype),
+            x_trial,
+            F_trial,
+            phi,
+            accepted,
+            s.nonfinite | ~finite,
+        )
 
     false = jnp.zeros((), bool)
     start = _Search(jnp.zeros((), jnp.int32), jnp.ones((), x.dtype), x, F, phi0, false, false)
@@ -156,8 +169,9 @@ def _lu_step(scaled: Array, F: Array, mu: Array) -> tuple[Array, Array, Array]:
     e = jax.scipy.linalg.lu_solve((lu, piv), -F)
     pivots = jnp.abs(jnp.diagonal(lu))
     eps = jnp.finfo(scaled.dtype).eps
-    fits = (mu == 0) & jnp.all(jnp.isfinite(e)) & (
-        jnp.min(pivots) > jnp.sqrt(eps) * jnp.max(pivots))
+    fits = (
+        (mu == 0) & jnp.all(jnp.isfinite(e)) & (jnp.min(pivots) > jnp.sqrt(eps) * jnp.max(pivots))
+    )
     return e, jnp.dot(F, scaled @ e), fits
 
 
@@ -172,8 +186,10 @@ def _scaled_step(scaled: Array, F: Array, mu: Array) -> tuple[Array, Array]:
 def _scaled_step_batched(axis_size, in_batched, scaled, F, mu):
     # Batched (vmap over problems), a cond per element would run both branches for all:
     # the SVDs run only where some element needs one
-    scaled, F, mu = (a if batched else jnp.broadcast_to(a, (axis_size,) + jnp.shape(a))
-                     for a, batched in zip((scaled, F, mu), in_batched))
+    scaled, F, mu = (
+        a if batched else jnp.broadcast_to(a, (axis_size,) + jnp.shape(a))
+        for a, batched in zip((scaled, F, mu), in_batched)
+    )
     e, slope, fits = jax.vmap(_lu_step)(scaled, F, mu)
 
     def with_svd():
@@ -184,11 +200,11 @@ def _scaled_step_batched(axis_size, in_batched, scaled, F, mu):
 
 
 class _RootState(NamedTuple):
-    jac: Array       # the Jacobian at x (NewtonRaphson) or Broyden's approximation of it
-    fresh: Array     # jac is the true Jacobian at x (evaluated there, not updated since)
-    restart: Array   # the next step evaluates the true Jacobian first (Broyden)
-    mu: Array        # the damping, in units of the scaled jac's largest squared singular value
-    alpha: Array     # the last step length (0 before the first, and after a rejected step)
+    jac: Array  # the Jacobian at x (NewtonRaphson) or Broyden's approximation of it
+    fresh: Array  # jac is the true Jacobian at x (evaluated there, not updated since)
+    restart: Array  # the next step evaluates the true Jacobian first (Broyden)
+    mu: Array  # the damping, in units of the scaled jac's largest squared singular value
+    alpha: Array  # the last step length (0 before the first, and after a rejected step)
 
 
 def _tiny(s: Array, x: Array) -> Array:
@@ -210,8 +226,10 @@ class _RootSolver(SteppingSolver):
 
     def __init__(self, alg: Any, problem: LeastSquaresProblem):
         if not isinstance(problem, LeastSquaresProblem):  # solve checks first; a direct caller
-            raise TypeError(f"{type(alg).__name__} solves an optsolve.RootProblem, got "
-                            f"{type(problem).__name__}.")
+            raise TypeError(
+                f"{type(alg).__name__} solves an optsolve.RootProblem, got "
+                f"{type(problem).__name__}."
+            )
         self.alg, self.problem = alg, problem
         x0 = ravel_pytree(problem.x0)[0]
         self.n, self.dtype = x0.size, x0.dtype
@@ -229,13 +247,23 @@ class _RootSolver(SteppingSolver):
         and the Jacobian evaluations that cost."""
         return state.jac, state.fresh, jnp.zeros((), jnp.int32)
 
-    def direction(self, field: _Field, jac: Array, x: Array, F: Array,
-                  mu: Array) -> tuple[Array, Array]:
+    def direction(
+        self, field: _Field, jac: Array, x: Array, F: Array, mu: Array
+    ) -> tuple[Array, Array]:
         """The step of the model damped by mu, and the model's slope of the merit along it."""
         return _model_step(jac, F, mu)
 
-    def update(self, field: _Field, jac: Array, fresh: Array, x: Array, F: Array,
-               x_new: Array, F_new: Array, accepted: Array) -> tuple[Array, Array, Array]:
+    def update(
+        self,
+        field: _Field,
+        jac: Array,
+        fresh: Array,
+        x: Array,
+        F: Array,
+        x_new: Array,
+        F_new: Array,
+        accepted: Array,
+    ) -> tuple[Array, Array, Array]:
         """The model at the next iterate, whether it is the true Jacobian there, and the
         Jacobian evaluations that cost."""
         raise NotImplementedError
@@ -250,12 +278,13 @@ class _RootSolver(SteppingSolver):
         accepted = found.accepted
         x_new = jnp.where(accepted, found.x, xf)
         F_new = jnp.where(accepted, found.F, Ff)
-        jac_new, fresh_new, evals = self.update(field, jac, fresh, xf, Ff, x_new, F_new,
-                                                accepted)
+        jac_new, fresh_new, evals = self.update(field, jac, fresh, xf, Ff, x_new, F_new, accepted)
         full = accepted & (found.alpha == 1)
-        mu = jnp.where(full, state.mu * _MU_DECAY,
-                       jnp.where(accepted, state.mu,
-                                 jnp.maximum(state.mu * _MU_GROWTH, _MU_FIRST)))
+        mu = jnp.where(
+            full,
+            state.mu * _MU_DECAY,
+            jnp.where(accepted, state.mu, jnp.maximum(state.mu * _MU_GROWTH, _MU_FIRST)),
+        )
         mu = jnp.where(mu < jnp.finfo(self.dtype).eps, 0.0, mu).astype(self.dtype)
         alpha = jnp.where(accepted, found.alpha, 0.0).astype(self.dtype)
         tiny = accepted & _tiny(x_new - xf, xf)
@@ -269,11 +298,21 @@ class _RootSolver(SteppingSolver):
         # Jacobian before the next one
         restart = (~accepted | tiny) & ~fresh_new
         new_state = _RootState(jac_new, fresh_new, restart, mu, alpha)
-        return Step(unravel(x_new), _merit(F_new).astype(f.dtype), unravel(F_new), new_state,
-                    found.k, jac_evals + evals, failed, stalled, found.nonfinite)
+        return Step(
+            unravel(x_new),
+            _merit(F_new).astype(f.dtype),
+            unravel(F_new),
+            new_state,
+            found.k,
+            jac_evals + evals,
+            failed,
+            stalled,
+            found.nonfinite,
+        )
 
 
 # ------------------------------------------------------------------------ Newton-Raphson
+
 
 class _NewtonSolver(_RootSolver):
     def update(self, field, jac, fresh, x, F, x_new, F_new, accepted):
@@ -301,8 +340,9 @@ class _MatrixFreeNewtonSolver(_RootSolver):
         F_norm = jnp.linalg.norm(F)
 
         def newton():
-            d = krylov_solve(alg.linear_solver, jvp, -F, alg.krylov_rtol, maxiter,
-                             alg.krylov_restart)
+            d = krylov_solve(
+                alg.linear_solver, jvp, -F, alg.krylov_rtol, maxiter, alg.krylov_restart
+            )
             Jd = jvp(d)
             # a Krylov step that barely lowers |F + J d| (a singular J, a stagnating or
             # broken down Krylov method) is not worth a line search
@@ -311,18 +351,19 @@ class _MatrixFreeNewtonSolver(_RootSolver):
 
         # the Krylov solve only where the step is undamped (a damped one does without it)
         d_newton, slope_newton, usable = lax.cond(
-            mu == 0, newton, lambda: (jnp.zeros_like(F), jnp.zeros((), F.dtype),
-                                      jnp.zeros((), bool)))
+            mu == 0,
+            newton,
+            lambda: (jnp.zeros_like(F), jnp.zeros((), F.dtype), jnp.zeros((), bool)),
+        )
 
         def damped():
             # (J^T J + lambda I) d = -J^T F by CG; lambda = mu |J^T F|^2 / |F|^2, a lower
             # bound of mu s_1^2 (the dense step's damping), at least _MU_FIRST's where mu is
             # 0 and the Newton step failed
             g = vjp(F)
-            scale = jnp.sum(jnp.square(g)) / jnp.where(F_norm > 0, F_norm ** 2, 1.0)
+            scale = jnp.sum(jnp.square(g)) / jnp.where(F_norm > 0, F_norm**2, 1.0)
             lam = jnp.maximum(mu, _MU_FIRST) * scale
-            d = cg(lambda v: vjp(jvp(v)) + lam * v, -g, rtol=alg.krylov_rtol,
-                   maxiter=maxiter).x
+            d = cg(lambda v: vjp(jvp(v)) + lam * v, -g, rtol=alg.krylov_rtol, maxiter=maxiter).x
             return d, jnp.dot(F, jvp(d))
 
         return lax.cond(usable, lambda: (d_newton, slope_newton), damped)
@@ -350,10 +391,15 @@ class _RootAlgorithm(ClassicalAlgorithm):
 
     def _check(self):
         check_positive(type(self).__name__, "c1", self.c1)
-        if isinstance(self.max_trials, bool) or not isinstance(self.max_trials, int) or \
-                self.max_trials < 1:
-            raise ValueError(f"{type(self).__name__}: `max_trials` must be an integer >= 1, "
-                             f"got {self.max_trials!r}.")
+        if (
+            isinstance(self.max_trials, bool)
+            or not isinstance(self.max_trials, int)
+            or self.max_trials < 1
+        ):
+            raise ValueError(
+                f"{type(self).__name__}: `max_trials` must be an integer >= 1, "
+                f"got {self.max_trials!r}."
+            )
 
 
 @register
@@ -367,11 +413,12 @@ class NewtonRaphson(DenseWhenAsked, _RootAlgorithm):
     and the step ``d = -J^-1 F``, with the variables scaled by J's column norms (MINPACK's
     scaling): by LU where the scaled J is well conditioned, else from its singular value
     decomposition, so that a singular or rank-deficient J gets the least-squares step of
-    least scaled norm, never NaN (scipy's pressure-network test starts at one). The step length backtracks from 1 until
-    ``phi(a) <= phi(0) + c1 a phi'(0)``, with ``phi(a) = 0.5 |F(x + a d)|^2`` (Dennis &
-    Schnabel, *Numerical Methods for Unconstrained Optimization and Nonlinear Equations*,
-    1983, §6.5 and Algorithm A6.3.1). Where no step length decreases the merit, x stays and
-    the next step is damped, Levenberg-style,
+    least scaled norm, never NaN (scipy's pressure-network test starts at one). The step
+    length backtracks from 1 until ``phi(a) <= phi(0) + c1 a phi'(0)``, with
+    ``phi(a) = 0.5 |F(x + a d)|^2`` (Dennis & Schnabel, *Numerical Methods for
+    Unconstrained Optimization and Nonlinear Equations*, 1983, §6.5 and Algorithm A6.3.1).
+    Where no step length decreases the merit, x stays and the next step is damped,
+    Levenberg-style,
     ``d = -(J^T J + mu s_1^2 I)^-1 J^T F`` (s_1: J's largest singular value), with mu
     raised by 100 at each such iteration and lowered by 10 after each full step; the run
     fails once mu passes 1e4 without a decrease (a local minimum of |F|^2 that is not a
@@ -426,24 +473,26 @@ class NewtonRaphson(DenseWhenAsked, _RootAlgorithm):
         if self.linear_solver not in _NEWTON_LINEAR_SOLVERS:
             raise ValueError(
                 "NewtonRaphson: `linear_solver` must be one of "
-                f"{', '.join(map(repr, _NEWTON_LINEAR_SOLVERS))}, got {self.linear_solver!r}.")
+                f"{', '.join(map(repr, _NEWTON_LINEAR_SOLVERS))}, got {self.linear_solver!r}."
+            )
         check_positive("NewtonRaphson", "krylov_rtol", self.krylov_rtol)
         for name in ("krylov_restart", "krylov_maxiter"):
             value = getattr(self, name)
             if value is None and name == "krylov_maxiter":
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"NewtonRaphson: `{name}` must be an integer >= 1, "
-                                 f"got {value!r}.")
+                raise ValueError(f"NewtonRaphson: `{name}` must be an integer >= 1, got {value!r}.")
 
     def make_solver(self, problem: LeastSquaresProblem) -> _RootSolver:
         n = ravel_pytree(problem.x0)[0].size
         dense = self.linear_solver == "dense" or (
-            self.linear_solver == "auto" and n <= MATRIX_FREE_ABOVE)
+            self.linear_solver == "auto" and n <= MATRIX_FREE_ABOVE
+        )
         return (_NewtonSolver if dense else _MatrixFreeNewtonSolver)(self, problem)
 
 
 # ------------------------------------------------------------------------------ Broyden
+
 
 class _BroydenSolver(_RootSolver):
     def model(self, field, state, x):
@@ -457,8 +506,7 @@ class _BroydenSolver(_RootSolver):
         ss = jnp.dot(s, s)
         usable = accepted & (ss > 0) & jnp.all(jnp.isfinite(y))
         updated = jac + jnp.outer(y - jac @ s, s) / jnp.where(usable, ss, 1.0)
-        return (jnp.where(usable, updated, jac), fresh & ~usable,
-                jnp.zeros((), jnp.int32))
+        return (jnp.where(usable, updated, jac), fresh & ~usable, jnp.zeros((), jnp.int32))
 
 
 @register

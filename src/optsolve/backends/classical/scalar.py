@@ -77,8 +77,11 @@ class _ScalarAlgorithm(ClassicalAlgorithm):
 
     @classmethod
     def traits(cls) -> dict[str, Any]:
-        return {**super().traits(), "scalar_only": cls.scalar_only,
-                "needs_bounds": cls.needs_bounds}
+        return {
+            **super().traits(),
+            "scalar_only": cls.scalar_only,
+            "needs_bounds": cls.needs_bounds,
+        }
 
     def _check(self) -> None:
         name = type(self).__name__
@@ -115,25 +118,44 @@ class _IntervalSolver(SteppingSolver):
 
     def tolerances(self) -> tuple[Array, Array]:
         xtol, atol = self.alg.xtol, self.alg.atol
-        return (self.scalar(default_xtol(self.dtype) if xtol is None else xtol),
-                self.scalar(default_atol(self.dtype) if atol is None else atol))
+        return (
+            self.scalar(default_xtol(self.dtype) if xtol is None else xtol),
+            self.scalar(default_atol(self.dtype) if atol is None else atol),
+        )
 
     def evaluate(self, objective: Objective, u: Array) -> tuple[Array, Array]:
         fu, gu = objective.value_and_grad(self.tree(u))
         return fu, _leaf(gu)
 
-    def step_of(self, x: Array, f: Array, g: Array, u: Array, fu: Array, gu: Array,
-                state: NamedTuple, converged: Array) -> Step:
+    def step_of(
+        self,
+        x: Array,
+        f: Array,
+        g: Array,
+        u: Array,
+        fu: Array,
+        gu: Array,
+        state: NamedTuple,
+        converged: Array,
+    ) -> Step:
         """The driver's step: the new best point, or the trial point where its value or
         derivative is not finite (the driver then fails, keeping the last good iterate)."""
         bad = ~(jnp.isfinite(fu) & jnp.isfinite(gu))
         one = jnp.ones((), jnp.int32)
-        return Step(self.tree(jnp.where(bad, u, x)), jnp.where(bad, fu, f),
-                    self.tree(jnp.where(bad, gu, g)), state, one, one,
-                    jnp.zeros((), bool), radius_converged=converged & ~bad)
+        return Step(
+            self.tree(jnp.where(bad, u, x)),
+            jnp.where(bad, fu, f),
+            self.tree(jnp.where(bad, gu, g)),
+            state,
+            one,
+            one,
+            jnp.zeros((), bool),
+            radius_converged=converged & ~bad,
+        )
 
 
 # ------------------------------------------------------------------------------- Brent
+
 
 class BrentState(NamedTuple):
     """Brent's bracket ``[a, b]``, the second and third best points ``w``, ``v`` with their
@@ -150,7 +172,6 @@ class BrentState(NamedTuple):
 
 
 class _BrentSolver(_IntervalSolver):
-
     def init(self, objective, x, f, g) -> BrentState:
         a, b = self.box()
         x, f = self.scalar(_leaf(x)), jnp.asarray(f)
@@ -176,8 +197,13 @@ class _BrentSolver(_IntervalSolver):
         # Three distinct points: where two coincide q is 0 in exact arithmetic (no
         # parabola), but XLA's fused multiply-adds can leave it a rounding error.
         distinct = (x != w) & (x != v) & (w != v)
-        parabolic = (distinct & (jnp.abs(e) > tol1) & (jnp.abs(p) < jnp.abs(0.5 * q * e))
-                     & (p > q * (a - x)) & (p < q * (b - x)))
+        parabolic = (
+            distinct
+            & (jnp.abs(e) > tol1)
+            & (jnp.abs(p) < jnp.abs(0.5 * q * e))
+            & (p > q * (a - x))
+            & (p < q * (b - x))
+        )
         d_par = p / jnp.where(parabolic, q, 1.0)
         u_par = x + d_par
         toward_middle = jnp.where(xm - x >= 0, tol1, -tol1)
@@ -200,11 +226,15 @@ class _BrentSolver(_IntervalSolver):
         fv_new = jnp.where(better | as_w, fw, jnp.where(as_v, fu, fv))
         w_new = jnp.where(better, x, jnp.where(as_w, u, w))
         fw_new = jnp.where(better, f, jnp.where(as_w, fu, fw))
-        x_new, f_new, g_new = (jnp.where(better, u, x), jnp.where(better, fu, f),
-                               jnp.where(better, gu, g))
+        x_new, f_new, g_new = (
+            jnp.where(better, u, x),
+            jnp.where(better, fu, f),
+            jnp.where(better, gu, g),
+        )
         new = BrentState(a_new, b_new, v_new, w_new, fv_new, fw_new, d_new, e_new)
-        return self.step_of(x_new, f_new, g_new, u, fu, gu, new,
-                            _brent_converged(x_new, a_new, b_new, xtol, atol))
+        return self.step_of(
+            x_new, f_new, g_new, u, fu, gu, new, _brent_converged(x_new, a_new, b_new, xtol, atol)
+        )
 
 
 def _brent_converged(x, a, b, xtol, atol) -> Array:
@@ -255,6 +285,7 @@ class Brent(_ScalarAlgorithm):
 
 # ------------------------------------------------------------------ golden section
 
+
 class GoldenState(NamedTuple):
     """The bracket ``[a, b]`` and its two interior points ``c < d`` at the golden ratio,
     with their values and derivatives; ``known`` counts the interior points evaluated
@@ -272,13 +303,21 @@ class GoldenState(NamedTuple):
 
 
 class _GoldenSolver(_IntervalSolver):
-
     def init(self, objective, x, f, g) -> GoldenState:
         a, b = self.box()
         nan = jnp.full((), jnp.nan, jnp.result_type(f))
         gnan = jnp.full((), jnp.nan, self.dtype)
-        return GoldenState(a, b, b - _RATIO * (b - a), a + _RATIO * (b - a), nan, nan,
-                           gnan, gnan, jnp.zeros((), jnp.int32))
+        return GoldenState(
+            a,
+            b,
+            b - _RATIO * (b - a),
+            a + _RATIO * (b - a),
+            nan,
+            nan,
+            gnan,
+            gnan,
+            jnp.zeros((), jnp.int32),
+        )
 
     def step(self, objective, x, f, g, state: GoldenState) -> Step:
         a, b, c, d, fc, fd, gc, gd, known = state
@@ -307,8 +346,9 @@ class _GoldenSolver(_IntervalSolver):
         f_new = jnp.where(take_c, fc_new, fd_new)
         g_new = jnp.where(take_c, gc_new, gd_new)
         new = GoldenState(a_new, b_new, c_new, d_new, fc_new, fd_new, gc_new, gd_new, known)
-        converged = (known >= 2) & (b_new - a_new <= xtol * (jnp.abs(c_new) + jnp.abs(d_new))
-                                    + atol)
+        converged = (known >= 2) & (
+            b_new - a_new <= xtol * (jnp.abs(c_new) + jnp.abs(d_new)) + atol
+        )
         return self.step_of(x_new, f_new, g_new, u, fu, gu, new, converged)
 
 

@@ -13,12 +13,18 @@ import jax
 import jax.numpy as jnp
 
 from optsolve.backends.classical.descent import (
-    ClassicalAlgorithm, DescentSolver, Flat, _default_linesearch, check_positive, default_gtol,
-    register, tiny_step,
+    ClassicalAlgorithm,
+    DescentSolver,
+    Flat,
+    _default_linesearch,
+    check_positive,
+    default_gtol,
+    register,
+    tiny_step,
 )
-from optsolve.backends.native.protocol import Step, SteppingSolver
-from optsolve.backends.native.objective import Objective
 from optsolve.backends.classical.linesearch import Backtracking
+from optsolve.backends.native.objective import Objective
+from optsolve.backends.native.protocol import Step, SteppingSolver
 from optsolve.solve_api.linear_solve import CGStatus, cg
 from optsolve.solve_api.problem import OptimizationProblem
 from optsolve.solve_api.pytree import pytree_dataclass, static_field
@@ -51,14 +57,20 @@ def _cg_maxiter(alg: Any, n: int) -> int:
 
 # ----------------------------------------------------------------------------- Newton-CG
 
+
 class _NewtonSolver(DescentSolver):
     def direction(self, model, x, g, state, flat):
         # Truncated CG on H p = -g, at least one iteration so p is never 0; negative
         # curvature at the first one gives -g (N&W Algorithm 7.1).
         scale = _pow2_scale(g)
-        res = cg(flat.hvp_at(x), -g / scale, atol=_forcing(g, self.alg.cg_rtol, scale),
-                 maxiter=_cg_maxiter(self.alg, self.n), negative_curvature="steepest",
-                 test_start=False)
+        res = cg(
+            flat.hvp_at(x),
+            -g / scale,
+            atol=_forcing(g, self.alg.cg_rtol, scale),
+            maxiter=_cg_maxiter(self.alg, self.n),
+            negative_curvature="steepest",
+            test_start=False,
+        )
         steepest = (res.status == CGStatus.NEGATIVE_CURVATURE) & (res.iterations == 0)
         return res.x * scale, steepest
 
@@ -107,8 +119,10 @@ def _check_cg_maxiter(owner: str, value: Any) -> None:
 
 # ------------------------------------------------------------------------- trust region
 
-def steihaug_cg(hvp, g: Array, radius: Array, tol: Array,
-                maxiter: int) -> tuple[Array, Array, Array]:
+
+def steihaug_cg(
+    hvp, g: Array, radius: Array, tol: Array, maxiter: int
+) -> tuple[Array, Array, Array]:
     """Approximately minimise ``g.p + p.Hp/2`` subject to ``|p| <= radius`` by CG, stopping
     at the boundary or at negative curvature (Steihaug 1983; Nocedal & Wright Algorithm 7.2):
     :func:`cg` on ``H p = -g`` with a trust radius, at least one iteration.
@@ -116,10 +130,16 @@ def steihaug_cg(hvp, g: Array, radius: Array, tol: Array,
     Returns:
       (p, predicted change of the model m(p) - m(0) (<= 0), whether p is on the boundary).
     """
-    res = cg(hvp, -g, atol=tol, maxiter=maxiter, radius=radius,
-             negative_curvature="boundary", test_start=False)
-    boundary = ((res.status == CGStatus.BOUNDARY)
-                | (res.status == CGStatus.NEGATIVE_CURVATURE))
+    res = cg(
+        hvp,
+        -g,
+        atol=tol,
+        maxiter=maxiter,
+        radius=radius,
+        negative_curvature="boundary",
+        test_start=False,
+    )
+    boundary = (res.status == CGStatus.BOUNDARY) | (res.status == CGStatus.NEGATIVE_CURVATURE)
     return res.x, res.model, boundary
 
 
@@ -128,7 +148,7 @@ class _TRState(NamedTuple):
 
 
 class _TrustRegionSolver(SteppingSolver):
-    def __init__(self, alg: "TrustRegion", problem: OptimizationProblem):
+    def __init__(self, alg: TrustRegion, problem: OptimizationProblem):
         self.alg = alg
         self.problem = problem
         x0 = Flat.ravel(problem.x0)
@@ -145,9 +165,13 @@ class _TrustRegionSolver(SteppingSolver):
         xf, gf = Flat.ravel(x), Flat.ravel(g)
         radius = state.radius
         scale = _pow2_scale(gf)
-        p, predicted, boundary = steihaug_cg(flat.hvp_at(xf), gf / scale, radius / scale,
-                                             _forcing(gf, self.alg.cg_rtol, scale),
-                                             _cg_maxiter(self.alg, self.n))
+        p, predicted, boundary = steihaug_cg(
+            flat.hvp_at(xf),
+            gf / scale,
+            radius / scale,
+            _forcing(gf, self.alg.cg_rtol, scale),
+            _cg_maxiter(self.alg, self.n),
+        )
         p = p * scale
         x_new = xf + p
         f_new, g_new = flat.value_and_grad(x_new)
@@ -161,20 +185,34 @@ class _TrustRegionSolver(SteppingSolver):
         rho = jnp.where(finite & (predicted < 0), actual / predicted, -jnp.inf)
         pn = jnp.linalg.norm(p)
         # Radius update of Nocedal & Wright Algorithm 4.1.
-        radius = jnp.where(rho < 0.25, 0.25 * pn,
-                           jnp.where((rho > 0.75) & boundary,
-                                     jnp.minimum(2.0 * radius, self.alg.max_radius), radius))
+        radius = jnp.where(
+            rho < 0.25,
+            0.25 * pn,
+            jnp.where(
+                (rho > 0.75) & boundary, jnp.minimum(2.0 * radius, self.alg.max_radius), radius
+            ),
+        )
         accept = rho > self.alg.eta
         eps = float(jnp.finfo(self.dtype).eps)
         # The region has shrunk below rounding of x: no step can change f any more.
-        stalled = ((~accept & (radius <= 10 * eps * jnp.maximum(jnp.linalg.norm(xf), 1.0)))
-                   | (accept & tiny_step(p, xf)))
+        stalled = (~accept & (radius <= 10 * eps * jnp.maximum(jnp.linalg.norm(xf), 1.0))) | (
+            accept & tiny_step(p, xf)
+        )
         xo = jnp.where(accept, x_new, xf)
         fo = jnp.where(accept, f_new, f)
         go = jnp.where(accept, g_new, gf)
         one = jnp.ones((), jnp.int32)
-        return Step(flat.unravel(xo), fo, flat.unravel(go), _TRState(radius), one, one,
-                    jnp.zeros((), bool), stalled, ~finite)
+        return Step(
+            flat.unravel(xo),
+            fo,
+            flat.unravel(go),
+            _TRState(radius),
+            one,
+            one,
+            jnp.zeros((), bool),
+            stalled,
+            ~finite,
+        )
 
 
 @register
@@ -220,6 +258,7 @@ class TrustRegion(ClassicalAlgorithm):
 
 # --------------------------------------------------------------------------- AdaHessian
 
+
 class _AdaHessianState(NamedTuple):
     m: Any
     v: Any
@@ -228,29 +267,34 @@ class _AdaHessianState(NamedTuple):
 
 
 class _AdaHessianSolver(SteppingSolver):
-    def __init__(self, alg: "AdaHessian", problem: OptimizationProblem):
+    def __init__(self, alg: AdaHessian, problem: OptimizationProblem):
         self.alg = alg
 
     def init(self, objective, x, f, g) -> _AdaHessianState:
         zeros = jax.tree_util.tree_map(jnp.zeros_like, x)
-        return _AdaHessianState(zeros, zeros, jnp.zeros((), jnp.int32),
-                                jax.random.PRNGKey(self.alg.seed))
+        return _AdaHessianState(
+            zeros, zeros, jnp.zeros((), jnp.int32), jax.random.PRNGKey(self.alg.seed)
+        )
 
     def step(self, objective: Objective, x, f, g, state: _AdaHessianState) -> Step:
         a = self.alg
         key, sub = jax.random.split(state.key)
         leaves, treedef = jax.tree_util.tree_flatten(x)
         keys = jax.random.split(sub, len(leaves))
-        z = jax.tree_util.tree_unflatten(treedef, [
-            jax.random.rademacher(k, jnp.shape(l), dtype=jnp.result_type(l))
-            for k, l in zip(keys, leaves)])
+        z = jax.tree_util.tree_unflatten(
+            treedef,
+            [
+                jax.random.rademacher(k, jnp.shape(leaf), dtype=jnp.result_type(leaf))
+                for k, leaf in zip(keys, leaves)
+            ],
+        )
         # Hutchinson: E[z * Hz] = diag(H) for Rademacher z (Yao et al. 2021, eq. 5).
         diag = jax.tree_util.tree_map(jnp.multiply, z, objective.hvp(x, z))
         count = state.count + 1
         t = count.astype(jnp.result_type(f))
         m = jax.tree_util.tree_map(lambda m_, g_: a.b1 * m_ + (1 - a.b1) * g_, state.m, g)
         v = jax.tree_util.tree_map(lambda v_, d_: a.b2 * v_ + (1 - a.b2) * d_ * d_, state.v, diag)
-        bc1, bc2 = 1 - a.b1 ** t, 1 - a.b2 ** t
+        bc1, bc2 = 1 - a.b1**t, 1 - a.b2**t
 
         def update(x_, m_, v_):
             denom = jnp.sqrt(v_ / bc2) ** a.hessian_power + a.eps
@@ -259,8 +303,9 @@ class _AdaHessianSolver(SteppingSolver):
         x_new = jax.tree_util.tree_map(update, x, m, v)
         f_new, g_new = objective.value_and_grad(x_new)
         one = jnp.ones((), jnp.int32)
-        return Step(x_new, f_new, g_new, _AdaHessianState(m, v, count, key), one, one,
-                    jnp.zeros((), bool))
+        return Step(
+            x_new, f_new, g_new, _AdaHessianState(m, v, count, key), one, one, jnp.zeros((), bool)
+        )
 
 
 @register

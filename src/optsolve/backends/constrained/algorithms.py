@@ -8,22 +8,36 @@ import jax
 import jax.numpy as jnp
 
 from optsolve.backends.constrained.augmented_lagrangian import (
-    DEFAULT_TOLS, ALSolver, solve_augmented_lagrangian,
+    DEFAULT_TOLS,
+    ALSolver,
+    solve_augmented_lagrangian,
 )
 from optsolve.backends.constrained.interior_point import (
-    DEFAULT_TOL, DENSE_KKT_SIZE, InteriorPointSolver, solve_interior_point,
+    DEFAULT_TOL,
+    DENSE_KKT_SIZE,
+    InteriorPointSolver,
+    solve_interior_point,
 )
 from optsolve.backends.constrained.nlp import equality_rows, flat_problem_size
 from optsolve.solve_api.algorithm import Algorithm
 from optsolve.solve_api.problem import OptimizationProblem
 from optsolve.solve_api.pytree import pytree_dataclass, static_field
 from optsolve.solve_api.registry import (
-    algorithm_classes, as_algorithm, register_algorithm, register_backend,
+    algorithm_classes,
+    as_algorithm,
+    register_algorithm,
+    register_backend,
 )
 
 
-def _check(name: str, value: Any, low: float, high: float | None = None,
-           owner: str = "InteriorPoint", closed_low: bool = False) -> None:
+def _check(
+    name: str,
+    value: Any,
+    low: float,
+    high: float | None = None,
+    owner: str = "InteriorPoint",
+    closed_low: bool = False,
+) -> None:
     """A concrete hyperparameter in (low, high) (open; ``[low, high)`` with
     ``closed_low``), else a ValueError naming it."""
     if value is None or isinstance(value, jax.core.Tracer) or jnp.ndim(value) != 0:
@@ -149,9 +163,11 @@ class InteriorPoint(Algorithm):
 
     def __post_init__(self):
         if self.linear_solver not in _IP_LINEAR_SOLVERS:
-            raise ValueError("InteriorPoint: `linear_solver` must be one of "
-                             f"{', '.join(map(repr, _IP_LINEAR_SOLVERS))}, got "
-                             f"{self.linear_solver!r}.")
+            raise ValueError(
+                "InteriorPoint: `linear_solver` must be one of "
+                f"{', '.join(map(repr, _IP_LINEAR_SOLVERS))}, got "
+                f"{self.linear_solver!r}."
+            )
         _check("tol", self.tol, 0.0)
         _check("acceptable_tol", self.acceptable_tol, 0.0)
         _check("mu_init", self.mu_init, 0.0)
@@ -167,8 +183,8 @@ class InteriorPoint(Algorithm):
     def make_solver(self, problem: OptimizationProblem) -> InteriorPointSolver:
         return InteriorPointSolver(self, problem)
 
-    def specialised_for(self, problem: OptimizationProblem) -> "InteriorPoint":
-        """"auto" made "condensed" where n + m_E <= 256 < n + m (m_E equality rows, known
+    def specialised_for(self, problem: OptimizationProblem) -> InteriorPoint:
+        """ "auto" made "condensed" where n + m_E <= 256 < n + m (m_E equality rows, known
         while the constraints' bounds are not traced); "condensed" told its equality rows."""
         if not problem.constraints or self.linear_solver not in ("auto", "condensed"):
             return self
@@ -206,8 +222,13 @@ def _default_inner() -> Algorithm:
 def _bounded_native(cls: type) -> bool:
     """A JAX-native method on f that iterates from a start and takes bounds."""
     traits = cls.traits()
-    return bool(cls.compiled_driver and traits["takes_bounds"] and not traits["needs_residuals"]
-                and not traits["takes_constraints"] and not traits.get("scalar_only"))
+    return bool(
+        cls.compiled_driver
+        and traits["takes_bounds"]
+        and not traits["needs_residuals"]
+        and not traits["takes_constraints"]
+        and not traits.get("scalar_only")
+    )
 
 
 @pytree_dataclass
@@ -282,7 +303,8 @@ class AugmentedLagrangian(Algorithm):
     conditional_traits: ClassVar[dict[str, str]] = {
         "needs_hessian": "with an inner algorithm that needs Hessian products",
         "dense_matrices": "with an inner algorithm that holds dense matrices",
-        "float_dtypes": "with an inner algorithm that takes them (float32, float64 at most)"}
+        "float_dtypes": "with an inner algorithm that takes them (float32, float64 at most)",
+    }
 
     inner: Any = None
     feasibility_tol: Any = None
@@ -299,18 +321,29 @@ class AugmentedLagrangian(Algorithm):
         if self.inner is not None:
             inner = as_algorithm(self.inner)
             if not _bounded_native(type(inner)):
-                allowed = ", ".join(c.__name__ for c in algorithm_classes()
-                                    if _bounded_native(c))
+                allowed = ", ".join(c.__name__ for c in algorithm_classes() if _bounded_native(c))
                 raise TypeError(
                     f"AugmentedLagrangian: `inner` must be a JAX-native algorithm that takes "
-                    f"bounds, got {type(inner).__name__}. Use one of: {allowed}.")
+                    f"bounds, got {type(inner).__name__}. Use one of: {allowed}."
+                )
             object.__setattr__(self, "inner", inner)
-        for name in ("feasibility_tol", "optimality_tol", "rho_init", "multiplier_bound",
-                     "rho_max", "acceptable_tol"):
+        for name in (
+            "feasibility_tol",
+            "optimality_tol",
+            "rho_init",
+            "multiplier_bound",
+            "rho_max",
+            "acceptable_tol",
+        ):
             _check(name, getattr(self, name), 0.0, owner="AugmentedLagrangian")
         _check("penalty_increase", self.penalty_increase, 1.0, owner="AugmentedLagrangian")
-        _check("infeasibility_decrease", self.infeasibility_decrease, 0.0, 1.0,
-               owner="AugmentedLagrangian")
+        _check(
+            "infeasibility_decrease",
+            self.infeasibility_decrease,
+            0.0,
+            1.0,
+            owner="AugmentedLagrangian",
+        )
         _check("inner_maxiters", self.inner_maxiters, 0.0, owner="AugmentedLagrangian")
 
     def inner_algorithm(self) -> Algorithm:
@@ -325,8 +358,9 @@ class AugmentedLagrangian(Algorithm):
         for trait in ("needs_hessian", "dense_matrices"):
             caps[trait] = inner[trait]
         # its tolerances and penalties are set for float32 and float64
-        caps["float_dtypes"] = tuple(d for d in inner["float_dtypes"]
-                                     if d in ("float32", "float64"))
+        caps["float_dtypes"] = tuple(
+            d for d in inner["float_dtypes"] if d in ("float32", "float64")
+        )
         return caps
 
     def make_solver(self, problem: OptimizationProblem) -> ALSolver:

@@ -54,7 +54,10 @@ from optsolve.backends.native.chunked import run_iterative
 from optsolve.backends.native.objective import Objective, all_finite, inf_norm
 from optsolve.backends.native.protocol import Step, SteppingSolver
 from optsolve.backends.native.rules import (
-    F_NONFINITE, LS_FAILED, STALLED_NONFINITE, STALLED_STEP,
+    F_NONFINITE,
+    LS_FAILED,
+    STALLED_NONFINITE,
+    STALLED_STEP,
 )
 from optsolve.solve_api.kkt import _stacked, constraint_size
 from optsolve.solve_api.options import SolveOptions
@@ -75,14 +78,14 @@ DEFAULT_TOLS = {8: (1e-8, 1e-8, 1e12, 1e-6), 4: (1e-4, 1e-3, 1e6, 1e-2)}
 class ALState(NamedTuple):
     """The augmented Lagrangian method's state (see the module docstring)."""
 
-    y: Array            # the multipliers at x (optsolve's sign)
-    shift: Array        # the safeguarded multipliers of the next subproblem
-    rho: Array          # its penalty
-    inner_tol: Array    # its inner tolerance (relative to grad_scale)
-    grad_scale: Array   # max(1, |grad f|_inf) at x: the gradient tests' scale
+    y: Array  # the multipliers at x (optsolve's sign)
+    shift: Array  # the safeguarded multipliers of the next subproblem
+    rho: Array  # its penalty
+    inner_tol: Array  # its inner tolerance (relative to grad_scale)
+    grad_scale: Array  # max(1, |grad f|_inf) at x: the gradient tests' scale
     infeasibility: Array  # |V|_inf at x (+inf at the start: no fall to judge yet)
-    error: Array        # max(|V|_inf, projected Lagrangian gradient) at x
-    infeasible: Array   # rho passed rho_max with |V| above tolerance
+    error: Array  # max(|V|_inf, projected Lagrangian gradient) at x
+    infeasible: Array  # rho passed rho_max with |V| above tolerance
     inner_iterations: Array  # inner iterations so far (all outer iterations)
 
     def multipliers(self) -> Array:
@@ -96,8 +99,9 @@ def multipliers(c: Array, shift: Array, rho: Array, lower: Array, upper: Array) 
     return jnp.maximum(0.0, shift + rho * (c - upper)) + jnp.minimum(0.0, shift + rho * (c - lower))
 
 
-def infeasibility_complementarity(c: Array, shift: Array, rho: Array, lower: Array,
-                                  upper: Array) -> Array:
+def infeasibility_complementarity(
+    c: Array, shift: Array, rho: Array, lower: Array, upper: Array
+) -> Array:
     """ALGENCAN's ``V = c - P(t)``: ``c - u`` past the upper bound, ``c - l`` below the lower
     one, ``-shift / rho`` between (an equality's ``c - l``), decided without forming t."""
     above = shift + rho * (c - upper) > 0
@@ -124,8 +128,9 @@ class _Penalised:
         return hash(self._key())
 
     def constraints(self, x: PyTree, p: PyTree) -> Array:
-        return jnp.concatenate([jnp.ravel(jnp.asarray(g(x, p))).astype(self.dtype)
-                                for g in self.gs])
+        return jnp.concatenate(
+            [jnp.ravel(jnp.asarray(g(x, p))).astype(self.dtype) for g in self.gs]
+        )
 
     def penalty(self, c: Array, q: tuple) -> Array:
         """``rho/2 |t - P(t)|^2 = |y|^2 / (2 rho)``, y the multipliers at c."""
@@ -187,10 +192,15 @@ class ALSolver(SteppingSolver):
 
     def _tolerances(self) -> tuple[Array, Array, Array, Array]:
         defaults = DEFAULT_TOLS[jnp.dtype(self.dtype).itemsize]
-        return tuple(jnp.asarray(defaults[i] if getattr(self.alg, name) is None else
-                                 getattr(self.alg, name), self.dtype)
-                     for i, name in enumerate(("feasibility_tol", "optimality_tol", "rho_max",
-                                                  "acceptable_tol")))
+        return tuple(
+            jnp.asarray(
+                defaults[i] if getattr(self.alg, name) is None else getattr(self.alg, name),
+                self.dtype,
+            )
+            for i, name in enumerate(
+                ("feasibility_tol", "optimality_tol", "rho_max", "acceptable_tol")
+            )
+        )
 
     def _cons(self, x: PyTree, p: PyTree) -> Array:
         if not self.m:
@@ -210,7 +220,7 @@ class ALSolver(SteppingSolver):
         return f, y, g_l, infeasibility, optimality, c, scale
 
     def init(self, objective: Objective, x: PyTree, f: Array, g: PyTree) -> ALState:
-        feas_tol, opt_tol, _, _ = self._tolerances()
+        _, opt_tol, _, _ = self._tolerances()
         dtype = self.dtype
         shift = jnp.zeros(self.m, dtype)
         c = self._cons(x, objective.p)
@@ -219,25 +229,41 @@ class ALSolver(SteppingSolver):
             # ALGENCAN's first penalty, balancing f against the violation's square at x0,
             # capped at 10 rather than 1e8: its inner method is a Newton method, and a large
             # first penalty makes a quasi-Newton inner method's subproblem stiff from the start
-            rho = jnp.clip(10.0 * jnp.maximum(1.0, jnp.abs(f)) /
-                           jnp.maximum(1.0, 0.5 * jnp.sum(v * v)), 1e-8, 10.0).astype(dtype)
+            rho = jnp.clip(
+                10.0 * jnp.maximum(1.0, jnp.abs(f)) / jnp.maximum(1.0, 0.5 * jnp.sum(v * v)),
+                1e-8,
+                10.0,
+            ).astype(dtype)
             rho = jnp.where(jnp.isfinite(rho), rho, 10.0).astype(dtype)
         else:
             rho = self._h("rho_init")
         _, y, _, infeasibility, optimality, _, scale = self._measures(objective, x, shift, rho)
-        return ALState(y, shift, rho, jnp.maximum(opt_tol, jnp.sqrt(opt_tol)), scale,
-                       jnp.asarray(jnp.inf, dtype), jnp.maximum(infeasibility, optimality),
-                       jnp.zeros((), bool), jnp.zeros((), jnp.int32))
+        return ALState(
+            y,
+            shift,
+            rho,
+            jnp.maximum(opt_tol, jnp.sqrt(opt_tol)),
+            scale,
+            jnp.asarray(jnp.inf, dtype),
+            jnp.maximum(infeasibility, optimality),
+            jnp.zeros((), bool),
+            jnp.zeros((), jnp.int32),
+        )
 
-    def step(self, objective: Objective, x: PyTree, f: Array, g: PyTree,
-             state: ALState) -> Step:
+    def step(self, objective: Objective, x: PyTree, f: Array, g: PyTree, state: ALState) -> Step:
         feas_tol, opt_tol, rho_max, acceptable_tol = self._tolerances()
         q = (objective.p, state.shift, state.rho, self.lower, self.upper)
-        sub = OptimizationProblem(self.penalised, x, q, bounds=self.problem.bounds,
-                                  grad=None if self.problem.grad is None else
-                                  self.penalised.grad)
-        options = SolveOptions(maxiters=jnp.asarray(self.alg.inner_maxiters, jnp.int32),
-                               gtol=state.inner_tol * state.grad_scale)
+        sub = OptimizationProblem(
+            self.penalised,
+            x,
+            q,
+            bounds=self.problem.bounds,
+            grad=None if self.problem.grad is None else self.penalised.grad,
+        )
+        options = SolveOptions(
+            maxiters=jnp.asarray(self.alg.inner_maxiters, jnp.int32),
+            gtol=state.inner_tol * state.grad_scale,
+        )
         run = self.backend(sub, self.inner, options)
         # An inner run that failed (a non-finite value, a failed line search) fails the
         # outer iteration: the run ends at the last outer iterate. One that stalled on
@@ -247,49 +273,78 @@ class ALSolver(SteppingSolver):
         x_new = run.x
         code = jnp.asarray(run.retcode, jnp.int32)
         reason = jnp.asarray(0 if run.reason is None else run.reason, jnp.int32)
-        nonfinite = (reason >= F_NONFINITE) & (reason <= STALLED_NONFINITE) & (
-            reason != LS_FAILED) & (reason != STALLED_STEP)
+        nonfinite = (
+            (reason >= F_NONFINITE)
+            & (reason <= STALLED_NONFINITE)
+            & (reason != LS_FAILED)
+            & (reason != STALLED_STEP)
+        )
         unmoved = jnp.all(ravel_pytree(x_new)[0] == ravel_pytree(x)[0])
         inner_failed = code == int(ReturnCode.FAILURE)
         inner_stalled = (code == int(ReturnCode.STALLED)) & (nonfinite | unmoved)
         f_new, y, g_l, infeasibility, optimality, c, scale = self._measures(
-            objective, x_new, state.shift, state.rho)
+            objective, x_new, state.shift, state.rho
+        )
         # (where the inner method can make no further progress, as on a large problem whose
         # f's rounding hides the last decrease, acceptable_tol is enough)
         acceptable = inner_stalled & ~nonfinite & (optimality <= acceptable_tol)
         converged = (infeasibility <= feas_tol) & ((optimality <= opt_tol) | acceptable)
         # (not once |V| meets its tolerance: its rounding floor would raise rho for nothing)
         grow = (infeasibility > self._h("infeasibility_decrease") * state.infeasibility) & (
-            infeasibility > feas_tol)
+            infeasibility > feas_tol
+        )
         rho = jnp.where(grow & ~converged, state.rho * self._h("penalty_increase"), state.rho)
         infeasible = (rho > rho_max) & (infeasibility > feas_tol)
         bound = self._h("multiplier_bound")
-        new = ALState(y, jnp.clip(y, -bound, bound), rho,
-                      jnp.maximum(opt_tol, 0.1 * state.inner_tol), scale, infeasibility,
-                      jnp.maximum(infeasibility, optimality), infeasible,
-                      state.inner_iterations + jnp.asarray(run.stats.iterations, jnp.int32))
+        new = ALState(
+            y,
+            jnp.clip(y, -bound, bound),
+            rho,
+            jnp.maximum(opt_tol, 0.1 * state.inner_tol),
+            scale,
+            infeasibility,
+            jnp.maximum(infeasibility, optimality),
+            infeasible,
+            state.inner_iterations + jnp.asarray(run.stats.iterations, jnp.int32),
+        )
         ftol_met = jnp.zeros((), bool)
         if self.ftol is not None:
             f_scale = jnp.maximum(jnp.maximum(jnp.abs(f), jnp.abs(f_new)), 1.0)
             ftol_met = (infeasibility <= feas_tol) & (jnp.abs(f - f_new) <= self.ftol * f_scale)
-        evals = lambda n: jnp.asarray(n, jnp.int32) + 1  # noqa: E731  (the outer evaluation)
+        evals = lambda n: jnp.asarray(n, jnp.int32) + 1  # the outer evaluation
         failed = ~all_finite(f_new) | ~all_finite(g_l) | inner_failed
         violation = self._violation(objective, x_new, c) if self.history else None
-        return Step(x_new, f_new, g_l, new, evals(run.stats.f_evals),
-                    evals(run.stats.grad_evals), failed,
-                    (infeasible | inner_stalled) & ~converged,
-                    (inner_failed | inner_stalled) & nonfinite, converged, ftol_met,
-                    violation)
+        return Step(
+            x_new,
+            f_new,
+            g_l,
+            new,
+            evals(run.stats.f_evals),
+            evals(run.stats.grad_evals),
+            failed,
+            (infeasible | inner_stalled) & ~converged,
+            (inner_failed | inner_stalled) & nonfinite,
+            converged,
+            ftol_met,
+            violation,
+        )
 
 
-def solve_augmented_lagrangian(problem: OptimizationProblem, algorithm: Any,
-                               options: SolveOptions, loop: Any = None) -> Any:
+def solve_augmented_lagrangian(
+    problem: OptimizationProblem, algorithm: Any, options: SolveOptions, loop: Any = None
+) -> Any:
     """Run :class:`~optsolve.AugmentedLagrangian` on the shared driver, then say the
     outcome in its terms (:mod:`optsolve.backends.constrained.outcome`)."""
     from optsolve.backends.constrained.outcome import describe_augmented_lagrangian, finished
-    return run_iterative(_make_solver, problem, algorithm, options, loop,
-                         after=functools.partial(finished,
-                                                 describe=describe_augmented_lagrangian))
+
+    return run_iterative(
+        _make_solver,
+        problem,
+        algorithm,
+        options,
+        loop,
+        after=functools.partial(finished, describe=describe_augmented_lagrangian),
+    )
 
 
 def _make_solver(algorithm: Any, problem: OptimizationProblem) -> ALSolver:

@@ -78,16 +78,16 @@ Array = jax.Array
 PyTree = Any
 
 # IPOPT's constants (Wächter & Biegler 2006, Table 1 and §3), not hyperparameters.
-_KAPPA_EPS = 10.0            # mu shrinks once E_mu <= kappa_eps mu
-_KAPPA_SIGMA = 1e10          # z safeguard (eq. (16))
+_KAPPA_EPS = 10.0  # mu shrinks once E_mu <= kappa_eps mu
+_KAPPA_SIGMA = 1e10  # z safeguard (eq. (16))
 _GAMMA_THETA, _GAMMA_PHI = 1e-5, 1e-8
 _DELTA, _S_THETA, _S_PHI, _ETA_PHI = 1.0, 1.1, 2.3, 1e-4
 _GAMMA_ALPHA = 0.05
 _KAPPA_RESTO = 0.9
 _ACCEPTABLE_ITERATIONS = 15
-_FILTER_SIZE = 32            # filter entries kept (the oldest is overwritten when full)
-_MAX_TRIALS = 60             # backtracking trials of one line search
-_LM_MAX = 1e12               # restoration's damping beyond which it gives up
+_FILTER_SIZE = 32  # filter entries kept (the oldest is overwritten when full)
+_MAX_TRIALS = 60  # backtracking trials of one line search
+_LM_MAX = 1e12  # restoration's damping beyond which it gives up
 # Steps in a row cut below 1e-3 of alpha_max by non-finite values at the trial points
 # after which the run fails: it is pinned against a region where f or c is not finite,
 # creeping towards it by ever shorter steps.
@@ -108,30 +108,30 @@ class IPState(NamedTuple):
     """The interior-point method's state: the primal-dual iterate and what the next step
     needs (see the module docstring)."""
 
-    x: Array          # flat x, strictly inside its bounds
-    s: Array          # slacks (inequality rows; other entries unused)
-    y: Array          # constraint multipliers (optsolve's sign)
-    z_l: Array        # bound multipliers of v = (x, s)
+    x: Array  # flat x, strictly inside its bounds
+    s: Array  # slacks (inequality rows; other entries unused)
+    y: Array  # constraint multipliers (optsolve's sign)
+    z_l: Array  # bound multipliers of v = (x, s)
     z_u: Array
-    f: Array          # f, its gradient, c and its Jacobian at x
+    f: Array  # f, its gradient, c and its Jacobian at x
     grad: Array
     c: Array
     jac: Array
     mu: Array
-    delta_w: Array    # the last inertia correction
+    delta_w: Array  # the last inertia correction
     filter_theta: Array
     filter_phi: Array
     filter_next: Array
     theta_max: Array
     theta_min: Array
-    resto: Array      # in the feasibility restoration phase
+    resto: Array  # in the feasibility restoration phase
     resto_theta: Array  # the violation where it began
-    lm: Array         # its Levenberg-Marquardt damping
+    lm: Array  # its Levenberg-Marquardt damping
     acceptable: Array  # iterates in a row with E_0 <= acceptable_tol
-    error: Array      # E_0 at x
+    error: Array  # E_0 at x
     infeasible: Array  # the restoration found x locally infeasible
-    blocked: Array    # steps in a row cut short by non-finite values at the trial points
-    f_scale: Array    # the scaling of f and of c's rows, fixed at the start (nlp.NLP)
+    blocked: Array  # steps in a row cut short by non-finite values at the trial points
+    f_scale: Array  # the scaling of f and of c's rows, fixed at the start (nlp.NLP)
     c_scale: Array
 
     def multipliers(self) -> Array:
@@ -154,8 +154,8 @@ class _Search(NamedTuple):
 
     alpha: Array
     accepted: Array
-    h_type: Array      # the accepted step augments the filter
-    nonfinite: Array   # a trial point met non-finite values
+    h_type: Array  # the accepted step augments the filter
+    nonfinite: Array  # a trial point met non-finite values
     trials: Array
     v: Array
     f: Array
@@ -167,10 +167,12 @@ def _alpha_min(slope: Array, theta: Array, theta_min: Array) -> Array:
     """The shortest trial step before the restoration phase (eq. (23))."""
     neg = jnp.where(slope < 0, -slope, 1.0)
     by_filter = jnp.minimum(_GAMMA_THETA, _GAMMA_PHI * theta / neg)
-    switching = jnp.minimum(by_filter, _DELTA * theta ** _S_THETA / neg ** _S_PHI)
-    return jnp.where(slope < 0,
-                     _GAMMA_ALPHA * jnp.where(theta <= theta_min, switching, by_filter),
-                     _GAMMA_ALPHA * _GAMMA_THETA)
+    switching = jnp.minimum(by_filter, _DELTA * theta**_S_THETA / neg**_S_PHI)
+    return jnp.where(
+        slope < 0,
+        _GAMMA_ALPHA * jnp.where(theta <= theta_min, switching, by_filter),
+        _GAMMA_ALPHA * _GAMMA_THETA,
+    )
 
 
 def _fraction_to_boundary(nlp: NLP, v: Array, dv: Array, tau: Array) -> Array:
@@ -191,10 +193,12 @@ def _z_fraction(z: Array, dz: Array, mask: Array, tau: Array) -> Array:
 def _safeguard_z(nlp: NLP, v: Array, z_l: Array, z_u: Array, mu: Array):
     """z kept within ``[mu / (kappa_sigma gap), kappa_sigma mu / gap]`` (eq. (16))."""
     gl, gu = nlp.gaps(v)
-    z_l = jnp.where(nlp.has_lower, jnp.clip(z_l, mu / (_KAPPA_SIGMA * gl), _KAPPA_SIGMA * mu / gl),
-                    0.0)
-    z_u = jnp.where(nlp.has_upper, jnp.clip(z_u, mu / (_KAPPA_SIGMA * gu), _KAPPA_SIGMA * mu / gu),
-                    0.0)
+    z_l = jnp.where(
+        nlp.has_lower, jnp.clip(z_l, mu / (_KAPPA_SIGMA * gl), _KAPPA_SIGMA * mu / gl), 0.0
+    )
+    z_u = jnp.where(
+        nlp.has_upper, jnp.clip(z_u, mu / (_KAPPA_SIGMA * gu), _KAPPA_SIGMA * mu / gu), 0.0
+    )
     return z_l, z_u
 
 
@@ -212,9 +216,11 @@ def _filter_accepts(st: IPState, theta: Array, phi: Array) -> Array:
 def _filter_add(st: IPState, theta: Array, phi: Array) -> IPState:
     # slot 0 holds theta_max: the others rotate
     at = 1 + (st.filter_next - 1) % (_FILTER_SIZE - 1)
-    return st._replace(filter_theta=st.filter_theta.at[at].set(theta),
-                       filter_phi=st.filter_phi.at[at].set(phi),
-                       filter_next=(st.filter_next + 1).astype(jnp.int32))
+    return st._replace(
+        filter_theta=st.filter_theta.at[at].set(theta),
+        filter_phi=st.filter_phi.at[at].set(phi),
+        filter_next=(st.filter_next + 1).astype(jnp.int32),
+    )
 
 
 class InteriorPointSolver(SteppingSolver):
@@ -234,16 +240,22 @@ class InteriorPointSolver(SteppingSolver):
         kind = getattr(algorithm, "linear_solver", "dense")
         self.condensed = kind == "condensed"
         self.equalities = getattr(algorithm, "_equality_rows", None)
-        self.dense = kind in ("dense", "condensed") or (kind == "auto" and
-                                                        n + m <= DENSE_KKT_SIZE)
+        self.dense = kind in ("dense", "condensed") or (kind == "auto" and n + m <= DENSE_KKT_SIZE)
         self.krylov_maxiter = min(2 * (n + m) + 10, _KRYLOV_MAXITER)
 
     def _nlp(self, objective: Objective, state: IPState | None = None) -> NLP:
         """The problem as the method sees it: scaled by the state's factors (unscaled
         without a state), its bounds relaxed by ``bound_relax_factor``."""
         scale = None if state is None else (state.f_scale, state.c_scale)
-        return NLP(objective, self.problem, self.dense, scale, self._relax(), self.condensed,
-                   self.equalities)
+        return NLP(
+            objective,
+            self.problem,
+            self.dense,
+            scale,
+            self._relax(),
+            self.condensed,
+            self.equalities,
+        )
 
     def _relax(self) -> Array:
         """bound_relax_factor, by default IPOPT's 1e-8 but never above ``tol`` (a tighter
@@ -266,8 +278,7 @@ class InteriorPointSolver(SteppingSolver):
         f_scale = factor(jnp.max(jnp.abs(jnp.where(nlp.free_x, grad, 0.0)), initial=0.0))
         c_scale = jnp.ones(nlp.m, self.dtype)
         if nlp.m and nlp.dense:
-            rows = jnp.max(jnp.abs(jnp.where(nlp.free_x[None, :], jac, 0.0)), axis=1,
-                           initial=0.0)
+            rows = jnp.max(jnp.abs(jnp.where(nlp.free_x[None, :], jac, 0.0)), axis=1, initial=0.0)
             c_scale = jnp.where(nlp.rows, factor(rows), 1.0)
         return f_scale, c_scale
 
@@ -294,14 +305,21 @@ class InteriorPointSolver(SteppingSolver):
         unscaled = self._nlp(objective)
         n, m, dtype = unscaled.n, unscaled.m, self.dtype
         push, frac = self._h("bound_push"), self._h("bound_frac")
-        x0 = unscaled.push(jnp.concatenate([ravel_pytree(x)[0], jnp.zeros(m, dtype)]), push,
-                           frac)[:n]
+        x0 = unscaled.push(jnp.concatenate([ravel_pytree(x)[0], jnp.zeros(m, dtype)]), push, frac)[
+            :n
+        ]
         # scaled by the gradients at the user's x0, as IPOPT (not the point pushed inside)
         x_user = ravel_pytree(x)[0].astype(dtype)
-        f_scale, c_scale = self._scaling(unscaled, unscaled.grad(x_user),
-                                         unscaled.jac(x_user))
-        nlp = NLP(objective, self.problem, self.dense, (f_scale, c_scale), self._relax(),
-                  self.condensed, self.equalities)
+        f_scale, c_scale = self._scaling(unscaled, unscaled.grad(x_user), unscaled.jac(x_user))
+        nlp = NLP(
+            objective,
+            self.problem,
+            self.dense,
+            (f_scale, c_scale),
+            self._relax(),
+            self.condensed,
+            self.equalities,
+        )
         grad0, jac0 = nlp.grad(x0), nlp.jac(x0)
         c0 = nlp.cons(x0)
         s0 = nlp.push(jnp.concatenate([x0, c0]), push, frac)[n:]
@@ -320,20 +338,45 @@ class InteriorPointSolver(SteppingSolver):
         mu = self._h("mu_init")
         false, zero = jnp.zeros((), bool), jnp.zeros((), dtype)
         error = nlp.errors(grad0, c0, jacobian0.rmv(y0), v0, y0, z_l, z_u, zero)[0]
-        return IPState(x0, s0, y0, z_l, z_u, f0, grad0, c0, jac0, mu, zero, filter_theta,
-                       filter_phi, filter_next, theta_max, 1e-4 * jnp.maximum(1.0, theta0),
-                       false, zero, jnp.asarray(1e-3, dtype),
-                       jnp.zeros((), jnp.int32), error, false, jnp.zeros((), jnp.int32),
-                       f_scale, c_scale)
+        return IPState(
+            x0,
+            s0,
+            y0,
+            z_l,
+            z_u,
+            f0,
+            grad0,
+            c0,
+            jac0,
+            mu,
+            zero,
+            filter_theta,
+            filter_phi,
+            filter_next,
+            theta_max,
+            1e-4 * jnp.maximum(1.0, theta0),
+            false,
+            zero,
+            jnp.asarray(1e-3, dtype),
+            jnp.zeros((), jnp.int32),
+            error,
+            false,
+            jnp.zeros((), jnp.int32),
+            f_scale,
+            c_scale,
+        )
 
     # ------------------------------------------------------------------ one step
-    def step(self, objective: Objective, x: PyTree, f: Array, g: PyTree,
-             state: IPState) -> Step:
+    def step(self, objective: Objective, x: PyTree, f: Array, g: PyTree, state: IPState) -> Step:
         nlp = self._nlp(objective, state)
         if nlp.m:
             # batch_cond: under vmap the restoration runs only while some member restores
-            out = batch_cond.cond(state.resto, lambda st: self._restoration(nlp, st),
-                                  lambda st: self._barrier_step(nlp, st), state)
+            out = batch_cond.cond(
+                state.resto,
+                lambda st: self._restoration(nlp, st),
+                lambda st: self._barrier_step(nlp, st),
+                state,
+            )
         else:
             # Without constraints nothing is ever infeasible (a failed search fails the
             # run): no restoration to compile. (Its zero-size arrays also make XLA on the
@@ -343,10 +386,20 @@ class InteriorPointSolver(SteppingSolver):
         # the driver sees the user's problem: f and the Lagrangian's gradient unscaled
         g_l = (st.grad + nlp.jacobian(st.x, st.jac).rmv(st.y)) / st.f_scale
         one = jnp.ones((), jnp.int32)
-        return Step(nlp.unravel(st.x), st.f / st.f_scale, nlp.unravel(g_l), st,
-                    out.f_evals, one, out.failed, out.stalled, out.nonfinite, out.converged,
-                    out.ftol_met,
-                    violation=nlp.violation_of(st.x, st.c) if self.history else None)
+        return Step(
+            nlp.unravel(st.x),
+            st.f / st.f_scale,
+            nlp.unravel(g_l),
+            st,
+            out.f_evals,
+            one,
+            out.failed,
+            out.stalled,
+            out.nonfinite,
+            out.converged,
+            out.ftol_met,
+            violation=nlp.violation_of(st.x, st.c) if self.history else None,
+        )
 
     def violation(self, objective: Objective, x: PyTree, state: IPState) -> Array:
         """The violation at the driver's first iterate ``x`` (the user's x0, not the
@@ -361,10 +414,12 @@ class InteriorPointSolver(SteppingSolver):
         violation."""
         zero = jnp.zeros((), self.dtype)
         jty = nlp.jacobian(st.x, st.jac).rmv(st.y)
-        error = nlp.errors(st.grad, st.c, jty, jnp.concatenate([st.x, st.s]), st.y,
-                           st.z_l, st.z_u, zero)[0]
-        acceptable = jnp.where(error <= self._h("acceptable_tol"), st.acceptable + 1,
-                               0).astype(jnp.int32)
+        error = nlp.errors(
+            st.grad, st.c, jty, jnp.concatenate([st.x, st.s]), st.y, st.z_l, st.z_u, zero
+        )[0]
+        acceptable = jnp.where(error <= self._h("acceptable_tol"), st.acceptable + 1, 0).astype(
+            jnp.int32
+        )
         feasible = nlp.violation_of(st.x, st.c) <= feasibility_tol(self.dtype)
         converged = feasible & ((error <= self.tol()) | (acceptable >= _ACCEPTABLE_ITERATIONS))
         ftol_met = jnp.zeros((), bool)
@@ -389,14 +444,17 @@ class InteriorPointSolver(SteppingSolver):
             return (error(mu) <= _KAPPA_EPS * mu) & (mu > mu_min)
 
         def body(mu):
-            return jnp.maximum(mu_min, jnp.minimum(kappa * mu, mu ** power))
+            return jnp.maximum(mu_min, jnp.minimum(kappa * mu, mu**power))
 
         mu = lax.while_loop(cond, body, st.mu)
         changed = mu != st.mu
         theta, phi, nxt = _filter_reset(st.theta_max, self.dtype)
-        return st._replace(mu=mu, filter_theta=jnp.where(changed, theta, st.filter_theta),
-                           filter_phi=jnp.where(changed, phi, st.filter_phi),
-                           filter_next=jnp.where(changed, nxt, st.filter_next))
+        return st._replace(
+            mu=mu,
+            filter_theta=jnp.where(changed, theta, st.filter_theta),
+            filter_phi=jnp.where(changed, phi, st.filter_phi),
+            filter_next=jnp.where(changed, nxt, st.filter_next),
+        )
 
     def _barrier_step(self, nlp: NLP, st: IPState) -> _Outcome:
         n, dtype = nlp.n, self.dtype
@@ -413,26 +471,29 @@ class InteriorPointSolver(SteppingSolver):
             dx, ds, dy = newton_system.direction(nlp, fact, grad_phi, st.jac, st.y, residual)
 
             def resolve(rhs_residual):
-                return newton_system.direction(nlp, fact, grad_phi, st.jac, st.y,
-                                               rhs_residual)
+                return newton_system.direction(nlp, fact, grad_phi, st.jac, st.y, rhs_residual)
         else:
             rtol = self._krylov_rtol(st.error)
             jacobian = nlp.jacobian(st.x, st.jac)
-            system = newton_krylov.KrylovSystem(nlp, nlp.lagrangian_hvp(st.x, st.y),
-                                                jacobian, sigma, self.krylov_maxiter)
+            system = newton_krylov.KrylovSystem(
+                nlp, nlp.lagrangian_hvp(st.x, st.y), jacobian, sigma, self.krylov_maxiter
+            )
             fact, (dx, ds, dy) = newton_krylov.corrected_direction(
-                system, grad_phi, st.y, residual, mu, st.delta_w, rtol)
+                system, grad_phi, st.y, residual, mu, st.delta_w, rtol
+            )
 
             def resolve(rhs_residual):
-                return newton_krylov.direction(system, fact, grad_phi, st.y, rhs_residual,
-                                               rtol)
+                return newton_krylov.direction(system, fact, grad_phi, st.y, rhs_residual, rtol)
+
         dv = jnp.concatenate([dx, ds])
         gl, gu = nlp.gaps(v)
         dz_l = jnp.where(nlp.has_lower, (mu - st.z_l * dv) / gl - st.z_l, 0.0)
         dz_u = jnp.where(nlp.has_upper, (mu + st.z_u * dv) / gu - st.z_u, 0.0)
         alpha_max = _fraction_to_boundary(nlp, v, dv, tau)
-        alpha_z = jnp.minimum(_z_fraction(st.z_l, dz_l, nlp.has_lower, tau),
-                              _z_fraction(st.z_u, dz_u, nlp.has_upper, tau))
+        alpha_z = jnp.minimum(
+            _z_fraction(st.z_l, dz_l, nlp.has_lower, tau),
+            _z_fraction(st.z_u, dz_u, nlp.has_upper, tau),
+        )
         theta_k = nlp.theta(st.c, st.s)
         phi_k = nlp.barrier(st.f, v, mu)
         slope = jnp.vdot(grad_phi, dv)
@@ -440,8 +501,11 @@ class InteriorPointSolver(SteppingSolver):
         tiny = jnp.max(jnp.abs(dv) / (1.0 + jnp.abs(v)), initial=0.0) < 10 * eps
 
         def switching(alpha):
-            return (slope < 0) & (alpha * (-slope) ** _S_PHI > _DELTA * theta_k ** _S_THETA) & (
-                theta_k <= st.theta_min)
+            return (
+                (slope < 0)
+                & (alpha * (-slope) ** _S_PHI > _DELTA * theta_k**_S_THETA)
+                & (theta_k <= st.theta_min)
+            )
 
         def judge(alpha, v_t, f_t, c_t):
             """(accepted, h-type, finite) for the trial point v_t: f and c finite there
@@ -454,10 +518,15 @@ class InteriorPointSolver(SteppingSolver):
             inside = jnp.all((gl > 0) & (gu > 0)) & jnp.isfinite(phi_t)
             armijo = phi_t <= phi_k + _ETA_PHI * alpha * slope
             decrease = (theta_t <= (1 - _GAMMA_THETA) * theta_k) | (
-                phi_t <= phi_k - _GAMMA_PHI * theta_k)
+                phi_t <= phi_k - _GAMMA_PHI * theta_k
+            )
             f_type = switching(alpha)
-            ok = finite & inside & _filter_accepts(st, theta_t, phi_t) & jnp.where(
-                f_type, armijo, decrease)
+            ok = (
+                finite
+                & inside
+                & _filter_accepts(st, theta_t, phi_t)
+                & jnp.where(f_type, armijo, decrease)
+            )
             ok = ok | (tiny & finite & inside)
             return ok, ~(f_type & armijo), finite
 
@@ -505,30 +574,53 @@ class InteriorPointSolver(SteppingSolver):
         def body(s: _Search):
             v_t, f_t, c_t = trial(s.alpha, dv)
             ok, h, fin = judge(s.alpha, v_t, f_t, c_t)
-            keep = lambda new, old: jnp.where(ok, new, old)  # noqa: E731
-            return _Search(s.alpha / 2, ok, keep(h, s.h_type), s.nonfinite | ~fin,
-                           s.trials + 1, keep(v_t, s.v), keep(f_t, s.f), keep(c_t, s.c),
-                           keep(s.alpha, s.alpha_acc))
+            keep = lambda new, old: jnp.where(ok, new, old)
+            return _Search(
+                s.alpha / 2,
+                ok,
+                keep(h, s.h_type),
+                s.nonfinite | ~fin,
+                s.trials + 1,
+                keep(v_t, s.v),
+                keep(f_t, s.f),
+                keep(c_t, s.c),
+                keep(s.alpha, s.alpha_acc),
+            )
 
-        found = lax.while_loop(cond, body, _Search(alpha_max / 2, accepted, h_type, nonfinite,
-                                                   evals, v_acc, f_acc, c_acc, alpha_acc))
+        found = lax.while_loop(
+            cond,
+            body,
+            _Search(
+                alpha_max / 2, accepted, h_type, nonfinite, evals, v_acc, f_acc, c_acc, alpha_acc
+            ),
+        )
         accepted, evals = found.accepted, found.trials
         alpha = found.alpha_acc
         v_new, f_new, c_new = found.v, found.f, found.c
         x_new = v_new[:n]
         y_new = st.y + alpha * dy
-        z_l, z_u = _safeguard_z(nlp, v_new, st.z_l + alpha_z * dz_l, st.z_u + alpha_z * dz_u,
-                                mu)
+        z_l, z_u = _safeguard_z(nlp, v_new, st.z_l + alpha_z * dz_l, st.z_u + alpha_z * dz_u, mu)
         grad_new, jac_new = nlp.grad(x_new), nlp.jac(x_new)
         cut_short = found.nonfinite & (alpha < 1e-3 * alpha_max)
         blocked = jnp.where(cut_short, st.blocked + 1, 0).astype(jnp.int32)
-        moved = st._replace(x=x_new, s=v_new[n:], y=y_new, z_l=z_l, z_u=z_u, f=f_new,
-                            grad=grad_new, c=c_new, jac=jac_new, delta_w=fact.delta_w,
-                            blocked=blocked)
+        moved = st._replace(
+            x=x_new,
+            s=v_new[n:],
+            y=y_new,
+            z_l=z_l,
+            z_u=z_u,
+            f=f_new,
+            grad=grad_new,
+            c=c_new,
+            jac=jac_new,
+            delta_w=fact.delta_w,
+            blocked=blocked,
+        )
         moved = jax.tree_util.tree_map(
             lambda a, b: jnp.where(found.h_type, a, b),
             _filter_add(moved, (1 - _GAMMA_THETA) * theta_k, phi_k - _GAMMA_PHI * theta_k),
-            moved)
+            moved,
+        )
         moved, converged, ftol_met = self._converged(nlp, moved, st.f, jnp.ones((), bool))
         # A failed search: the restoration phase from here, unless the point is already
         # feasible (then no step can be found: FAILURE). Also right after a restoration:
@@ -536,12 +628,17 @@ class InteriorPointSolver(SteppingSolver):
         stuck = ~accepted & (theta_k <= self.tol())
         stuck = stuck | (accepted & (blocked >= _BLOCKED_STEPS))
         filter_entry = _filter_add(st, (1 - _GAMMA_THETA) * theta_k, phi_k - _GAMMA_PHI * theta_k)
-        to_resto = filter_entry._replace(resto=jnp.ones((), bool), resto_theta=theta_k,
-                                         lm=jnp.asarray(1e-3, dtype), delta_w=fact.delta_w)
+        to_resto = filter_entry._replace(
+            resto=jnp.ones((), bool),
+            resto_theta=theta_k,
+            lm=jnp.asarray(1e-3, dtype),
+            delta_w=fact.delta_w,
+        )
         state = jax.tree_util.tree_map(lambda a, b: jnp.where(accepted, a, b), moved, to_resto)
         false = jnp.zeros((), bool)
-        return _Outcome(state, evals, stuck, false, found.nonfinite, accepted & converged,
-                        accepted & ftol_met)
+        return _Outcome(
+            state, evals, stuck, false, found.nonfinite, accepted & converged, accepted & ftol_met
+        )
 
     # ------------------------------------------------------------- restoration
     def _restoration(self, nlp: NLP, st: IPState) -> _Outcome:
@@ -555,6 +652,7 @@ class InteriorPointSolver(SteppingSolver):
         gap = jnp.minimum(jnp.where(nlp.has_lower, gl, inf), jnp.where(nlp.has_upper, gu, inf))
         scale = jnp.minimum(1.0, gap)  # affine scaling: small near a bound
         gradient = jnp.where(moves, nlp.jac_v_rmv(nlp.jacobian(st.x, st.jac), r), 0.0)
+
         # the exact Hessian of 1/2 |r|^2 (J^T J and the residuals' curvature): with
         # Gauss-Newton alone the iterates of a problem whose least violation is large
         # circle round its minimiser instead of converging to it
@@ -562,10 +660,9 @@ class InteriorPointSolver(SteppingSolver):
             return 0.5 * jnp.sum(nlp.residual(nlp.cons(w[:n]), w[n:]) ** 2)
 
         if nlp.dense:
-            hessian = jnp.where(moves[:, None] & moves[None, :],
-                                jax.hessian(half_square)(v), 0.0)
+            hessian = jnp.where(moves[:, None] & moves[None, :], jax.hessian(half_square)(v), 0.0)
             size = jnp.maximum(jnp.max(jnp.abs(jnp.diagonal(hessian)), initial=0.0), 1.0)
-            damping = jnp.where(moves, st.lm * size / scale ** 2, 1.0)
+            damping = jnp.where(moves, st.lm * size / scale**2, 1.0)
             d = jnp.linalg.solve(hessian + jnp.diag(damping), -gradient)
 
             def model(u):
@@ -577,10 +674,14 @@ class InteriorPointSolver(SteppingSolver):
                 return jnp.where(moves, hvp(jnp.where(moves, u, 0.0)), 0.0)
 
             size = jnp.maximum(jnp.max(jnp.abs(model(jnp.ones_like(v))), initial=0.0), 1.0)
-            damping = jnp.where(moves, st.lm * size / scale ** 2, 1.0)
-            d = minres(lambda u: model(u) + damping * u, -gradient,
-                       maxiter=self.krylov_maxiter, rtol=self._krylov_rtol(st.error),
-                       preconditioner=lambda u: u / (damping + size)).x
+            damping = jnp.where(moves, st.lm * size / scale**2, 1.0)
+            d = minres(
+                lambda u: model(u) + damping * u,
+                -gradient,
+                maxiter=self.krylov_maxiter,
+                rtol=self._krylov_rtol(st.error),
+                preconditioner=lambda u: u / (damping + size),
+            ).x
         d = jnp.where(moves, d, 0.0)
         tau = jnp.maximum(self._h("tau_min"), 1.0 - st.mu)
         alpha = _fraction_to_boundary(nlp, v, d, tau)
@@ -590,43 +691,63 @@ class InteriorPointSolver(SteppingSolver):
         r_t = nlp.residual(c_t, v_t[n:])
         finite = jnp.isfinite(f_t) & jnp.all(jnp.isfinite(c_t))
         rr = jnp.vdot(r, r)
-        predicted = -2 * (alpha * jnp.vdot(gradient, d) + 0.5 * alpha ** 2 * jnp.vdot(d, model(d)))
+        predicted = -2 * (alpha * jnp.vdot(gradient, d) + 0.5 * alpha**2 * jnp.vdot(d, model(d)))
         actual = rr - jnp.vdot(r_t, r_t)
         ok = finite & (predicted > 0) & (actual >= 1e-4 * predicted)
         lm = jnp.where(ok, jnp.maximum(st.lm / 3, 1e-12), st.lm * 10).astype(dtype)
         theta = nlp.theta(st.c, st.s)
         # the gradient of |r|, not of 1/2 |r|^2: near a degenerate root (c = x^2 at x = 0)
         # the latter vanishes as |r|^(3/2) long before the violation does
-        stationary = jnp.max(jnp.abs(gradient * scale), initial=0.0) <= self.tol() * \
-            jnp.sqrt(rr)
+        stationary = jnp.max(jnp.abs(gradient * scale), initial=0.0) <= self.tol() * jnp.sqrt(rr)
         hopeless = stationary | (lm > _LM_MAX)
-        infeasible = hopeless & (theta > self.tol()) & (
-            jnp.max(jnp.abs(r), initial=0.0) > self.tol())
+        infeasible = (
+            hopeless & (theta > self.tol()) & (jnp.max(jnp.abs(r), initial=0.0) > self.tol())
+        )
         failed = hopeless & ~infeasible
         grad_t, jac_t = nlp.grad(x_t), nlp.jac(x_t)
         theta_t = nlp.theta(c_t, v_t[n:])
-        back = ok & (theta_t <= _KAPPA_RESTO * st.resto_theta) & _filter_accepts(
-            st, theta_t, nlp.barrier(f_t, v_t, st.mu))
+        back = (
+            ok
+            & (theta_t <= _KAPPA_RESTO * st.resto_theta)
+            & _filter_accepts(st, theta_t, nlp.barrier(f_t, v_t, st.mu))
+        )
         z_l, z_u = _safeguard_z(nlp, v_t, st.z_l, st.z_u, st.mu)
-        y_t = jnp.where(back, nlp.least_squares_y(grad_t, nlp.jacobian(x_t, jac_t), z_l, z_u),
-                        st.y)
-        y_t = jnp.where(jnp.isfinite(y_t) & (jnp.max(jnp.abs(y_t), initial=0.0) <= 1e3),
-                        y_t, 0.0)
-        moved = st._replace(x=x_t, s=v_t[n:], y=y_t, z_l=z_l, z_u=z_u, f=f_t, grad=grad_t,
-                            c=c_t, jac=jac_t, lm=lm, resto=~back)
-        moved, converged, ftol_met = self._converged(nlp, moved, st.f, jnp.ones((), bool))
+        y_t = jnp.where(back, nlp.least_squares_y(grad_t, nlp.jacobian(x_t, jac_t), z_l, z_u), st.y)
+        y_t = jnp.where(jnp.isfinite(y_t) & (jnp.max(jnp.abs(y_t), initial=0.0) <= 1e3), y_t, 0.0)
+        moved = st._replace(
+            x=x_t,
+            s=v_t[n:],
+            y=y_t,
+            z_l=z_l,
+            z_u=z_u,
+            f=f_t,
+            grad=grad_t,
+            c=c_t,
+            jac=jac_t,
+            lm=lm,
+            resto=~back,
+        )
+        moved, converged, _ = self._converged(nlp, moved, st.f, jnp.ones((), bool))
         still = st._replace(lm=lm, infeasible=infeasible)
-        state = jax.tree_util.tree_map(lambda a, b: jnp.where(ok & ~hopeless, a, b), moved,
-                                       still)
-        return _Outcome(state, jnp.ones((), jnp.int32), failed, infeasible, ~finite,
-                        ok & ~hopeless & back & converged, jnp.zeros((), bool))
+        state = jax.tree_util.tree_map(lambda a, b: jnp.where(ok & ~hopeless, a, b), moved, still)
+        return _Outcome(
+            state,
+            jnp.ones((), jnp.int32),
+            failed,
+            infeasible,
+            ~finite,
+            ok & ~hopeless & back & converged,
+            jnp.zeros((), bool),
+        )
 
 
-def solve_interior_point(problem: OptimizationProblem, algorithm: Any, options: SolveOptions,
-                         loop: Any = None) -> Any:
+def solve_interior_point(
+    problem: OptimizationProblem, algorithm: Any, options: SolveOptions, loop: Any = None
+) -> Any:
     """Run :class:`~optsolve.InteriorPoint` on the shared driver, then say the outcome in
     its terms (:mod:`optsolve.backends.constrained.outcome`)."""
     from optsolve.backends.constrained.outcome import finished
+
     return run_iterative(_make_solver, problem, algorithm, options, loop, after=finished)
 
 

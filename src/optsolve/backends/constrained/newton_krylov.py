@@ -53,8 +53,14 @@ class KrylovSystem:
     """The Newton system at one iterate, as products (not a pytree: built and used inside
     one traced step)."""
 
-    def __init__(self, nlp: NLP, hvp: Callable[[Array], Array], jacobian: Jacobian,
-                 sigma: Array, maxiter: int):
+    def __init__(
+        self,
+        nlp: NLP,
+        hvp: Callable[[Array], Array],
+        jacobian: Jacobian,
+        sigma: Array,
+        maxiter: int,
+    ):
         self.nlp, self.hvp, self.jacobian, self.sigma = nlp, hvp, jacobian, sigma
         self.maxiter = maxiter
         n, dtype = nlp.n, sigma.dtype
@@ -71,7 +77,7 @@ class KrylovSystem:
         return jnp.where(nlp.free_x, self.sigma[:n] + delta_w, 1.0), d
 
     def sigma_s(self, delta_w: Array) -> Array:
-        return jnp.where(self.nlp.ineq, self.sigma[self.nlp.n:] + delta_w, 1.0)
+        return jnp.where(self.nlp.ineq, self.sigma[self.nlp.n :] + delta_w, 1.0)
 
     def operator(self, delta_w: Array, delta_c: Array) -> Callable[[Array], Array]:
         nlp, n, free = self.nlp, self.nlp.n, self.nlp.free_x
@@ -90,19 +96,31 @@ class KrylovSystem:
         nlp = self.nlp
         diag_x, d = self._blocks(delta_w, delta_c)
         p_x = diag_x + jnp.where(nlp.free_x, jnp.sqrt(self.w_rows), 0.0)
-        p_x = jnp.maximum(p_x, jnp.finfo(p_x.dtype).eps * jnp.maximum(
-            jnp.max(p_x, initial=0.0), 1.0))
-        schur = 0.5 * sum(jnp.where(nlp.rows, self.jacobian.mv(
-            jnp.where(nlp.free_x, r / jnp.sqrt(p_x), 0.0)), 0.0) ** 2 for r in self.probes)
+        p_x = jnp.maximum(
+            p_x, jnp.finfo(p_x.dtype).eps * jnp.maximum(jnp.max(p_x, initial=0.0), 1.0)
+        )
+        schur = 0.5 * sum(
+            jnp.where(
+                nlp.rows, self.jacobian.mv(jnp.where(nlp.free_x, r / jnp.sqrt(p_x), 0.0)), 0.0
+            )
+            ** 2
+            for r in self.probes
+        )
         p_y = d + schur
-        p_y = jnp.maximum(p_y, jnp.finfo(p_y.dtype).eps * jnp.maximum(
-            jnp.max(p_y, initial=0.0), 1.0))
+        p_y = jnp.maximum(
+            p_y, jnp.finfo(p_y.dtype).eps * jnp.maximum(jnp.max(p_y, initial=0.0), 1.0)
+        )
         inverse = 1.0 / jnp.concatenate([p_x, p_y])
         return lambda u: inverse * u
 
     def solve(self, rhs: Array, delta_w: Array, delta_c: Array, rtol: Array):
-        return minres(self.operator(delta_w, delta_c), rhs, maxiter=self.maxiter, rtol=rtol,
-                      preconditioner=self.preconditioner(delta_w, delta_c))
+        return minres(
+            self.operator(delta_w, delta_c),
+            rhs,
+            maxiter=self.maxiter,
+            rtol=rtol,
+            preconditioner=self.preconditioner(delta_w, delta_c),
+        )
 
 
 class Corrected(NamedTuple):
@@ -111,17 +129,21 @@ class Corrected(NamedTuple):
     delta_w: Array
     delta_c: Array
     sigma_s: Array
-    ok: Array         # a step passed the test within delta_w's range
+    ok: Array  # a step passed the test within delta_w's range
 
 
-def _rhs(nlp: NLP, jacobian: Jacobian, sigma_s: Array, grad_phi: Array, y: Array,
-         residual: Array) -> Array:
+def _rhs(
+    nlp: NLP, jacobian: Jacobian, sigma_s: Array, grad_phi: Array, y: Array, residual: Array
+) -> Array:
     n = nlp.n
     g_x, g_s = grad_phi[:n], grad_phi[n:]
     slack_term = jnp.where(nlp.ineq, (y - g_s) / sigma_s, 0.0)
-    return jnp.concatenate([jnp.where(nlp.free_x,
-                                      -(g_x + jacobian.rmv(jnp.where(nlp.rows, y, 0.0))), 0.0),
-                            jnp.where(nlp.rows, -residual + slack_term, 0.0)])
+    return jnp.concatenate(
+        [
+            jnp.where(nlp.free_x, -(g_x + jacobian.rmv(jnp.where(nlp.rows, y, 0.0))), 0.0),
+            jnp.where(nlp.rows, -residual + slack_term, 0.0),
+        ]
+    )
 
 
 def _split(nlp: NLP, step: Array, sigma_s: Array, grad_phi: Array, y: Array):
@@ -131,8 +153,15 @@ def _split(nlp: NLP, step: Array, sigma_s: Array, grad_phi: Array, y: Array):
     return dx, ds, dy
 
 
-def corrected_direction(system: KrylovSystem, grad_phi: Array, y: Array, residual: Array,
-                        mu: Array, delta_w_last: Array, rtol: Array):
+def corrected_direction(
+    system: KrylovSystem,
+    grad_phi: Array,
+    y: Array,
+    residual: Array,
+    mu: Array,
+    delta_w_last: Array,
+    rtol: Array,
+):
     """The Newton step (dx, ds, dy) with the least regularisation that passes the
     curvature test (the module docstring), and that regularisation as :class:`Corrected`."""
     nlp, dtype = system.nlp, grad_phi.dtype
@@ -143,8 +172,9 @@ def corrected_direction(system: KrylovSystem, grad_phi: Array, y: Array, residua
         rhs = _rhs(nlp, system.jacobian, sigma_s, grad_phi, y, residual)
         result = system.solve(rhs, delta_w, delta_c, rtol)
         dx, ds, dy = _split(nlp, result.x, sigma_s, grad_phi, y)
-        curvature = jnp.vdot(dx, system.hvp(dx) + (system.sigma[:nlp.n] + delta_w) * dx) + \
-            jnp.vdot(ds, jnp.where(nlp.ineq, sigma_s, 0.0) * ds)
+        curvature = jnp.vdot(
+            dx, system.hvp(dx) + (system.sigma[: nlp.n] + delta_w) * dx
+        ) + jnp.vdot(ds, jnp.where(nlp.ineq, sigma_s, 0.0) * ds)
         size = jnp.vdot(dx, dx) + jnp.vdot(ds, ds)
         finite = jnp.all(jnp.isfinite(result.x))
         solved = finite & (result.residual <= _LOOSEST)
@@ -171,13 +201,20 @@ def corrected_direction(system: KrylovSystem, grad_phi: Array, y: Array, residua
         return Carry(delta_w, plan.delta_c, step, sigma_s, ok)
 
     start = Carry(plan.first, plan.delta_c, step, sigma_s, jnp.zeros((), bool))
-    done = lax.cond(ok, lambda: Carry(zero, zero, step, sigma_s, ok),
-                    lambda: lax.while_loop(cond, body, start))
+    done = lax.cond(
+        ok, lambda: Carry(zero, zero, step, sigma_s, ok), lambda: lax.while_loop(cond, body, start)
+    )
     return Corrected(done.delta_w, done.delta_c, done.sigma_s, done.ok), done.step
 
 
-def direction(system: KrylovSystem, corrected: Corrected, grad_phi: Array, y: Array,
-              residual: Array, rtol: Array):
+def direction(
+    system: KrylovSystem,
+    corrected: Corrected,
+    grad_phi: Array,
+    y: Array,
+    residual: Array,
+    rtol: Array,
+):
     """(dx, ds, dy) for another right-hand side (a second-order correction's residual) with
     the regularisation already chosen."""
     rhs = _rhs(system.nlp, system.jacobian, corrected.sigma_s, grad_phi, y, residual)

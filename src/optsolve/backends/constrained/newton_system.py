@@ -59,23 +59,25 @@ _DELTA_C, _KAPPA_C = 1e-8, 0.25
 class Factorised(NamedTuple):
     """The corrected condensed matrix as ``L D L^T``, with what built it."""
 
-    lower: Array      # L, unit lower triangular
-    pivots: Array     # D's diagonal
+    lower: Array  # L, unit lower triangular
+    pivots: Array  # D's diagonal
     delta_w: Array
     delta_c: Array
-    sigma_s: Array    # Sigma_s + delta_w on inequality rows (1 elsewhere)
-    ok: Array         # the inertia was corrected within delta_w's range
-    weights: Array    # the condensed form's D_I^-1 on the inequality rows (0 elsewhere;
-                      # else empty)
+    sigma_s: Array  # Sigma_s + delta_w on inequality rows (1 elsewhere)
+    ok: Array  # the inertia was corrected within delta_w's range
+    weights: Array  # the condensed form's D_I^-1 on the inequality rows (0 elsewhere;
+    # else empty)
 
 
-def _matrix(nlp: NLP, hessian: Array, jac: Array, sigma: Array, delta_w: Array,
-            delta_c: Array) -> tuple[Array, Array, Array]:
+def _matrix(
+    nlp: NLP, hessian: Array, jac: Array, sigma: Array, delta_w: Array, delta_c: Array
+) -> tuple[Array, Array, Array]:
     """The matrix to factorise, Sigma_s + delta_w, and (condensed form) D^-1."""
     n, free = nlp.n, nlp.free_x
     # a fixed variable's row and column: the identity (its step is 0)
     top = jnp.where(free[:, None] & free[None, :], hessian, 0.0) + jnp.diag(
-        jnp.where(free, sigma[:n] + delta_w, 1.0))
+        jnp.where(free, sigma[:n] + delta_w, 1.0)
+    )
     sigma_s = jnp.where(nlp.ineq, sigma[n:] + delta_w, 1.0)
     d = jnp.where(nlp.ineq, delta_c + 1.0 / sigma_s, jnp.where(nlp.eq, delta_c, 1.0))
     jac = jnp.where(nlp.rows[:, None] & free[None, :], jac, 0.0)
@@ -89,8 +91,9 @@ def _matrix(nlp: NLP, hessian: Array, jac: Array, sigma: Array, delta_w: Array,
         if not rows.size:
             return reduced, sigma_s, weights
         jac_e = jac[rows]
-        matrix = jnp.block([[reduced, jac_e.T], [jac_e, -delta_c * jnp.eye(rows.size,
-                                                                           dtype=d.dtype)]])
+        matrix = jnp.block(
+            [[reduced, jac_e.T], [jac_e, -delta_c * jnp.eye(rows.size, dtype=d.dtype)]]
+        )
         return matrix, sigma_s, weights
     matrix = jnp.block([[top, jac.T], [jac, -jnp.diag(d)]])
     return matrix, sigma_s, jnp.zeros(0, d.dtype)
@@ -107,15 +110,14 @@ def ldl(matrix: Array) -> tuple[Array, Array]:
         pivot = work[j, j]
         below = index > j
         safe = jnp.where(pivot != 0, pivot, 1.0)
-        l = jnp.where(below & (pivot != 0), work[:, j] / safe, 0.0)
-        # the trailing block's Schur complement: work - pivot l l^T (rows and columns > j)
-        work = work - pivot * jnp.outer(l, l)
-        lower = lower.at[:, j].set(jnp.where(index == j, 1.0, l))
+        l_j = jnp.where(below & (pivot != 0), work[:, j] / safe, 0.0)
+        # the trailing block's Schur complement: work - pivot l_j l_j^T (rows and columns > j)
+        work = work - pivot * jnp.outer(l_j, l_j)
+        lower = lower.at[:, j].set(jnp.where(index == j, 1.0, l_j))
         return work, lower, pivots.at[j].set(pivot)
 
     zero = jnp.zeros_like(matrix)
-    _, lower, pivots = lax.fori_loop(0, size, column,
-                                     (matrix, zero, jnp.zeros(size, matrix.dtype)))
+    _, lower, pivots = lax.fori_loop(0, size, column, (matrix, zero, jnp.zeros(size, matrix.dtype)))
     return lower, pivots
 
 
@@ -144,17 +146,19 @@ class Schedule(NamedTuple):
 def schedule(delta_w_last: Array, mu: Array, singular: Array, dtype) -> Schedule:
     """IPOPT's Algorithm IC (§3.1), shared by the dense and matrix-free systems."""
     zero = jnp.zeros((), dtype)
-    delta_c = jnp.where(singular, _DELTA_C * mu ** _KAPPA_C, zero).astype(dtype)
-    first = jnp.where(delta_w_last == 0, _DELTA_W_FIRST,
-                      jnp.maximum(_DELTA_W_MIN, _KAPPA_W_MINUS * delta_w_last)).astype(dtype)
+    delta_c = jnp.where(singular, _DELTA_C * mu**_KAPPA_C, zero).astype(dtype)
+    first = jnp.where(
+        delta_w_last == 0, _DELTA_W_FIRST, jnp.maximum(_DELTA_W_MIN, _KAPPA_W_MINUS * delta_w_last)
+    ).astype(dtype)
     grow = jnp.where(delta_w_last == 0, _KAPPA_W_PLUS_FIRST, _KAPPA_W_PLUS).astype(dtype)
     # 1e40 does not fit in float32: there, some way below its largest number
     most = min(_DELTA_W_MAX, float(jnp.finfo(dtype).max) * 1e-8)
     return Schedule(delta_c, first, grow, most)
 
 
-def factorise(nlp: NLP, hessian: Array, jac: Array, sigma: Array, mu: Array,
-              delta_w_last: Array) -> Factorised:
+def factorise(
+    nlp: NLP, hessian: Array, jac: Array, sigma: Array, mu: Array, delta_w_last: Array
+) -> Factorised:
     """The condensed matrix with IPOPT's inertia correction (Algorithm IC)."""
     dtype = hessian.dtype
     zero = jnp.zeros((), dtype)
@@ -165,8 +169,9 @@ def factorise(nlp: NLP, hessian: Array, jac: Array, sigma: Array, mu: Array,
         # each pivot against its own row's entries (a global scale is delta_w's once it
         # grows, under which every constraint row's pivot reads as zero) and against what
         # its elimination subtracted, sum_j L_kj^2 |d_j|: its rounding error's size
-        scale = jnp.maximum(jnp.max(jnp.abs(matrix), axis=1, initial=0.0),
-                            (lower ** 2) @ jnp.abs(pivots))
+        scale = jnp.maximum(
+            jnp.max(jnp.abs(matrix), axis=1, initial=0.0), (lower**2) @ jnp.abs(pivots)
+        )
         right, singular = _inertia(pivots, scale, nlp.n)
         right = right & jnp.all(jnp.isfinite(pivots)) & jnp.all(jnp.isfinite(lower))
         return lower, pivots, sigma_s, weights, right, singular
@@ -194,12 +199,20 @@ def factorise(nlp: NLP, hessian: Array, jac: Array, sigma: Array, mu: Array,
     # a loop from the first decomposition, not a cond around one: under vmap a cond runs
     # both branches, and so the loop's first trial for every member; here a member whose
     # inertia is already right starts (and stays) done, with delta_w = 0
-    start = Carry(jnp.where(right, zero, plan.first).astype(dtype), lower, pivots, sigma_s,
-                  weights, right)
+    start = Carry(
+        jnp.where(right, zero, plan.first).astype(dtype), lower, pivots, sigma_s, weights, right
+    )
     corrected = lax.while_loop(cond, body, start)
     delta_c = jnp.where(right, zero, delta_c)
-    return Factorised(corrected.lower, corrected.pivots, corrected.delta_w, delta_c,
-                      corrected.sigma_s, corrected.right, corrected.weights)
+    return Factorised(
+        corrected.lower,
+        corrected.pivots,
+        corrected.delta_w,
+        delta_c,
+        corrected.sigma_s,
+        corrected.right,
+        corrected.weights,
+    )
 
 
 def _ldl_solve(fact: Factorised, rhs: Array) -> Array:
@@ -223,16 +236,21 @@ def solve(nlp: NLP, fact: Factorised, jac: Array, rhs: Array) -> Array:
     return jnp.concatenate([dx, (fact.weights * (jac @ dx - r_y)).at[rows].set(step[n:])])
 
 
-def direction(nlp: NLP, fact: Factorised, grad_phi: Array, jac: Array, y: Array,
-              residual: Array) -> tuple[Array, Array, Array]:
+def direction(
+    nlp: NLP, fact: Factorised, grad_phi: Array, jac: Array, y: Array, residual: Array
+) -> tuple[Array, Array, Array]:
     """(dx, ds, dy) of the Newton step; ``residual`` is the constraints' (c - s), which a
     second-order correction replaces."""
     n = nlp.n
     jac = jnp.where(nlp.rows[:, None], jac, 0.0)
     g_x, g_s = grad_phi[:n], grad_phi[n:]
     slack_term = jnp.where(nlp.ineq, (y - g_s) / fact.sigma_s, 0.0)
-    rhs = jnp.concatenate([jnp.where(nlp.free_x, -(g_x + jac.T @ y), 0.0),
-                           jnp.where(nlp.rows, -residual + slack_term, 0.0)])
+    rhs = jnp.concatenate(
+        [
+            jnp.where(nlp.free_x, -(g_x + jac.T @ y), 0.0),
+            jnp.where(nlp.rows, -residual + slack_term, 0.0),
+        ]
+    )
     step = solve(nlp, fact, jac, rhs)
     dx, dy = step[:n], step[n:]
     ds = jnp.where(nlp.ineq, (dy + y - g_s) / fact.sigma_s, 0.0)

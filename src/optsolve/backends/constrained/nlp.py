@@ -90,10 +90,16 @@ class NLP:
         relaxed), which the violation is measured against.
     """
 
-    def __init__(self, objective: Objective, problem: OptimizationProblem,
-                 dense: bool = True, scale: tuple[Array, Array] | None = None,
-                 relax: Any = 0.0, condensed: bool = False,
-                 equalities: tuple[int, ...] | None = None):
+    def __init__(
+        self,
+        objective: Objective,
+        problem: OptimizationProblem,
+        dense: bool = True,
+        scale: tuple[Array, Array] | None = None,
+        relax: Any = 0.0,
+        condensed: bool = False,
+        equalities: tuple[int, ...] | None = None,
+    ):
         flat, self.unravel = ravel_pytree(problem.x0)
         self.dense, self.condensed = dense, dense and condensed
         self.objective, self.problem = objective, problem
@@ -120,15 +126,16 @@ class NLP:
         self.eq = c_lower == c_upper
         self.rows = self.eq | jnp.isfinite(c_lower) | jnp.isfinite(c_upper)
         self.ineq = self.rows & ~self.eq
-        self.eq_rows = None if equalities is None or not self.condensed else \
-            np.asarray(equalities, int)
+        self.eq_rows = (
+            None if equalities is None or not self.condensed else np.asarray(equalities, int)
+        )
         # (a positive scale keeps infinite bounds infinite)
         self.c_lower, self.c_upper = c_lower * self.c_scale, c_upper * self.c_scale
         inf = jnp.asarray(jnp.inf, dtype)
         # a variable with equal bounds is held there (IPOPT's fixed_variable_treatment
         # make_parameter): no barrier term, no step, no entry in the dual residual
         self.fixed = jnp.concatenate([x_lower == x_upper, jnp.zeros(self.m, bool)])
-        self.free_x = ~self.fixed[:self.n]
+        self.free_x = ~self.fixed[: self.n]
         lower = jnp.concatenate([x_lower, jnp.where(self.ineq, self.c_lower, -inf)])
         upper = jnp.concatenate([x_upper, jnp.where(self.ineq, self.c_upper, inf)])
         # only the slacks' bounds are relaxed, not x's: f and c are evaluated inside the
@@ -155,8 +162,9 @@ class NLP:
         """c(x) (scaled), one flat vector (empty without constraints)."""
         if not self.m:
             return jnp.zeros(0, self.dtype)
-        return self.c_scale * constraint_values(self.constraints, self.unravel(x),
-                                                self.objective.p, self.dtype)
+        return self.c_scale * constraint_values(
+            self.constraints, self.unravel(x), self.objective.p, self.dtype
+        )
 
     def jac(self, x: Array) -> Array:
         """The (m, n) Jacobian of c; in the matrix-free form an empty (0, n) placeholder."""
@@ -164,7 +172,7 @@ class NLP:
             return jnp.zeros((0, self.n), self.dtype)
         return jax.jacfwd(self.cons)(x)
 
-    def jacobian(self, x: Array, jac: Array) -> "Jacobian":
+    def jacobian(self, x: Array, jac: Array) -> Jacobian:
         """c's Jacobian at x as products: from the stored matrix ``jac = self.jac(x)``, or,
         in the matrix-free form, from c linearised at x."""
         return Jacobian(self, x, jac)
@@ -186,6 +194,7 @@ class NLP:
             if self.m:
                 g = g + jax.vjp(self.cons, v)[1](y)[0]
             return g
+
         return grad_l
 
     # ----------------------------------------------------- the slack formulation
@@ -199,8 +208,10 @@ class NLP:
         """``v - v_L`` and ``v_U - v``, 1 where there is no bound (so logs and divisions
         stay finite; the masks drop those entries)."""
         one = jnp.ones_like(v)
-        return (jnp.where(self.has_lower, v - self.lower, one),
-                jnp.where(self.has_upper, self.upper - v, one))
+        return (
+            jnp.where(self.has_lower, v - self.lower, one),
+            jnp.where(self.has_upper, self.upper - v, one),
+        )
 
     def damping(self) -> tuple[Array, Array]:
         """IPOPT's kappa_d masks: entries bounded below only, above only."""
@@ -211,7 +222,8 @@ class NLP:
         gl, gu = self.gaps(v)
         only_l, only_u = self.damping()
         logs = jnp.sum(jnp.where(self.has_lower, jnp.log(gl), 0.0)) + jnp.sum(
-            jnp.where(self.has_upper, jnp.log(gu), 0.0))
+            jnp.where(self.has_upper, jnp.log(gu), 0.0)
+        )
         linear = jnp.sum(jnp.where(only_l, gl, 0.0)) + jnp.sum(jnp.where(only_u, gu, 0.0))
         return f - mu * logs + _KAPPA_D * mu * linear
 
@@ -228,33 +240,47 @@ class NLP:
         gl, gu = self.gaps(v)
         return jnp.where(self.has_lower, z_l / gl, 0.0) + jnp.where(self.has_upper, z_u / gu, 0.0)
 
-    def dual_residual(self, grad_f: Array, jty: Array, y: Array, z_l: Array,
-                      z_u: Array) -> Array:
+    def dual_residual(self, grad_f: Array, jty: Array, y: Array, z_l: Array, z_u: Array) -> Array:
         """grad_v L: ``grad f + J^T y - z_L + z_U`` on x (``jty = J^T y``), ``-y - z_L + z_U``
         on the slacks of inequality rows (0 on the others)."""
         on_x = jnp.where(self.free_x, grad_f + jty, 0.0)
         on_s = jnp.where(self.ineq, -y, 0.0)
         return jnp.concatenate([on_x, on_s]) - z_l + z_u
 
-    def errors(self, grad_f: Array, c: Array, jty: Array, v: Array, y: Array, z_l: Array,
-               z_u: Array, mu: Array) -> tuple[Array, Array, Array, Array]:
+    def errors(
+        self,
+        grad_f: Array,
+        c: Array,
+        jty: Array,
+        v: Array,
+        y: Array,
+        z_l: Array,
+        z_u: Array,
+        mu: Array,
+    ) -> tuple[Array, Array, Array, Array]:
         """IPOPT's optimality error E_mu (eq. (5)): the scaled dual infeasibility, the
         constraint violation and the scaled complementarity, with each of the three
         (``jty = J^T y``)."""
-        s = v[self.n:]
+        s = v[self.n :]
         dual = _max_abs(self.dual_residual(grad_f, jty, y, z_l, z_u))
         # (zero-size reductions kept out of the program: with m = 0, XLA on the CPU then
         # loses the FFI version of a host callback elsewhere in the driver's program)
         primal = _max_abs(self.residual(c, s)) if self.m else jnp.zeros((), self.dtype)
         gl, gu = self.gaps(v)
-        compl = jnp.maximum(_max_abs(jnp.where(self.has_lower, gl * z_l - mu, 0.0)),
-                            _max_abs(jnp.where(self.has_upper, gu * z_u - mu, 0.0)))
+        compl = jnp.maximum(
+            _max_abs(jnp.where(self.has_lower, gl * z_l - mu, 0.0)),
+            _max_abs(jnp.where(self.has_upper, gu * z_u - mu, 0.0)),
+        )
         count_z = jnp.sum(self.has_lower) + jnp.sum(self.has_upper)
         count_y = jnp.sum(self.rows) if self.m else jnp.zeros((), count_z.dtype)
         z_sum = jnp.sum(jnp.abs(z_l)) + jnp.sum(jnp.abs(z_u))
         y_sum = jnp.sum(jnp.abs(y)) if self.m else jnp.zeros((), self.dtype)
-        s_d = jnp.maximum(_S_MAX, (y_sum + z_sum) / jnp.maximum(
-            count_y + count_z, 1).astype(self.dtype)) / _S_MAX
+        s_d = (
+            jnp.maximum(
+                _S_MAX, (y_sum + z_sum) / jnp.maximum(count_y + count_z, 1).astype(self.dtype)
+            )
+            / _S_MAX
+        )
         s_c = jnp.maximum(_S_MAX, z_sum / jnp.maximum(count_z, 1).astype(self.dtype)) / _S_MAX
         error = jnp.maximum(jnp.maximum(dual / s_d, primal), compl / s_c)
         return error, dual, primal, compl
@@ -274,24 +300,33 @@ class NLP:
         v = jnp.where(self.has_upper, jnp.minimum(v, self.upper - p_u), v)
         return jnp.where(self.fixed, self.lower, v)
 
-    def least_squares_y(self, grad_f: Array, jacobian: "Jacobian", z_l: Array,
-                        z_u: Array) -> Array:
+    def least_squares_y(self, grad_f: Array, jacobian: Jacobian, z_l: Array, z_u: Array) -> Array:
         """IPOPT's multiplier estimate (§3.6): y minimising ``|grad_v f - z_L + z_U + J_v^T
         y|``, the x and slack parts together: by an SVD of J_v, or, matrix-free, by CG on
         the normal equations ``J_v J_v^T y = -J_v g``."""
         if not self.m:
             return jnp.zeros(0, self.dtype)
-        g = jnp.concatenate([jnp.where(self.free_x, grad_f, 0.0),
-                             jnp.zeros(self.m, self.dtype)]) - z_l + z_u
+        g = (
+            jnp.concatenate([jnp.where(self.free_x, grad_f, 0.0), jnp.zeros(self.m, self.dtype)])
+            - z_l
+            + z_u
+        )
         if self.condensed:
             y = self._condensed_least_squares_y(jacobian.matrix, g)
         elif self.dense:
             y = jnp.linalg.lstsq(self.jac_v(jacobian.matrix).T, -g)[0]
         else:
+
             def normal(w):
                 return self.jac_v_mv(jacobian, self.jac_v_rmv(jacobian, w))
-            y = cg(normal, -self.jac_v_mv(jacobian, g), maxiter=_ESTIMATE_ITERATIONS,
-                   rtol=jnp.sqrt(jnp.finfo(self.dtype).eps), negative_curvature="last").x
+
+            y = cg(
+                normal,
+                -self.jac_v_mv(jacobian, g),
+                maxiter=_ESTIMATE_ITERATIONS,
+                rtol=jnp.sqrt(jnp.finfo(self.dtype).eps),
+                negative_curvature="last",
+            ).x
         return jnp.where(self.rows, y, 0.0)
 
     def _condensed_least_squares_y(self, matrix: Array, g: Array) -> Array:
@@ -310,8 +345,9 @@ class NLP:
             t = jnp.linalg.solve(top, jac_i.T @ b_i)
             return jnp.where(self.rows, b_i - jac_i @ t, 0.0)
         jac_e = jac[rows]
-        bordered = jnp.block([[top, -jac_e.T],
-                              [-jac_e, jnp.zeros((rows.size, rows.size), self.dtype)]])
+        bordered = jnp.block(
+            [[top, -jac_e.T], [-jac_e, jnp.zeros((rows.size, rows.size), self.dtype)]]
+        )
         # lstsq: the equality rows' Jacobian may be rank-deficient
         sol = jnp.linalg.lstsq(bordered, jnp.concatenate([jac_i.T @ b_i, -b[rows]]))[0]
         y = (b_i - jac_i @ sol[:n]).at[rows].set(sol[n:])
@@ -320,17 +356,18 @@ class NLP:
     def _eq_rows(self) -> np.ndarray:
         return np.zeros(0, int) if self.eq_rows is None else self.eq_rows
 
-    def jac_v_mv(self, jacobian: "Jacobian", d: Array) -> Array:
+    def jac_v_mv(self, jacobian: Jacobian, d: Array) -> Array:
         """``J_v d`` for d in v = (x, s) (the product with :meth:`jac_v`'s matrix)."""
-        on_s = jnp.where(self.ineq, d[self.n:], 0.0)
-        on_x = jacobian.mv(jnp.where(self.free_x, d[:self.n], 0.0))
+        on_s = jnp.where(self.ineq, d[self.n :], 0.0)
+        on_x = jacobian.mv(jnp.where(self.free_x, d[: self.n], 0.0))
         return jnp.where(self.rows, on_x - on_s, 0.0)
 
-    def jac_v_rmv(self, jacobian: "Jacobian", w: Array) -> Array:
+    def jac_v_rmv(self, jacobian: Jacobian, w: Array) -> Array:
         """``J_v^T w`` (the transposed product with :meth:`jac_v`'s matrix)."""
         w = jnp.where(self.rows, w, 0.0)
-        return jnp.concatenate([jnp.where(self.free_x, jacobian.rmv(w), 0.0),
-                                -jnp.where(self.ineq, w, 0.0)])
+        return jnp.concatenate(
+            [jnp.where(self.free_x, jacobian.rmv(w), 0.0), -jnp.where(self.ineq, w, 0.0)]
+        )
 
     def jac_v(self, jac: Array) -> Array:
         """The Jacobian of the residual in v = (x, s): ``[J, -I]`` on inequality rows,
@@ -368,8 +405,10 @@ def equality_rows(problem: OptimizationProblem) -> np.ndarray | None:
     if not problem.constraints:
         return None
     try:  # numpy, not jnp: under an outer jit, jnp would stage even constant bounds
-        masks = [np.broadcast_to(np.asarray(c.lower) == np.asarray(c.upper), (size,))
-                 for c, size in zip(problem.constraints, _sizes(problem, problem.x0))]
+        masks = [
+            np.broadcast_to(np.asarray(c.lower) == np.asarray(c.upper), (size,))
+            for c, size in zip(problem.constraints, _sizes(problem, problem.x0))
+        ]
     except (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError):
         return None
     return np.flatnonzero(np.concatenate(masks))

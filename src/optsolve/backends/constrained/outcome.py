@@ -42,12 +42,14 @@ def relative_violation(problem: OptimizationProblem, x: Any) -> jax.Array:
     relative to max(1, |bound|)."""
     from optsolve.backends.constrained.nlp import NLP
     from optsolve.backends.native.objective import Objective
+
     nlp = NLP(Objective.from_problem(problem), problem)
     return nlp.violation(ravel_pytree(x)[0])
 
 
-def finished(problem: OptimizationProblem, algorithm: Any, solution: Solution,
-             describe: Any = None) -> Solution:
+def finished(
+    problem: OptimizationProblem, algorithm: Any, solution: Solution, describe: Any = None
+) -> Solution:
     """The Solution of a run, in the method's terms (module docstring); ``describe(code,
     violation, state, reason)`` words an eager run's detail (default: the interior point's)."""
     state = solution.state
@@ -58,14 +60,18 @@ def finished(problem: OptimizationProblem, algorithm: Any, solution: Solution,
         violation = relative_violation(problem, solution.x)
     code = jnp.asarray(solution.retcode, _INT)
     reason = jnp.asarray(0 if solution.reason is None else solution.reason, _INT)
-    nonfinite = (code == int(ReturnCode.FAILURE)) & (reason >= 4) & (reason <= TRIAL_NONFINITE) \
+    nonfinite = (
+        (code == int(ReturnCode.FAILURE))
+        & (reason >= 4)
+        & (reason <= TRIAL_NONFINITE)
         & (reason != 7)
-    keeps = (code == int(ReturnCode.TERMINATED)) | (code == int(ReturnCode.INTERRUPTED)) | \
-        nonfinite
+    )
+    keeps = (code == int(ReturnCode.TERMINATED)) | (code == int(ReturnCode.INTERRUPTED)) | nonfinite
     infeasible = ~keeps & (violation > feasibility_tol(violation.dtype))
     code = jnp.where(infeasible, int(ReturnCode.INFEASIBLE), code).astype(_INT)
-    reason = jnp.where(infeasible | (reason == REDUCTION_TOL), 0,
-                       jnp.where(reason == RADIUS_TOL, FTOL, reason)).astype(_INT)
+    reason = jnp.where(
+        infeasible | (reason == REDUCTION_TOL), 0, jnp.where(reason == RADIUS_TOL, FTOL, reason)
+    ).astype(_INT)
     multipliers = None
     if problem.constraints:
         multipliers = state.multipliers()
@@ -76,45 +82,70 @@ def finished(problem: OptimizationProblem, algorithm: Any, solution: Solution,
         describe = describe_interior_point if describe is None else describe
         detail = describe(code_now, float(violation), state, int(solution.reason or 0))
         code, reason = code_now, int(reason)
-    return replace(solution, retcode=code, reason=reason, multipliers=multipliers,
-                   detail=detail)
+    return replace(solution, retcode=code, reason=reason, multipliers=multipliers, detail=detail)
 
 
-def _detail(code: ReturnCode, violation: float, state: Any, reason: int, measures: str,
-            infeasible_why: str, converged_why: str) -> str:
+def _detail(
+    code: ReturnCode,
+    violation: float,
+    state: Any,
+    reason: int,
+    measures: str,
+    infeasible_why: str,
+    converged_why: str,
+) -> str:
     """A run's detail in its method's words: why it is INFEASIBLE (the method's own verdict
     where ``state.infeasible``), or which test it converged by, then its measures."""
     if code == ReturnCode.INFEASIBLE:
-        why = infeasible_why if bool(state.infeasible) else \
-            "the run stopped before reaching a feasible point"
+        why = (
+            infeasible_why
+            if bool(state.infeasible)
+            else "the run stopped before reaching a feasible point"
+        )
         return f"{why}; the largest violation is {violation:.6e}; {measures}"
     if code == ReturnCode.SUCCESS and reason == REDUCTION_TOL:
         return f"{converged_why}; {measures}"
     return measures
 
 
-def describe_interior_point(code: ReturnCode, violation: float, state: Any,
-                            reason: int) -> str:
+def describe_interior_point(code: ReturnCode, violation: float, state: Any, reason: int) -> str:
     """An interior-point run's detail: its KKT error, violation and barrier parameter."""
-    measures = (f"KKT error E_0 = {float(state.error):.2e}, constraint violation "
-                f"{violation:.2e} (relative), barrier parameter mu = {float(state.mu):.1e}")
-    return _detail(code, violation, state, reason, measures,
-                   "the feasibility restoration converged to a stationary point of the "
-                   "violation: the constraints are locally infeasible, and this is the least "
-                   "violation it found",
-                   "the scaled KKT error E_0 is <= tol (IPOPT's test)")
+    measures = (
+        f"KKT error E_0 = {float(state.error):.2e}, constraint violation "
+        f"{violation:.2e} (relative), barrier parameter mu = {float(state.mu):.1e}"
+    )
+    return _detail(
+        code,
+        violation,
+        state,
+        reason,
+        measures,
+        "the feasibility restoration converged to a stationary point of the "
+        "violation: the constraints are locally infeasible, and this is the least "
+        "violation it found",
+        "the scaled KKT error E_0 is <= tol (IPOPT's test)",
+    )
 
 
-def describe_augmented_lagrangian(code: ReturnCode, violation: float, state: Any,
-                                  reason: int) -> str:
+def describe_augmented_lagrangian(
+    code: ReturnCode, violation: float, state: Any, reason: int
+) -> str:
     """An augmented Lagrangian run's detail: its errors, penalty and inner iterations."""
-    measures = (f"infeasibility-complementarity |V| = {float(state.infeasibility):.2e}, "
-                f"KKT error {float(state.error):.2e}, constraint violation {violation:.2e} "
-                f"(relative), penalty rho = {float(state.rho):.1e}, "
-                f"{int(state.inner_iterations)} inner iterations")
-    return _detail(code, violation, state, reason, measures,
-                   "the penalty passed rho_max with the violation above tolerance: the "
-                   "constraints are locally infeasible, and this is the penalised problem's "
-                   "minimiser, the least violation reached",
-                   "|V| <= feasibility_tol and the scaled projected Lagrangian gradient <= "
-                   "optimality_tol (acceptable_tol where the inner method could go no further)")
+    measures = (
+        f"infeasibility-complementarity |V| = {float(state.infeasibility):.2e}, "
+        f"KKT error {float(state.error):.2e}, constraint violation {violation:.2e} "
+        f"(relative), penalty rho = {float(state.rho):.1e}, "
+        f"{int(state.inner_iterations)} inner iterations"
+    )
+    return _detail(
+        code,
+        violation,
+        state,
+        reason,
+        measures,
+        "the penalty passed rho_max with the violation above tolerance: the "
+        "constraints are locally infeasible, and this is the penalised problem's "
+        "minimiser, the least violation reached",
+        "|V| <= feasibility_tol and the scaled projected Lagrangian gradient <= "
+        "optimality_tol (acceptable_tol where the inner method could go no further)",
+    )

@@ -32,9 +32,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.core import eval_jaxpr
 from jax.custom_batching import custom_vmap
 from jax.dtypes import float0
-from jax.core import eval_jaxpr
 
 PyTree = Any
 
@@ -69,10 +69,12 @@ def cond(pred: Any, true_fun: Callable, false_fun: Callable, *operands: PyTree) 
     false_jaxpr, false_shape = jax.make_jaxpr(flat_branch(false_fun), return_shape=True)(*flat)
     out_tree = jax.tree_util.tree_structure(true_shape)
     if out_tree != jax.tree_util.tree_structure(false_shape) or [
-            (a.shape, a.dtype) for a in jax.tree_util.tree_leaves(true_shape)] != [
-            (a.shape, a.dtype) for a in jax.tree_util.tree_leaves(false_shape)]:
-        raise TypeError("cond: the branches must return the same structure, shapes and dtypes; "
-                        f"got {true_shape} and {false_shape}")
+        (a.shape, a.dtype) for a in jax.tree_util.tree_leaves(true_shape)
+    ] != [(a.shape, a.dtype) for a in jax.tree_util.tree_leaves(false_shape)]:
+        raise TypeError(
+            "cond: the branches must return the same structure, shapes and dtypes; "
+            f"got {true_shape} and {false_shape}"
+        )
     branches = (true_jaxpr.jaxpr, false_jaxpr.jaxpr)
     out = _cond(branches, pred, list(true_jaxpr.consts), list(false_jaxpr.consts), list(flat))
     return jax.tree_util.tree_unflatten(out_tree, out)
@@ -84,8 +86,9 @@ def _run(jaxpr: Any, consts: list, leaves: list) -> list:
 
 
 @partial(jax.custom_jvp, nondiff_argnums=(0,))
-def _cond(branches: tuple, pred: jax.Array, true_consts: list, false_consts: list,
-          leaves: list) -> list:
+def _cond(
+    branches: tuple, pred: jax.Array, true_consts: list, false_consts: list, leaves: list
+) -> list:
     return _batch_aware(branches)(pred, true_consts, false_consts, leaves)
 
 
@@ -104,9 +107,12 @@ def _cond_jvp(branches, primals, tangents):
         return a if a.dtype == float0 else lax.select(take, a, b)
 
     def tangent(jaxpr, consts, dconsts, take):
-        zero = lambda d: where(take, d, jnp.zeros_like(d))  # noqa: E731
-        return jax.jvp(lambda c, x: _run(jaxpr, c, x), (consts, leaves),
-                       (list(map(zero, dconsts)), list(map(zero, dleaves))))[1]
+        zero = lambda d: where(take, d, jnp.zeros_like(d))
+        return jax.jvp(
+            lambda c, x: _run(jaxpr, c, x),
+            (consts, leaves),
+            (list(map(zero, dconsts)), list(map(zero, dleaves))),
+        )[1]
 
     on_true = tangent(branches[0], true_consts, dtrue, pred)
     on_false = tangent(branches[1], false_consts, dfalse, ~pred)
@@ -119,20 +125,27 @@ def _batch_aware(branches: tuple) -> Any:
 
     @custom_vmap
     def select(pred, true_consts, false_consts, leaves):
-        return lax.cond(pred, lambda c, _, x: _run(true_jaxpr, c, x),
-                        lambda _, c, x: _run(false_jaxpr, c, x), true_consts, false_consts,
-                        leaves)
+        return lax.cond(
+            pred,
+            lambda c, _, x: _run(true_jaxpr, c, x),
+            lambda _, c, x: _run(false_jaxpr, c, x),
+            true_consts,
+            false_consts,
+            leaves,
+        )
 
     @select.def_vmap
     def rule(axis_size, in_batched, pred, true_consts, false_consts, leaves):
         pred_b, true_b, false_b, leaves_b = in_batched
-        axes = lambda batched: [0 if b else None for b in batched]  # noqa: E731
+        axes = lambda batched: [0 if b else None for b in batched]
 
         def over_batch(jaxpr, consts_b):
             # every output batched (an unbatched one broadcast), whichever program runs
-            return jax.vmap(lambda c, x: _run(jaxpr, c, x), in_axes=(axes(consts_b),
-                                                                      axes(leaves_b)),
-                            axis_size=axis_size)
+            return jax.vmap(
+                lambda c, x: _run(jaxpr, c, x),
+                in_axes=(axes(consts_b), axes(leaves_b)),
+                axis_size=axis_size,
+            )
 
         run_true, run_false = over_batch(true_jaxpr, true_b), over_batch(false_jaxpr, false_b)
 
@@ -158,10 +171,12 @@ def _batch_aware(branches: tuple) -> Any:
             some, every = jnp.any(pred), jnp.all(pred)
             on_true = cond(some, only_true, skipped, *args)
             on_false = cond(every, skipped, only_false, *args)
-            out = [lax.select(jnp.broadcast_to(
-                pred.reshape(pred.shape + (1,) * (a.ndim - 1)), a.shape), a, b)
-                for a, b in zip(on_true, on_false)]
+            out = [
+                lax.select(
+                    jnp.broadcast_to(pred.reshape(pred.shape + (1,) * (a.ndim - 1)), a.shape), a, b
+                )
+                for a, b in zip(on_true, on_false)
+            ]
         return out, [True] * len(out)
 
     return select
-

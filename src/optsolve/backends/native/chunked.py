@@ -27,8 +27,8 @@ from jax import lax
 from optsolve.backends.native.compile_options import chunk_options, is_small, refused
 from optsolve.backends.native.driver import loop_of, replays_failures, run_whole, running
 from optsolve.backends.native.prepared import FlatCarry, Prepared, SharingLeaves, zeros_of
-from optsolve.backends.native.rules import INT
 from optsolve.backends.native.protocol import GradientStepSolver
+from optsolve.backends.native.rules import INT
 from optsolve.solve_api import plans
 from optsolve.solve_api.cache import BoundedCache
 from optsolve.solve_api.host import interrupt_requested, under_a_trace
@@ -42,14 +42,20 @@ from optsolve.solve_api.solution import Solution
 # Iterations of the first chunk: small problems (most of which end within it) take more, so
 # that they run in one call; large ones, whose iterations may each take long, take few.
 _FIRST_BUDGET_SMALL, _FIRST_BUDGET_LARGE, _SMALL_SIZE = 256, 16, 10_000
-_CHUNK_SECONDS = 0.25     # what later chunks aim at: the longest wait for a Ctrl-C
+_CHUNK_SECONDS = 0.25  # what later chunks aim at: the longest wait for a Ctrl-C
 # a backend's own finish of a run's Solution: after(problem, algorithm, solution)
 After = Callable[[OptimizationProblem, Any, Solution], Solution]
 _TEMPLATES = BoundedCache(64)
 
 
-def _chunk(solver, problem: OptimizationProblem, options: SolveOptions, first: jax.Array,
-           carry_in: FlatCarry, budget: jax.Array):
+def _chunk(
+    solver,
+    problem: OptimizationProblem,
+    options: SolveOptions,
+    first: jax.Array,
+    carry_in: FlatCarry,
+    budget: jax.Array,
+):
     """``budget`` more iterations from ``carry_in`` (from the start where ``first``): the
     carry after them, the Solution there (``original`` None: the host sets it to the state,
     one output fewer; the return code, reason and counts None: they are the summary's),
@@ -61,13 +67,28 @@ def _chunk(solver, problem: OptimizationProblem, options: SolveOptions, first: j
     final = lax.while_loop(lambda c: running(c) & (c.iteration < end), loop.body, carry)
     solution = loop.finish(final)
     stats = solution.stats
-    summary = jnp.stack([jnp.asarray(v, INT) for v in (
-        solution.retcode, solution.reason, stats.iterations, stats.f_evals, stats.grad_evals,
-        final.iteration)])
+    summary = jnp.stack(
+        [
+            jnp.asarray(v, INT)
+            for v in (
+                solution.retcode,
+                solution.reason,
+                stats.iterations,
+                stats.f_evals,
+                stats.grad_evals,
+                final.iteration,
+            )
+        ]
+    )
     # the summary's numbers go out once: as outputs of their own too, XLA would compute
     # each in a kernel of its own (the host puts them back, see _on_host)
-    solution = replace(solution, original=None, retcode=None, reason=None,
-                       stats=replace(stats, iterations=None, f_evals=None, grad_evals=None))
+    solution = replace(
+        solution,
+        original=None,
+        retcode=None,
+        reason=None,
+        stats=replace(stats, iterations=None, f_evals=None, grad_evals=None),
+    )
     carry = FlatCarry.of(final)
     return carry, SharingLeaves.of(solution, carry), summary
 
@@ -87,18 +108,25 @@ class _Summary(NamedTuple):
 def _on_host(solution: Solution, summary: _Summary) -> Solution:
     """A chunk's Solution (unpacked by :meth:`SharingLeaves.unpack`) with the host's
     numbers."""
-    return replace(solution, original=solution.state, retcode=summary.retcode,
-                   reason=summary.reason,
-                   stats=replace(solution.stats, iterations=summary.iterations,
-                                 f_evals=summary.f_evals, grad_evals=summary.grad_evals))
+    return replace(
+        solution,
+        original=solution.state,
+        retcode=summary.retcode,
+        reason=summary.reason,
+        stats=replace(
+            solution.stats,
+            iterations=summary.iterations,
+            f_evals=summary.f_evals,
+            grad_evals=summary.grad_evals,
+        ),
+    )
 
 
 _whole_compiled = jax.jit(run_whole, static_argnums=(0, 4))
 
 
 def _first_carry(solver, problem: OptimizationProblem, options: SolveOptions) -> FlatCarry:
-    return FlatCarry.of(loop_of(solver, problem, options,
-                                replays_failures(solver, options)).init())
+    return FlatCarry.of(loop_of(solver, problem, options, replays_failures(solver, options)).init())
 
 
 def _template(prepared: Prepared) -> tuple[FlatCarry, int, bool]:
@@ -106,22 +134,24 @@ def _template(prepared: Prepared) -> tuple[FlatCarry, int, bool]:
     first chunk's budget, and whether the run's arrays are small (see
     :func:`~optsolve.backends.native.compile_options.is_small`); cached: finding the carry
     traces the objective."""
+
     def make():
         program, shapes = jax.make_jaxpr(prepared(_first_carry), return_shape=True)()
         problem = jax.tree_util.tree_unflatten(prepared.treedef, prepared.leaves)[0]
-        return (jax.tree_util.tree_map(zeros_of, shapes), _size(problem),
-                is_small(program))
+        return (jax.tree_util.tree_map(zeros_of, shapes), _size(problem), is_small(program))
 
     try:
-        key = (prepared.make_solver, prepared.treedef,
-               tuple(leaf_spec(leaf) for leaf in prepared.leaves))
+        key = (
+            prepared.make_solver,
+            prepared.treedef,
+            tuple(leaf_spec(leaf) for leaf in prepared.leaves),
+        )
         hash(key)
     except TypeError:
         template, size, small = make()
     else:
         template, size, small = _TEMPLATES.get_or_make(key, make)
-    return template, _FIRST_BUDGET_SMALL if size <= _SMALL_SIZE else _FIRST_BUDGET_LARGE, \
-        small
+    return template, _FIRST_BUDGET_SMALL if size <= _SMALL_SIZE else _FIRST_BUDGET_LARGE, small
 
 
 _VALUES = BoundedCache(64)
@@ -136,8 +166,11 @@ def _interrupted(solution: Solution, make_solver, problem, algorithm) -> Solutio
         stats, p = solution.stats, problem.p
         if solution.model_state is not None:  # the model's state as the run left it
             p = replace(p, carried=solution.model_state)
-        solution = replace(solution, objective=value(solution.x, p),
-                           stats=replace(stats, f_evals=stats.f_evals + 1))
+        solution = replace(
+            solution,
+            objective=value(solution.x, p),
+            stats=replace(stats, f_evals=stats.f_evals + 1),
+        )
     return replace(solution, retcode=ReturnCode.INTERRUPTED, reason=None)
 
 
@@ -149,6 +182,7 @@ def _first_chunk(prepared: Prepared, most: int | None) -> tuple:
     """The first chunk's outputs (its carry, Solution and summary), its budget (at most
     ``most`` iterations where given), the compiled chunk, for the chunks after it, and the
     first carry it started from."""
+
     def run():
         template, budget, small = _template(prepared)
         budget = budget if most is None else min(budget, most)
@@ -179,8 +213,15 @@ class _PlannedRun:
     for later calls of that structure, called with the leaves of (problem, algorithm,
     options)."""
 
-    def __init__(self, compiled, template, budget: int, make_solver, options: SolveOptions,
-                 after: After | None):
+    def __init__(
+        self,
+        compiled,
+        template,
+        budget: int,
+        make_solver,
+        options: SolveOptions,
+        after: After | None,
+    ):
         self.compiled, self.template, self.budget = compiled, template, budget
         self.make_solver, self.options, self.after = make_solver, options, after
 
@@ -190,8 +231,14 @@ class _PlannedRun:
             first = chunk(True, self.template, self.budget)
         except TypeError:  # a first carry that no longer fits: the layers' path instead
             return None
-        solution = _chunks(lambda: (first, self.budget, chunk, self.template),
-                           self.make_solver, problem, algorithm, self.options, None)
+        solution = _chunks(
+            lambda: (first, self.budget, chunk, self.template),
+            self.make_solver,
+            problem,
+            algorithm,
+            self.options,
+            None,
+        )
         return solution if self.after is None else self.after(problem, algorithm, solution)
 
 
@@ -203,8 +250,10 @@ def _status(summary: jax.Array, options: SolveOptions) -> _Summary:
     wait is on a lock instead (interruptible), so that a Ctrl-C sets the flag those host
     calls read and the chunk stops at its next one rather than at its end.
     """
-    if not (options.callback is None and not options.progress and options.maxtime is None) \
-            and not summary.is_ready():
+    if (
+        not (options.callback is None and not options.progress and options.maxtime is None)
+        and not summary.is_ready()
+    ):
         finished = threading.Event()
 
         def wait():
@@ -231,17 +280,21 @@ def _run_chunks(make_solver, problem, algorithm, options, after: After | None) -
 
     def first() -> tuple:
         outputs, budget, chunk, template = _first_chunk(
-            prepared, None if checkpoint is None else checkpoint.every)
+            prepared, None if checkpoint is None else checkpoint.every
+        )
         if checkpoint is None:  # what a later call of this structure may skip to
-            plans.offer(_PlannedRun(chunk.func, template, budget, make_solver, options,
-                                    after), problem, algorithm, options)
+            plans.offer(
+                _PlannedRun(chunk.func, template, budget, make_solver, options, after),
+                problem,
+                algorithm,
+                options,
+            )
         return outputs, budget, chunk, template
 
     return _chunks(first, make_solver, problem, algorithm, options, checkpoint)
 
 
-def _chunks(first, make_solver, problem, algorithm, options: SolveOptions,
-            checkpoint) -> Solution:
+def _chunks(first, make_solver, problem, algorithm, options: SolveOptions, checkpoint) -> Solution:
     """The run's chunks to its stop: ``first()`` dispatches the first one (its outputs,
     budget, the compiled chunk and the first carry it started from); between chunks the
     host reads the summary, answers a Ctrl-C and writes the checkpoints."""
@@ -271,18 +324,24 @@ def _chunks(first, make_solver, problem, algorithm, options: SolveOptions,
             except KeyboardInterrupt:
                 # The chunk in flight ends within one chunk's time: wait for it, then stop.
                 last = in_flight.unpack(carry), _read(summary)
-                return solution() if last[1].retcode != RUNNING else _interrupted(
-                    solution(), make_solver, problem, algorithm)
+                return (
+                    solution()
+                    if last[1].retcode != RUNNING
+                    else _interrupted(solution(), make_solver, problem, algorithm)
+                )
             last = unpacked, status
             if status.retcode != RUNNING:
-                if status.retcode == ReturnCode.FAILURE and status.done > 0 and \
-                        replays_failures(make_solver(algorithm, problem), options):
+                if (
+                    status.retcode == ReturnCode.FAILURE
+                    and status.done > 0
+                    and replays_failures(make_solver(algorithm, problem), options)
+                ):
                     last = _last_good(chunk, starts, *last), status
                 return solution()
             if interrupt_requested():
                 return _interrupted(solution(), make_solver, problem, algorithm)
             per_iteration = (time.perf_counter() - started) / budget
-            budget = int(min(max(_CHUNK_SECONDS / max(per_iteration, 1e-9), 1), 2 ** 30))
+            budget = int(min(max(_CHUNK_SECONDS / max(per_iteration, 1e-9), 1), 2**30))
             if checkpoint is not None:  # chunks end at the checkpoints
                 if checkpoint.due(status.done):
                     checkpoint.write(_interrupted(solution(), make_solver, problem, algorithm))
@@ -302,7 +361,7 @@ def _last_good(chunk, starts: list, failed: Solution, status: _Summary) -> Solut
     the state. A Ctrl-C meanwhile waits for that short run."""
     good = status.done - 1  # the iterate before the failing one (finish counts it so too)
     first, carry_in, done = next(start for start in reversed(starts) if start[2] <= good)
-    carry, in_flight, summary = chunk(first, carry_in, good - done)
+    carry, in_flight, _ = chunk(first, carry_in, good - done)
     while True:
         try:
             replayed = in_flight.unpack(carry)
@@ -313,10 +372,16 @@ def _last_good(chunk, starts: list, failed: Solution, status: _Summary) -> Solut
     return replace(failed, x=replayed.x)
 
 
-def run_iterative(make_solver, problem: OptimizationProblem, algorithm: Any,
-                  options: SolveOptions, loop: LoopRunner | None = None,
-                  after: After | None = None) -> Solution:
-    """Run ``make_solver(algorithm, problem)`` to a stop with the driver of :mod:`optsolve.backends.native.driver`.
+def run_iterative(
+    make_solver,
+    problem: OptimizationProblem,
+    algorithm: Any,
+    options: SolveOptions,
+    loop: LoopRunner | None = None,
+    after: After | None = None,
+) -> Solution:
+    """Run ``make_solver(algorithm, problem)`` to a stop with the driver of
+    :mod:`optsolve.backends.native.driver`.
 
     ``make_solver`` must be a module-level function (it keys the compilation cache); the
     algorithm's and the problem's numbers are traced, so new values reuse compiled code.

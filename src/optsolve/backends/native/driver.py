@@ -33,13 +33,29 @@ from jax import lax
 
 from optsolve.backends.native.objective import Objective, all_finite
 from optsolve.backends.native.protocol import (
-    GradientStepSolver, NativeSolver, SteppingSolver, Update,
+    GradientStepSolver,
+    NativeSolver,
+    SteppingSolver,
+    Update,
+)
+from optsolve.backends.native.rules import (
+    INT,
+    TRIAL_NONFINITE,
+    X_NONFINITE,
+    BaseCounts,
+    Checks,
+    Converged,
+    Record,
+    Rules,
+    base_counts,
+    empty_record,
+    history_of,
+    record_at,
+    select,
+    start_point,
+    true_,
 )
 from optsolve.backends.native.tracking import Best, Tracker
-from optsolve.backends.native.rules import (
-    INT, TRIAL_NONFINITE, X_NONFINITE, BaseCounts, Checks, Converged, Record, Rules, base_counts,
-    empty_record, history_of, record_at, select, start_point, true_,
-)
 from optsolve.solve_api.loops import Loop as LoopRunner
 from optsolve.solve_api.loops import while_loop
 from optsolve.solve_api.options import SolveOptions
@@ -81,45 +97,82 @@ class _Carry(NamedTuple):
     best: Best | None  # with keep="best"
 
 
-def _stepping_loop(solver: SteppingSolver, objective: Objective, problem: OptimizationProblem,
-                   options: SolveOptions) -> Loop:
+def _stepping_loop(
+    solver: SteppingSolver,
+    objective: Objective,
+    problem: OptimizationProblem,
+    options: SolveOptions,
+) -> Loop:
     """The loop for solvers whose steps return the new point's value and gradient."""
     rules = Rules(options, solver, problem.bounds)
     tracker = Tracker(options)
     together = solver.evaluates_together
 
     def init() -> _Carry:
-        start = start_point(problem, options,
-                       lambda x: solver.init(objective, x, *objective.value_and_grad(x)))
+        start = start_point(
+            problem, options, lambda x: solver.init(objective, x, *objective.value_and_grad(x))
+        )
         x0 = start.x
         if objective.mutates_state(x0):
-            raise state_mutation_error("this configuration (its steps evaluate f at trial "
-                                       "points)")
+            raise state_mutation_error("this configuration (its steps evaluate f at trial points)")
         f0, g0 = objective.value_and_grad(x0)
         state0 = solver.init(objective, x0, f0, g0) if start.state is None else start.state
         false = jnp.zeros((), bool)
         at_maxiters = rules.maxiters <= 0
         # maxiters=0 returns x0 with MAXITERS, even where it already meets a tolerance.
-        converged = Converged(*(c & ~at_maxiters for c in
-                                 rules.converged(x0, f0, g0, x0, f0, False)))
-        checks = Checks(all_finite(f0), all_finite(g0), true_(), false, converged, false, false,
-                         at_maxiters, false)
+        converged = Converged(
+            *(c & ~at_maxiters for c in rules.converged(x0, f0, g0, x0, f0, False))
+        )
+        checks = Checks(
+            all_finite(f0),
+            all_finite(g0),
+            true_(),
+            false,
+            converged,
+            false,
+            false,
+            at_maxiters,
+            false,
+        )
         status, reason = checks.verdict()
         ok0 = checks.ok
         evaluation, score = tracker.evaluation_at(objective, x0, ok0, f0.dtype)
         # the constraint violation, where the solver reports it (SteppingSolver.violation)
         violation0 = solver.violation(objective, x0, state0) if options.history else None
-        record0 = record_at(empty_record(options, f0.dtype,
-                                         specs=tracker.specs(objective, x0, f0.dtype),
-                                         violation=violation0 is not None),
-                            0, f0, rules.grad_norm(x0, g0),
-                            metrics=tracker.metrics_at(objective, x0, f0.dtype),
-                            evaluation=evaluation, evaluated=ok0, violation=violation0)
+        record0 = record_at(
+            empty_record(
+                options,
+                f0.dtype,
+                specs=tracker.specs(objective, x0, f0.dtype),
+                violation=violation0 is not None,
+            ),
+            0,
+            f0,
+            rules.grad_norm(x0, g0),
+            metrics=tracker.metrics_at(objective, x0, f0.dtype),
+            evaluation=evaluation,
+            evaluated=ok0,
+            violation=violation0,
+        )
         zero, one = jnp.zeros((), INT), jnp.ones((), INT)
-        best = tracker.update_best(tracker.first_best(x0, state0, None, f0.dtype), ok0, x0,
-                                   state0, None, f0, score, zero)
-        return _Carry(x0, f0, g0, state0, zero, one, None if together else one, status,
-                      reason, rules.start_time(f0), record0, base_counts(start), best)
+        best = tracker.update_best(
+            tracker.first_best(x0, state0, None, f0.dtype), ok0, x0, state0, None, f0, score, zero
+        )
+        return _Carry(
+            x0,
+            f0,
+            g0,
+            state0,
+            zero,
+            one,
+            None if together else one,
+            status,
+            reason,
+            rules.start_time(f0),
+            record0,
+            base_counts(start),
+            best,
+        )
 
     def body(carry: _Carry) -> _Carry:
         step = solver.step(objective, carry.x, carry.f, carry.g, carry.state)
@@ -140,8 +193,9 @@ def _stepping_loop(solver: SteppingSolver, objective: Objective, problem: Optimi
         if step.stalled is not None:
             stalled |= step.stalled
         stop = rules.callback_stop((carry.status == RUNNING) & ok, iteration, x, f, g)
-        nonfinite_trials = jnp.zeros((), bool) if step.nonfinite_trials is None \
-            else step.nonfinite_trials
+        nonfinite_trials = (
+            jnp.zeros((), bool) if step.nonfinite_trials is None else step.nonfinite_trials
+        )
         # the solver's measure is that of its new x, which is x wherever it matters: a step
         # that is not ok fails the run, and neither the tests nor the history count it
         grad_norm = rules.grad_norm(x, g) if step.grad_norm is None else step.grad_norm
@@ -150,30 +204,66 @@ def _stepping_loop(solver: SteppingSolver, objective: Objective, problem: Optimi
             converged = converged._replace(reduction=ok & step.reduction_converged)
         if step.radius_converged is not None:
             converged = converged._replace(radius=ok & step.radius_converged)
-        checks = Checks(f_ok, g_ok, x_ok, step.failed, converged, stalled, stop,
-                         iteration >= rules.maxiters, rules.out_of_time(f, carry.t_start),
-                         nonfinite_trials)
+        checks = Checks(
+            f_ok,
+            g_ok,
+            x_ok,
+            step.failed,
+            converged,
+            stalled,
+            stop,
+            iteration >= rules.maxiters,
+            rules.out_of_time(f, carry.t_start),
+            nonfinite_trials,
+        )
         status, reason = checks.verdict()
         due = ok & tracker.due(iteration)
         evaluation, score = tracker.evaluation_at(objective, x, due, f.dtype)
-        record = record_at(carry.record, iteration, f, grad_norm, keep=ok,
-                           metrics=tracker.metrics_at(objective, x, f.dtype),
-                           evaluation=evaluation, evaluated=due, violation=step.violation)
+        record = record_at(
+            carry.record,
+            iteration,
+            f,
+            grad_norm,
+            keep=ok,
+            metrics=tracker.metrics_at(objective, x, f.dtype),
+            evaluation=evaluation,
+            evaluated=due,
+            violation=step.violation,
+        )
         best = tracker.update_best(carry.best, ok, x, state, None, f, score, iteration)
         grad_evals = None if together else carry.grad_evals + step.grad_evals.astype(INT)
-        return _Carry(x, f, g, state, iteration, carry.f_evals + step.f_evals.astype(INT),
-                      grad_evals, status, reason, carry.t_start, record, carry.base, best)
+        return _Carry(
+            x,
+            f,
+            g,
+            state,
+            iteration,
+            carry.f_evals + step.f_evals.astype(INT),
+            grad_evals,
+            status,
+            reason,
+            carry.t_start,
+            record,
+            carry.base,
+            best,
+        )
 
     def finish(final: _Carry) -> Solution:
         start = final.base
         x, state, _, f = tracker.kept(final.best, final.x, final.state, None, final.f)
         return Solution(
-            x=x, objective=f, retcode=final.status,
-            stats=Stats(iterations=start.iterations + final.iteration,
-                        f_evals=start.f_evals + final.f_evals,
-                        grad_evals=start.grad_evals + (
-                            final.f_evals if together else final.grad_evals), time=None),
-            original=state, state=state, history=history_of(final.record),
+            x=x,
+            objective=f,
+            retcode=final.status,
+            stats=Stats(
+                iterations=start.iterations + final.iteration,
+                f_evals=start.f_evals + final.f_evals,
+                grad_evals=start.grad_evals + (final.f_evals if together else final.grad_evals),
+                time=None,
+            ),
+            original=state,
+            state=state,
+            history=history_of(final.record),
             reason=final.reason,
         )
 
@@ -181,10 +271,10 @@ def _stepping_loop(solver: SteppingSolver, objective: Objective, problem: Optimi
 
 
 class _GradientCarry(NamedTuple):
-    x: PyTree          # the iterate to evaluate next (the last evaluated one once stopped)
+    x: PyTree  # the iterate to evaluate next (the last evaluated one once stopped)
     state: PyTree
     carried: tuple | None  # a model's state that f changes in place (None where it changes none)
-    x_prev: PyTree     # the iterate evaluated before x (updated only by running steps, so
+    x_prev: PyTree  # the iterate evaluated before x (updated only by running steps, so
     # a failure keeps the last good one; None where the host replays a failed run instead,
     f_last: jax.Array  # see replays_failures); the last finite value
     iteration: jax.Array  # index of x in this run
@@ -202,7 +292,7 @@ class _GradientCarry(NamedTuple):
 def _skips_itself(state: PyTree) -> bool:
     """Whether the optimizer's state is optax.apply_if_finite's, which skips non-finite
     updates itself (its skips are honoured: the run does not fail on them)."""
-    found = lambda s: isinstance(s, optax.ApplyIfFiniteState)  # noqa: E731
+    found = lambda s: isinstance(s, optax.ApplyIfFiniteState)
     return any(found(s) for s in jax.tree_util.tree_leaves(state, is_leaf=found))
 
 
@@ -233,16 +323,29 @@ def replays_failures(solver: NativeSolver, options: SolveOptions) -> bool:
     for gradient steps whose run reads nothing else of the previous iterate (ftol, xtol)
     and that the host can run again unseen (no callback, progress bar, history, time limit,
     best-iterate tracking, metrics or evaluations)."""
-    return (isinstance(solver, GradientStepSolver) and options.data is None
-            and options.callback is None and not options.progress and not options.history
-            and options.maxtime is None and options.keep == "last" and options.ftol is None
-            and options.get("xtol") is None and options.metrics is None
-            and options.evaluate is None)
+    return (
+        isinstance(solver, GradientStepSolver)
+        and options.data is None
+        and options.callback is None
+        and not options.progress
+        and not options.history
+        and options.maxtime is None
+        and options.keep == "last"
+        and options.ftol is None
+        and options.get("xtol") is None
+        and options.metrics is None
+        and options.evaluate is None
+    )
 
 
-def _gradient_parts(solver: GradientStepSolver, problem: OptimizationProblem,
-                    options: SolveOptions, stream: bool, guarded: bool = False,
-                    replayed: bool = False) -> StreamLoop:
+def _gradient_parts(
+    solver: GradientStepSolver,
+    problem: OptimizationProblem,
+    options: SolveOptions,
+    stream: bool,
+    guarded: bool = False,
+    replayed: bool = False,
+) -> StreamLoop:
     """``replayed``: a full-batch run that keeps no previous iterate (the host replays a
     failed run, see :func:`replays_failures`): a failed run's x is its failing iterate."""
     rules = Rules(options, solver, problem.bounds)
@@ -262,12 +365,23 @@ def _gradient_parts(solver: GradientStepSolver, problem: OptimizationProblem,
         zero = jnp.zeros((), INT)
         carried = objective.p.carried if objective.mutates_state(x0) else None
         skipping = stream and (options.nonfinite == "skip" or _skips_itself(state0))
-        carry = _GradientCarry(x0, state0, carried, None if replayed else x0,
-                               jnp.zeros((), f_dtype), zero, zero,
-                               zero, jnp.asarray(RUNNING, INT), zero, rules.start_time(zero),
-                               None, base_counts(start),
-                               tracker.first_best(x0, state0, carried, f_dtype),
-                               (zero, zero) if skipping else None)
+        carry = _GradientCarry(
+            x0,
+            state0,
+            carried,
+            None if replayed else x0,
+            jnp.zeros((), f_dtype),
+            zero,
+            zero,
+            zero,
+            jnp.asarray(RUNNING, INT),
+            zero,
+            rules.start_time(zero),
+            None,
+            base_counts(start),
+            tracker.first_best(x0, state0, carried, f_dtype),
+            (zero, zero) if skipping else None,
+        )
         return new_record(carry, objective)
 
     def step(carry: _GradientCarry, objective: Objective) -> _GradientCarry:
@@ -305,16 +419,27 @@ def _gradient_parts(solver: GradientStepSolver, problem: OptimizationProblem,
         stop = false if stream else rules.callback_stop(ok & has_prev, k, point, f, g)
         # x is finite here: an update to a non-finite x shows as a non-finite f first.
         # (Without a previous iterate, no ftol or xtol reads it: see replays_failures.)
-        converged = rules.converged(x, f, g, x if replayed else carry.x_prev, carry.f_last,
-                                    has_prev)
+        converged = rules.converged(
+            x, f, g, x if replayed else carry.x_prev, carry.f_last, has_prev
+        )
         # maxiters=0 returns x0 with MAXITERS, even where it already meets a tolerance.
         no_steps = rules.maxiters <= 0
         converged = Converged(*(c & ~no_steps for c in converged))
-        checks = Checks(f_ok, g_ok, true_(), false, converged, false,
-                         stop, k >= rules.maxiters, rules.out_of_time(f, carry.t_start))
+        checks = Checks(
+            f_ok,
+            g_ok,
+            true_(),
+            false,
+            converged,
+            false,
+            stop,
+            k >= rules.maxiters,
+            rules.out_of_time(f, carry.t_start),
+        )
         status, reason = checks.verdict()
         is_running = status == RUNNING
         zero = jnp.zeros((), INT)
+
         def hold():  # no update: x, the state and the model's state as they were
             return Update(x, carry.state, zero, zero, jnp.zeros((), bool))
 
@@ -333,8 +458,10 @@ def _gradient_parts(solver: GradientStepSolver, problem: OptimizationProblem,
             # no previous iterate: a stopped step keeps x as it is (the host replays a
             # failed run up to its last good iterate)
             upd, carried = lax.cond(
-                is_running, lambda: (solver.update(objective, x, f, g, carry.state), carried),
-                lambda: (hold(), carry.carried))
+                is_running,
+                lambda: (solver.update(objective, x, f, g, carry.state), carried),
+                lambda: (hold(), carry.carried),
+            )
             x_prev = None
         else:
             # x_prev moves only in the running branch: a stop keeps the previous good
@@ -344,8 +471,10 @@ def _gradient_parts(solver: GradientStepSolver, problem: OptimizationProblem,
             # skips the branch runs only once stopped, where x_prev stays as it was
             held_prev = carry.x_prev if gate is None else select(is_running, x, carry.x_prev)
             upd, x_prev, carried = lax.cond(
-                moves, lambda: (solver.update(objective, x, f, g, carry.state), x, carried),
-                lambda: (hold(), held_prev, carry.carried))
+                moves,
+                lambda: (solver.update(objective, x, f, g, carry.state), x, carried),
+                lambda: (hold(), held_prev, carry.carried),
+            )
         # A failed update ends the run at x, which counts as completed (finish subtracts
         # the failing step, so the counter takes one more).
         status = jnp.where(upd.failed, int(ReturnCode.FAILURE), status).astype(INT)
@@ -363,18 +492,38 @@ def _gradient_parts(solver: GradientStepSolver, problem: OptimizationProblem,
         evaluation, score = tracker.evaluation_at(objective, x, due, f.dtype)
         record = carry.record
         if record is not None:
-            record = record_at(record, k, f, rules.grad_norm(x, g), keep=ok,
-                               metrics=tracker.metrics_at(objective, x, f.dtype),
-                               evaluation=evaluation, evaluated=due)
+            record = record_at(
+                record,
+                k,
+                f,
+                rules.grad_norm(x, g),
+                keep=ok,
+                metrics=tracker.metrics_at(objective, x, f.dtype),
+                evaluation=evaluation,
+                evaluated=due,
+            )
         best = tracker.update_best(carry.best, ok, x, carry.state, carry.carried, f, score, k)
         # on data a stopped step (a failed update included) is undone: it counts no update
         advanced = is_running & ~upd.failed if stream else is_running | upd.failed
         if skips is not None:
             skips = (skips[0] + (is_running & ~ok).astype(INT), in_a_row)
-        return _GradientCarry(upd.x, upd.state, carried, x_prev, f_last, k + advanced.astype(INT),
-                              carry.f_evals + 1 + upd.f_evals.astype(INT),
-                              carry.grad_evals + 1 + upd.grad_evals.astype(INT), status,
-                              reason, carry.t_start, record, carry.base, best, skips)
+        return _GradientCarry(
+            upd.x,
+            upd.state,
+            carried,
+            x_prev,
+            f_last,
+            k + advanced.astype(INT),
+            carry.f_evals + 1 + upd.f_evals.astype(INT),
+            carry.grad_evals + 1 + upd.grad_evals.astype(INT),
+            status,
+            reason,
+            carry.t_start,
+            record,
+            carry.base,
+            best,
+            skips,
+        )
 
     def finish(final: _GradientCarry) -> Solution:
         start = final.base
@@ -385,8 +534,9 @@ def _gradient_parts(solver: GradientStepSolver, problem: OptimizationProblem,
             # x is kept where finite (it came from a finite update), else the one before.
             x_ok = all_finite(final.x)
             keep_x = x_ok | (final.iteration == 0)
-            x, iterations = select(keep_x, (final.x, final.iteration),
-                                   (final.x_prev, final.iteration - 1))
+            x, iterations = select(
+                keep_x, (final.x, final.iteration), (final.x_prev, final.iteration - 1)
+            )
             status = jnp.where(x_ok, status, int(ReturnCode.FAILURE)).astype(INT)
             reason = jnp.where(x_ok | failed, reason, X_NONFINITE).astype(INT)
         else:
@@ -401,42 +551,61 @@ def _gradient_parts(solver: GradientStepSolver, problem: OptimizationProblem,
             objective = Objective.from_problem(problem)
             if final.carried is not None:
                 objective = objective.with_state(final.carried)
-            best = tracker.final_best(best, objective, x, final.state, final.carried,
-                                      final.f_last, iterations)
+            best = tracker.final_best(
+                best, objective, x, final.state, final.carried, final.f_last, iterations
+            )
         x, state, carried, f = tracker.kept(best, x, final.state, final.carried, final.f_last)
         return Solution(
-            x=x, objective=f, retcode=status,
-            stats=Stats(iterations=start.iterations + iterations,
-                        f_evals=start.f_evals + final.f_evals,
-                        grad_evals=start.grad_evals + final.grad_evals, time=None,
-                        skipped=None if final.skips is None else final.skips[0]),
-            original=state, state=state, history=history_of(final.record),
-            reason=reason, model_state=carried,
+            x=x,
+            objective=f,
+            retcode=status,
+            stats=Stats(
+                iterations=start.iterations + iterations,
+                f_evals=start.f_evals + final.f_evals,
+                grad_evals=start.grad_evals + final.grad_evals,
+                time=None,
+                skipped=None if final.skips is None else final.skips[0],
+            ),
+            original=state,
+            state=state,
+            history=history_of(final.record),
+            reason=reason,
+            model_state=carried,
         )
 
     return StreamLoop(init, step, finish, new_record)
 
 
-def _gradient_loop(solver: GradientStepSolver, objective: Objective,
-                   problem: OptimizationProblem, options: SolveOptions,
-                   replayed: bool = False) -> Loop:
+def _gradient_loop(
+    solver: GradientStepSolver,
+    objective: Objective,
+    problem: OptimizationProblem,
+    options: SolveOptions,
+    replayed: bool = False,
+) -> Loop:
     """The loop for solvers that need only the gradient at the current iterate
     (``replayed``: see :func:`_gradient_parts`)."""
     parts = _gradient_parts(solver, problem, options, stream=False, replayed=replayed)
-    return Loop(lambda: parts.init(objective), lambda carry: parts.step(carry, objective),
-                parts.finish)
+    return Loop(
+        lambda: parts.init(objective), lambda carry: parts.step(carry, objective), parts.finish
+    )
 
 
 def stopped_at(replayed: _GradientCarry, stopped: _GradientCarry) -> _GradientCarry:
     """The carry of a run on data that stopped: the iterate and state of ``replayed`` (the
     steps up to the stopped one, run again) with ``stopped``'s outcome."""
-    return replayed._replace(status=stopped.status, reason=stopped.reason,
-                             f_evals=stopped.f_evals, grad_evals=stopped.grad_evals,
-                             f_last=stopped.f_last)
+    return replayed._replace(
+        status=stopped.status,
+        reason=stopped.reason,
+        f_evals=stopped.f_evals,
+        grad_evals=stopped.grad_evals,
+        f_last=stopped.f_last,
+    )
 
 
-def stream_loop(solver: NativeSolver, problem: OptimizationProblem,
-                options: SolveOptions, guarded: bool = False) -> StreamLoop:
+def stream_loop(
+    solver: NativeSolver, problem: OptimizationProblem, options: SolveOptions, guarded: bool = False
+) -> StreamLoop:
     """The parts of a run on data (training on minibatches), for a gradient-step solver.
     ``guarded``: a step that stops the run applies no update (for a run inside the caller's
     trace, which the host cannot replay; see :class:`StreamLoop`)."""
@@ -449,14 +618,22 @@ def stream_loop(solver: NativeSolver, problem: OptimizationProblem,
     return _gradient_parts(solver, problem, options, stream=True, guarded=guarded)
 
 
-def build_loop(make_solver: Callable[[Any, OptimizationProblem], NativeSolver],
-               problem: OptimizationProblem, algorithm: Any, options: SolveOptions) -> Loop:
+def build_loop(
+    make_solver: Callable[[Any, OptimizationProblem], NativeSolver],
+    problem: OptimizationProblem,
+    algorithm: Any,
+    options: SolveOptions,
+) -> Loop:
     """The parts of the run of ``make_solver(algorithm, problem)`` (inside a trace)."""
     return loop_of(make_solver(algorithm, problem), problem, options)
 
 
-def loop_of(solver: NativeSolver, problem: OptimizationProblem, options: SolveOptions,
-            replayed: bool = False) -> Loop:
+def loop_of(
+    solver: NativeSolver,
+    problem: OptimizationProblem,
+    options: SolveOptions,
+    replayed: bool = False,
+) -> Loop:
     """The parts of the run of ``solver`` (inside a trace). ``replayed``: the host replays a
     failed run (only where :func:`replays_failures` holds), so the loop keeps no previous
     iterate and a failed run's x is its failing iterate."""
@@ -466,12 +643,18 @@ def loop_of(solver: NativeSolver, problem: OptimizationProblem, options: SolveOp
         return _gradient_loop(solver, objective, problem, options, replayed)
     if isinstance(solver, SteppingSolver):
         return _stepping_loop(solver, objective, problem, options)
-    raise TypeError(f"optsolve: {type(solver).__name__} is not a SteppingSolver or a "
-                    "GradientStepSolver.")
+    raise TypeError(
+        f"optsolve: {type(solver).__name__} is not a SteppingSolver or a GradientStepSolver."
+    )
 
 
-def run_whole(make_solver, problem: OptimizationProblem, algorithm: Any,
-              options: SolveOptions, loop: LoopRunner | None = None) -> Solution:
+def run_whole(
+    make_solver,
+    problem: OptimizationProblem,
+    algorithm: Any,
+    options: SolveOptions,
+    loop: LoopRunner | None = None,
+) -> Solution:
     """The whole run in the caller's trace, in the loop the adjoint chose (a while loop by
     default; :class:`~optsolve.solve_api.loops.CheckpointedScan` when unrolling)."""
     parts = build_loop(make_solver, problem, algorithm, options)

@@ -27,8 +27,13 @@ from optsolve.solve_api.algorithm import Algorithm
 from optsolve.solve_api.options import SolveOptions
 from optsolve.solve_api.problem import OptimizationProblem
 from optsolve.solve_api.pytree import is_traced, pytree_dataclass, replace, static_field
-from optsolve.solve_api.registry import (algorithm_classes, as_algorithm, backend_for,
-                                         register_algorithm, register_backend)
+from optsolve.solve_api.registry import (
+    algorithm_classes,
+    as_algorithm,
+    backend_for,
+    register_algorithm,
+    register_backend,
+)
 from optsolve.solve_api.returncode import ReturnCode
 from optsolve.solve_api.solution import Solution, Stats
 
@@ -120,8 +125,12 @@ class Multistart(Algorithm):
     # it does not start from x0: solve's maxiters=0 answer (x0) and no checkpoints
     compiled_driver: ClassVar[bool] = False
     conditional_traits: ClassVar[dict[str, str]] = {
-        trait: "with an inner algorithm that " + what for trait, what in (
-            ("stops_by_itself", "stops by itself"), ("unrollable", "can be unrolled"))}
+        trait: "with an inner algorithm that " + what
+        for trait, what in (
+            ("stops_by_itself", "stops by itself"),
+            ("unrollable", "can be unrolled"),
+        )
+    }
 
     algorithm: Any
     n_starts: int = static_field()
@@ -135,28 +144,38 @@ class Multistart(Algorithm):
             # JAX-native (vmappable in one program), on f, iterating from x0 (the interval
             # methods search their bracket whatever the start)
             traits = cls.traits()
-            return bool(cls.compiled_driver and not traits["needs_residuals"]
-                        and not traits.get("scalar_only"))
+            return bool(
+                cls.compiled_driver
+                and not traits["needs_residuals"]
+                and not traits.get("scalar_only")
+            )
 
         if not runs_from_a_start(type(inner)):
             native = ", ".join(c.__name__ for c in algorithm_classes() if runs_from_a_start(c))
             raise TypeError(
                 f"Multistart: `algorithm` must be a JAX-native algorithm that iterates from a "
                 f"start on a scalar objective (its runs are vmapped in one compiled program), "
-                f"got {type(inner).__name__}. Use one of: {native}.")
+                f"got {type(inner).__name__}. Use one of: {native}."
+            )
         object.__setattr__(self, "algorithm", inner)
         n = self.n_starts
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
             raise ValueError(f"Multistart: `n_starts` must be an integer >= 1, got {n!r}.")
         object.__setattr__(self, "n_starts", int(n))
         if self.sampler not in SAMPLERS:
-            raise ValueError(f"Multistart: `sampler` must be one of "
-                             f"{', '.join(map(repr, SAMPLERS))}, got {self.sampler!r}.")
+            raise ValueError(
+                f"Multistart: `sampler` must be one of "
+                f"{', '.join(map(repr, SAMPLERS))}, got {self.sampler!r}."
+            )
         dtype = getattr(self.key, "dtype", None)
-        if dtype is None or not (jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key) or (
-                dtype == np.uint32 and np.ndim(self.key) >= 1)):
-            raise TypeError(f"Multistart: `key` must be a jax.random key, e.g. "
-                            f"jax.random.key(0); got {self.key!r}.")
+        if dtype is None or not (
+            jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
+            or (dtype == np.uint32 and np.ndim(self.key) >= 1)
+        ):
+            raise TypeError(
+                f"Multistart: `key` must be a jax.random key, e.g. "
+                f"jax.random.key(0); got {self.key!r}."
+            )
 
     @classmethod
     def traits(cls) -> dict[str, Any]:
@@ -169,8 +188,16 @@ class Multistart(Algorithm):
         constraints, history, resume or data. Dense matrices: one set per run."""
         caps = dict(type(self).traits())
         inner = self.algorithm.capabilities()
-        for trait in ("needs_gradient", "needs_hessian", "stops_by_itself", "unrollable",
-                      "float_dtypes", "extra_options", "jittable", "vmappable"):
+        for trait in (
+            "needs_gradient",
+            "needs_hessian",
+            "stops_by_itself",
+            "unrollable",
+            "float_dtypes",
+            "extra_options",
+            "jittable",
+            "vmappable",
+        ):
             caps[trait] = inner[trait]
         caps["dense_matrices"] = inner["dense_matrices"] * self.n_starts
         return caps
@@ -194,8 +221,9 @@ class Multistart(Algorithm):
         return self.algorithm.unrolling_hazards()
 
 
-def _unit_samples(sampler: str, n_starts: int, n: int, key_data: np.ndarray,
-                  dtype: np.dtype) -> np.ndarray:
+def _unit_samples(
+    sampler: str, n_starts: int, n: int, key_data: np.ndarray, dtype: np.dtype
+) -> np.ndarray:
     """``n_starts`` quasi-random points of the unit cube [0, 1)^n from scipy.stats.qmc."""
     from scipy.stats import qmc  # (scipy imported only where a QMC sampler runs)
 
@@ -226,7 +254,10 @@ def sample_starts(problem: OptimizationProblem, algorithm: Multistart) -> jax.Ar
         dtype = np.dtype(flat0.dtype)
         u = jax.pure_callback(
             lambda k: _unit_samples(algorithm.sampler, shape[0], shape[1], k, dtype),
-            jax.ShapeDtypeStruct(shape, flat0.dtype), key, vmap_method="sequential")
+            jax.ShapeDtypeStruct(shape, flat0.dtype),
+            key,
+            vmap_method="sequential",
+        )
     return lower[None, :] + u * (upper - lower)[None, :]
 
 
@@ -235,13 +266,15 @@ def _check_box(problem: OptimizationProblem) -> None:
         raise ValueError(
             "solve: Multistart samples its starts in the problem's box, so it needs finite "
             "`bounds` on every variable; got bounds=None. Give them, e.g. "
-            "OptimizationProblem(f, x0, bounds=(-5.0, 5.0)).")
+            "OptimizationProblem(f, x0, bounds=(-5.0, 5.0))."
+        )
     if not is_traced(problem.bounds):
         for leaf in jax.tree_util.tree_leaves(problem.bounds):
             if not np.all(np.isfinite(np.asarray(leaf, np.float64))):
                 raise ValueError(
                     "solve: Multistart samples its starts in the problem's box, so it needs "
-                    "finite `bounds` on every variable; got an infinite bound.")
+                    "finite `bounds` on every variable; got an infinite bound."
+                )
 
 
 def _best(objective: jax.Array, retcode: jax.Array) -> jax.Array:
@@ -259,8 +292,9 @@ def _total(counts: Any) -> Any:
     return None if counts is None else jnp.sum(counts)
 
 
-def run_multistart(problem: OptimizationProblem, algorithm: Multistart,
-                   options: SolveOptions, loop: Any = None) -> Solution:
+def run_multistart(
+    problem: OptimizationProblem, algorithm: Multistart, options: SolveOptions, loop: Any = None
+) -> Solution:
     """The runs under ``jax.vmap`` and the best of them (inside the caller's trace)."""
     inner = algorithm.algorithm
     backend = backend_for(inner)
@@ -279,19 +313,33 @@ def run_multistart(problem: OptimizationProblem, algorithm: Multistart,
     best = _best(runs.objective, runs.retcode)
     chosen = jax.tree_util.tree_map(lambda leaf: leaf[best], runs)
     stats = chosen.stats
-    record = MultistartRuns(starts=jax.vmap(unravel)(starts), x=runs.x,
-                            objective=runs.objective, retcode=runs.retcode,
-                            iterations=runs.stats.iterations, best=best)
-    return replace(chosen, original=record, stats=Stats(
-        iterations=stats.iterations, f_evals=_total(runs.stats.f_evals),
-        grad_evals=_total(runs.stats.grad_evals), time=None, skipped=stats.skipped))
+    record = MultistartRuns(
+        starts=jax.vmap(unravel)(starts),
+        x=runs.x,
+        objective=runs.objective,
+        retcode=runs.retcode,
+        iterations=runs.stats.iterations,
+        best=best,
+    )
+    return replace(
+        chosen,
+        original=record,
+        stats=Stats(
+            iterations=stats.iterations,
+            f_evals=_total(runs.stats.f_evals),
+            grad_evals=_total(runs.stats.grad_evals),
+            time=None,
+            skipped=stats.skipped,
+        ),
+    )
 
 
 _compiled = jax.jit(run_multistart, static_argnums=(3,))
 
 
-def solve_multistart(problem: OptimizationProblem, algorithm: Multistart,
-                     options: SolveOptions, loop: Any = None) -> Solution:
+def solve_multistart(
+    problem: OptimizationProblem, algorithm: Multistart, options: SolveOptions, loop: Any = None
+) -> Solution:
     """The backend of :class:`Multistart`: one compiled program (in the caller's trace, or
     compiled once per structure for an eager solve)."""
     _check_box(problem)

@@ -29,10 +29,14 @@ class Objective:
       batch: the batch a run on data evaluates f on (none on the full-batch path).
     """
 
-    def __init__(self, f: Callable[..., jax.Array], p: PyTree,
-                 grad: Callable[[PyTree, PyTree], PyTree] | None = None,
-                 hvp: Callable[[PyTree, PyTree, PyTree], PyTree] | None = None,
-                 batch: tuple = ()):
+    def __init__(
+        self,
+        f: Callable[..., jax.Array],
+        p: PyTree,
+        grad: Callable[[PyTree, PyTree], PyTree] | None = None,
+        hvp: Callable[[PyTree, PyTree, PyTree], PyTree] | None = None,
+        batch: tuple = (),
+    ):
         self.f = f
         self.p = p
         self.user_grad = grad
@@ -40,7 +44,7 @@ class Objective:
         self.batch = batch
 
     @classmethod
-    def from_problem(cls, problem: OptimizationProblem) -> "Objective":
+    def from_problem(cls, problem: OptimizationProblem) -> Objective:
         """The objective of ``problem``, honouring its optional ``grad`` and ``hvp``."""
         return cls(problem.f, problem.p, problem.grad, problem.hvp)
 
@@ -76,15 +80,17 @@ class Objective:
         train mode, a Dropout's RNG counter), decided at trace time."""
         return isinstance(self.f, ModelObjective) and self.f.mutates(x, self.p, *self.batch)
 
-    def with_state(self, carried: tuple) -> "Objective":
+    def with_state(self, carried: tuple) -> Objective:
         """This objective with the model's carried leaves ``carried``."""
-        return Objective(self.f, replace(self.p, carried=carried), self.user_grad,
-                         self.user_hvp, self.batch)
+        return Objective(
+            self.f, replace(self.p, carried=carried), self.user_grad, self.user_hvp, self.batch
+        )
 
     def value_grad_and_state(self, x: PyTree) -> tuple[jax.Array, PyTree, tuple]:
         """The value, the gradient and the carried leaves as f left them."""
         (f, carried), g = jax.value_and_grad(self.f.with_state, has_aux=True)(
-            x, self.p, *self.batch)
+            x, self.p, *self.batch
+        )
         return f, g, carried
 
 

@@ -35,7 +35,7 @@ class FlatCarry:
         return cls(leaves, treedef)
 
     @classmethod
-    def of(cls, carry: Any) -> "FlatCarry":
+    def of(cls, carry: Any) -> FlatCarry:
         return cls(*jax.tree_util.tree_flatten(carry))
 
     def unpack(self) -> Any:
@@ -62,7 +62,7 @@ class SharingLeaves:
         return cls(own, static)
 
     @classmethod
-    def of(cls, tree: Any, carry: FlatCarry) -> "SharingLeaves":
+    def of(cls, tree: Any, carry: FlatCarry) -> SharingLeaves:
         """``tree`` with its leaves that are ``carry``'s own shared (inside a compiled call)."""
         leaves, treedef = jax.tree_util.tree_flatten(tree)
         index = {id(leaf): i for i, leaf in enumerate(carry.leaves)}
@@ -74,14 +74,18 @@ class SharingLeaves:
         treedef, where = self.static
         own = iter(self.own)
         return jax.tree_util.tree_unflatten(
-            treedef, [next(own) if w < 0 else carry.leaves[w] for w in where])
+            treedef, [next(own) if w < 0 else carry.leaves[w] for w in where]
+        )
 
 
 def zeros_of(spec: jax.ShapeDtypeStruct) -> jax.Array:
     """Zeros of ``spec``'s shape and dtype (a typed PRNG key included), placed once."""
     if jax.dtypes.issubdtype(spec.dtype, jax.dtypes.extended):  # typed PRNG keys
-        return jax.random.key(0, impl=spec.dtype._impl) if spec.shape == () else \
-            jax.random.split(jax.random.key(0, impl=spec.dtype._impl), spec.shape[0])
+        return (
+            jax.random.key(0, impl=spec.dtype._impl)
+            if spec.shape == ()
+            else jax.random.split(jax.random.key(0, impl=spec.dtype._impl), spec.shape[0])
+        )
     # numpy's zeros, placed once: jnp.zeros would compile a kernel per new shape
     return jax.device_put(np.zeros(spec.shape, spec.dtype))
 
@@ -102,14 +106,20 @@ class Prepared:
         ``compiler_options`` where given), with the fixed arguments bound: a function of
         ``*args``. Compiled functions are cached by the fixed arguments' structure."""
         treedef, make_solver = self.treedef, self.make_solver
-        key = (body, make_solver, treedef, static,
-               None if compiler_options is None else tuple(sorted(compiler_options.items())))
+        key = (
+            body,
+            make_solver,
+            treedef,
+            static,
+            None if compiler_options is None else tuple(sorted(compiler_options.items())),
+        )
 
         def compile_run():
             def run(leaves, *args):
                 problem, algorithm, options = jax.tree_util.tree_unflatten(treedef, leaves)
                 solver = make_solver(algorithm, problem)
                 return body(solver, problem, options, *static, *args)
+
             return jax.jit(run, compiler_options=compiler_options)
 
         return functools.partial(_PREPARED.get_or_make(key, compile_run), self.leaves)

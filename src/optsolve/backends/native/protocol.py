@@ -48,7 +48,7 @@ class Step(NamedTuple):
     x_finite: jax.Array | None = None
 
 
-class NativeSolver(abc.ABC):
+class NativeSolver(abc.ABC):  # noqa: B024  (its subclasses declare the abstract steps)
     """What every JAX-native solver tells the driver, beyond its methods.
 
     Attributes:
@@ -79,7 +79,7 @@ class NativeSolver(abc.ABC):
     default_gtol: float | None = None
     default_maxiters: int | None = None
 
-    def bind_options(self, options: Any) -> None:
+    def bind_options(self, options: Any) -> None:  # noqa: B027  (optional hook: no-op)
         """Called once by the driver, before ``init``, with the run's ``SolveOptions``."""
 
 
@@ -98,8 +98,7 @@ class SteppingSolver(NativeSolver):
         """The state at the first iterate ``x`` (value ``f``, gradient ``g``)."""
 
     @abc.abstractmethod
-    def step(self, objective: Objective, x: PyTree, f: jax.Array, g: PyTree,
-             state: PyTree) -> Step:
+    def step(self, objective: Objective, x: PyTree, f: jax.Array, g: PyTree, state: PyTree) -> Step:
         """One iteration from ``x``."""
 
     def violation(self, objective: Objective, x: PyTree, state: PyTree) -> jax.Array | None:
@@ -130,8 +129,9 @@ class GradientStepSolver(NativeSolver):
         """The state at the first iterate ``x``."""
 
     @abc.abstractmethod
-    def update(self, objective: Objective, x: PyTree, f: jax.Array, g: PyTree,
-               state: PyTree) -> "Update":
+    def update(
+        self, objective: Objective, x: PyTree, f: jax.Array, g: PyTree, state: PyTree
+    ) -> Update:
         """The next iterate and state, with what the update cost and whether it failed."""
 
 

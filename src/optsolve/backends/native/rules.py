@@ -18,15 +18,27 @@ from optsolve.solve_api.host import call_user_callback, clock, report_progress, 
 from optsolve.solve_api.options import SolveOptions
 from optsolve.solve_api.problem import OptimizationProblem
 from optsolve.solve_api.returncode import RUNNING, ReturnCode
-from optsolve.solve_api.stationarity import stationarity
 from optsolve.solve_api.solution import History
+from optsolve.solve_api.stationarity import stationarity
 
 PyTree = Any
 INT = jnp.int32
 
 # Reason codes (optsolve.solve_api.returncode.REASONS).
-(GTOL, FTOL, XTOL, F_NONFINITE, G_NONFINITE, X_NONFINITE, LS_FAILED, STALLED_STEP,
- TRIAL_NONFINITE, STALLED_NONFINITE, REDUCTION_TOL, RADIUS_TOL) = range(1, 13)
+(
+    GTOL,
+    FTOL,
+    XTOL,
+    F_NONFINITE,
+    G_NONFINITE,
+    X_NONFINITE,
+    LS_FAILED,
+    STALLED_STEP,
+    TRIAL_NONFINITE,
+    STALLED_NONFINITE,
+    REDUCTION_TOL,
+    RADIUS_TOL,
+) = range(1, 13)
 
 
 def select(pred: jax.Array, on_true: PyTree, on_false: PyTree) -> PyTree:
@@ -56,8 +68,7 @@ class Rules:
         if solver.tests_tolerances:  # its own ftol / xtol tests replace these
             self.xtol = self.ftol = None
         maxiters = options.maxiters if options.maxiters is not None else solver.default_maxiters
-        self.maxiters = jnp.asarray(
-            maxiters if maxiters is not None else jnp.iinfo(INT).max, INT)
+        self.maxiters = jnp.asarray(maxiters if maxiters is not None else jnp.iinfo(INT).max, INT)
         self.bounds = bounds
 
     def grad_norm(self, x, g) -> jax.Array:
@@ -73,8 +84,16 @@ class Rules:
         if self.ftol is not None:
             # Only a step that moved x tests ftol: a rejected trust-region step, or a zero
             # update (a warm-up schedule at 0), leaves f unchanged without converging.
-            moved = jnp.any(jnp.stack([jnp.any(a != b) for a, b in zip(
-                jax.tree_util.tree_leaves(x), jax.tree_util.tree_leaves(x_prev))]))
+            moved = jnp.any(
+                jnp.stack(
+                    [
+                        jnp.any(a != b)
+                        for a, b in zip(
+                            jax.tree_util.tree_leaves(x), jax.tree_util.tree_leaves(x_prev)
+                        )
+                    ]
+                )
+            )
             scale = jnp.maximum(jnp.maximum(jnp.abs(f_prev), jnp.abs(f)), 1.0)
             by_f = has_prev & moved & (jnp.abs(f_prev - f) <= self.ftol * scale)
         if self.xtol is not None:
@@ -100,12 +119,17 @@ class Rules:
             with_norm = wants_grad_norm(callback)
             # stop_gradient: a host call has no derivative, and an unrolled loop is differentiated
             args = lax.stop_gradient(
-                (due_cb, iteration, x, f) + ((self.grad_norm(at, g),) if with_norm else ()))
-            stop = lax.cond(due_cb, lambda: call_user_callback(callback, *args),
-                            lambda: jnp.zeros((), bool))
+                (due_cb, iteration, x, f) + ((self.grad_norm(at, g),) if with_norm else ())
+            )
+            stop = lax.cond(
+                due_cb, lambda: call_user_callback(callback, *args), lambda: jnp.zeros((), bool)
+            )
         if progress:
-            every = jnp.maximum(self.maxiters // 100, 1) if self.options.maxiters is not None \
+            every = (
+                jnp.maximum(self.maxiters // 100, 1)
+                if self.options.maxiters is not None
                 else self.options.progress_every
+            )
             due_bar = due & ((iteration % every == 0) | (iteration >= self.maxiters))
             args = lax.stop_gradient((due_bar, iteration, f, self.grad_norm(at, g)))
             stop |= lax.cond(due_bar, lambda: report_progress(*args), lambda: jnp.zeros((), bool))
@@ -146,17 +170,48 @@ class Checks(NamedTuple):
         conv = self.converged
         status = _first(
             [~self.ok, conv.any(), self.stalled, self.stop, self.at_maxiters, self.out_of_time],
-            [int(ReturnCode.FAILURE), int(ReturnCode.SUCCESS), int(ReturnCode.STALLED),
-             int(ReturnCode.TERMINATED), int(ReturnCode.MAXITERS), int(ReturnCode.MAXTIME)],
-            RUNNING)
+            [
+                int(ReturnCode.FAILURE),
+                int(ReturnCode.SUCCESS),
+                int(ReturnCode.STALLED),
+                int(ReturnCode.TERMINATED),
+                int(ReturnCode.MAXITERS),
+                int(ReturnCode.MAXTIME),
+            ],
+            RUNNING,
+        )
         nonfinite = jnp.asarray(self.nonfinite_trials)
         reason = _first(
-            [~self.f_finite, ~self.g_finite, ~self.x_finite, self.failed & nonfinite,
-             self.failed, conv.gtol, conv.ftol, conv.xtol, conv.reduction, conv.radius,
-             self.stalled & nonfinite, self.stalled],
-            [F_NONFINITE, G_NONFINITE, X_NONFINITE, TRIAL_NONFINITE, LS_FAILED, GTOL, FTOL,
-             XTOL, REDUCTION_TOL, RADIUS_TOL, STALLED_NONFINITE, STALLED_STEP],
-            0)
+            [
+                ~self.f_finite,
+                ~self.g_finite,
+                ~self.x_finite,
+                self.failed & nonfinite,
+                self.failed,
+                conv.gtol,
+                conv.ftol,
+                conv.xtol,
+                conv.reduction,
+                conv.radius,
+                self.stalled & nonfinite,
+                self.stalled,
+            ],
+            [
+                F_NONFINITE,
+                G_NONFINITE,
+                X_NONFINITE,
+                TRIAL_NONFINITE,
+                LS_FAILED,
+                GTOL,
+                FTOL,
+                XTOL,
+                REDUCTION_TOL,
+                RADIUS_TOL,
+                STALLED_NONFINITE,
+                STALLED_STEP,
+            ],
+            0,
+        )
         return status, reason
 
 
@@ -185,8 +240,9 @@ class StartPoint(NamedTuple):
     grad_evals: jax.Array
 
 
-def start_point(problem: OptimizationProblem, options: SolveOptions,
-           init: Callable[[PyTree], PyTree]) -> StartPoint:
+def start_point(
+    problem: OptimizationProblem, options: SolveOptions, init: Callable[[PyTree], PyTree]
+) -> StartPoint:
     """Where the run starts. ``resume``'s state is checked against ``init(x)``'s structure
     (traced only for that); a resume point without a state (a scipy run's, or one that
     stopped before any step) warm-starts from its x with a fresh state."""
@@ -204,24 +260,32 @@ def start_point(problem: OptimizationProblem, options: SolveOptions,
             raise ValueError(
                 f"solve: `resume` holds the optimizer state of {_state_name(given)}, but "
                 f"this algorithm's state is {_state_name(expected)}: resume with the "
-                "algorithm (and configuration) that produced it, or pass resume=None.")
+                "algorithm (and configuration) that produced it, or pass resume=None."
+            )
     stats = resume.stats
     count = lambda v: jnp.asarray(0 if v is None else v, INT)
-    return StartPoint(resume.x, state, count(stats.iterations), count(stats.f_evals),
-                  count(stats.grad_evals))
+    return StartPoint(
+        resume.x, state, count(stats.iterations), count(stats.f_evals), count(stats.grad_evals)
+    )
 
 
 def _state_name(structure: Any) -> str:
     """A short name of an optimizer state's structure (its outermost node types), not the
     whole PyTreeDef, which runs to thousands of characters."""
     node = structure.node_data()
-    kind = node[0].__name__ if node is not None and hasattr(node[0], "__name__") else \
-        type(structure).__name__
+    kind = (
+        node[0].__name__
+        if node is not None and hasattr(node[0], "__name__")
+        else type(structure).__name__
+    )
     children = [c.node_data() for c in structure.children()][:3]
-    inner = ", ".join(c[0].__name__ for c in children if c is not None and
-                      hasattr(c[0], "__name__"))
-    return f"{kind}({inner}{', ...' if structure.num_nodes > 4 else ''}) with " \
-           f"{structure.num_leaves} arrays"
+    inner = ", ".join(
+        c[0].__name__ for c in children if c is not None and hasattr(c[0], "__name__")
+    )
+    return (
+        f"{kind}({inner}{', ...' if structure.num_nodes > 4 else ''}) with "
+        f"{structure.num_leaves} arrays"
+    )
 
 
 class BaseCounts(NamedTuple):
@@ -251,9 +315,14 @@ class Record(NamedTuple):
     violation: jax.Array | None = None
 
 
-def empty_record(options: SolveOptions, dtype, length: int | None = None,
-                 first: jax.Array | None = None, specs: tuple = (None, None),
-                 violation: bool = False) -> Record | None:
+def empty_record(
+    options: SolveOptions,
+    dtype,
+    length: int | None = None,
+    first: jax.Array | None = None,
+    specs: tuple = (None, None),
+    violation: bool = False,
+) -> Record | None:
     """An all-NaN record of ``length`` entries (default ``options.history``), or None
     without a history. ``specs``: the shapes of one metrics value and one evaluation (see
     :mod:`optsolve.backends.native.tracking`), or None for those not recorded;
@@ -264,11 +333,15 @@ def empty_record(options: SolveOptions, dtype, length: int | None = None,
     empty = jnp.full((length,), jnp.nan, dtype)
 
     def fill(spec):
-        return None if spec is None else jax.tree_util.tree_map(
-            lambda s: jnp.full((length,) + s.shape, jnp.nan, _float(s.dtype, dtype)), spec)
+        return (
+            None
+            if spec is None
+            else jax.tree_util.tree_map(
+                lambda s: jnp.full((length,) + s.shape, jnp.nan, _float(s.dtype, dtype)), spec
+            )
+        )
 
-    return Record(empty, empty, first, fill(specs[0]), fill(specs[1]),
-                  empty if violation else None)
+    return Record(empty, empty, first, fill(specs[0]), fill(specs[1]), empty if violation else None)
 
 
 def _float(dtype, default):
@@ -276,8 +349,17 @@ def _float(dtype, default):
     return dtype if jnp.issubdtype(dtype, jnp.inexact) else default
 
 
-def record_at(record: Record | None, index, f, gnorm, keep=True, metrics=None,
-              evaluation=None, evaluated=True, violation=None) -> Record | None:
+def record_at(
+    record: Record | None,
+    index,
+    f,
+    gnorm,
+    keep=True,
+    metrics=None,
+    evaluation=None,
+    evaluated=True,
+    violation=None,
+) -> Record | None:
     """``record`` with iterate ``index``'s entries; ``keep`` False drops them all,
     ``evaluated`` False the evaluation's. ``violation``: the constraint violation, for a
     record with that column (which then needs it)."""
@@ -292,21 +374,29 @@ def record_at(record: Record | None, index, f, gnorm, keep=True, metrics=None,
         if rows is None:
             return None
         return jax.tree_util.tree_map(
-            lambda r, v: r.at[where].set(jnp.asarray(v).astype(r.dtype), mode="drop"),
-            rows, values)
+            lambda r, v: r.at[where].set(jnp.asarray(v).astype(r.dtype), mode="drop"), rows, values
+        )
 
     if record.violation is not None and violation is None:
-        raise TypeError("optsolve: a solver whose `violation` method reports the constraint "
-                        "violation must set `Step.violation` on every step too.")
-    return Record(record.objective.at[at].set(f, mode="drop"),
-                  record.grad_norm.at[at].set(gnorm.astype(f.dtype), mode="drop"),
-                  record.first, put(record.metrics, metrics, at),
-                  put(record.evaluation, evaluation,
-                      jnp.where(evaluated, at, out_of_range)),
-                  put(record.violation, violation, at))
+        raise TypeError(
+            "optsolve: a solver whose `violation` method reports the constraint "
+            "violation must set `Step.violation` on every step too."
+        )
+    return Record(
+        record.objective.at[at].set(f, mode="drop"),
+        record.grad_norm.at[at].set(gnorm.astype(f.dtype), mode="drop"),
+        record.first,
+        put(record.metrics, metrics, at),
+        put(record.evaluation, evaluation, jnp.where(evaluated, at, out_of_range)),
+        put(record.violation, violation, at),
+    )
 
 
 def history_of(record: Record | None) -> History | None:
-    return None if record is None else History(record.objective, record.grad_norm,
-                                               record.metrics, record.evaluation,
-                                               record.violation)
+    return (
+        None
+        if record is None
+        else History(
+            record.objective, record.grad_norm, record.metrics, record.evaluation, record.violation
+        )
+    )

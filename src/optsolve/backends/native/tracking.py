@@ -37,7 +37,8 @@ def score_of(evaluation: Any) -> jax.Array:
         raise TypeError(
             "solve: keep='best' ranks iterates by `evaluate`'s value, which must be a scalar "
             "score (lower is better) or a pair (score, aux); got "
-            f"{jax.tree_util.tree_structure(evaluation)}.")
+            f"{jax.tree_util.tree_structure(evaluation)}."
+        )
     return evaluation
 
 
@@ -45,7 +46,10 @@ def _as_float(tree: PyTree, default) -> PyTree:
     # ints and bools (counts, flags) become floats, so that NaN can stand for "not evaluated"
     return jax.tree_util.tree_map(
         lambda v: jnp.asarray(v).astype(
-            v.dtype if jnp.issubdtype(jnp.asarray(v).dtype, jnp.inexact) else default), tree)
+            v.dtype if jnp.issubdtype(jnp.asarray(v).dtype, jnp.inexact) else default
+        ),
+        tree,
+    )
 
 
 class Tracker:
@@ -59,16 +63,21 @@ class Tracker:
         self.records_evaluation = bool(options.history) and options.evaluate is not None
 
     def _evaluated(self, objective: Objective, x: PyTree, dtype) -> PyTree:
-        return _as_float(lax.stop_gradient(objective.call(self.evaluate, x, batch=False)),
-                         dtype)
+        return _as_float(lax.stop_gradient(objective.call(self.evaluate, x, batch=False)), dtype)
 
     def specs(self, objective: Objective, x: PyTree, dtype) -> tuple:
         """The shapes of one metrics value and one evaluation, as the record stores them
         (None for what is not recorded)."""
-        metrics = None if self.metrics is None else jax.eval_shape(
-            lambda x: _as_float(objective.call(self.metrics, x), dtype), x)
-        evaluation = None if not self.records_evaluation else jax.eval_shape(
-            lambda x: self._evaluated(objective, x, dtype), x)
+        metrics = (
+            None
+            if self.metrics is None
+            else jax.eval_shape(lambda x: _as_float(objective.call(self.metrics, x), dtype), x)
+        )
+        evaluation = (
+            None
+            if not self.records_evaluation
+            else jax.eval_shape(lambda x: self._evaluated(objective, x, dtype), x)
+        )
         return metrics, evaluation
 
     def metrics_at(self, objective: Objective, x: PyTree, dtype) -> PyTree:
@@ -79,8 +88,9 @@ class Tracker:
     def due(self, iteration: jax.Array) -> jax.Array:
         return iteration % self.every == 0
 
-    def evaluation_at(self, objective: Objective, x: PyTree, due: jax.Array,
-                      dtype) -> tuple[PyTree, jax.Array | None]:
+    def evaluation_at(
+        self, objective: Objective, x: PyTree, due: jax.Array, dtype
+    ) -> tuple[PyTree, jax.Array | None]:
         """``evaluate(x, p)`` where ``due`` (NaN elsewhere, at no cost), and its score."""
         if self.evaluate is None:
             return None, None
@@ -92,23 +102,40 @@ class Tracker:
     def first_best(self, x: PyTree, state: PyTree, carried, dtype) -> Best | None:
         if not self.keep_best:
             return None
-        return Best(x, state, carried, jnp.full((), jnp.nan, dtype),
-                    jnp.full((), jnp.inf, dtype), jnp.zeros((), INT))
+        return Best(
+            x,
+            state,
+            carried,
+            jnp.full((), jnp.nan, dtype),
+            jnp.full((), jnp.inf, dtype),
+            jnp.zeros((), INT),
+        )
 
-    def update_best(self, best: Best | None, ok: jax.Array, x, state, carried, f,
-                    score: jax.Array | None, iteration) -> Best | None:
+    def update_best(
+        self,
+        best: Best | None,
+        ok: jax.Array,
+        x,
+        state,
+        carried,
+        f,
+        score: jax.Array | None,
+        iteration,
+    ) -> Best | None:
         """``best``, or iterate ``iteration`` where its score (evaluate's, else f) is lower."""
         if best is None:
             return None
         score = (f if score is None else score).astype(best.score.dtype)
         better = ok & (score < best.score)  # a NaN score (not evaluated) is never better
-        candidate = Best(x, state, carried, f.astype(best.f.dtype), score,
-                         jnp.asarray(iteration, INT))
+        candidate = Best(
+            x, state, carried, f.astype(best.f.dtype), score, jnp.asarray(iteration, INT)
+        )
         # a conditional, not a select: most iterates are not the best
         return lax.cond(better, lambda: candidate, lambda: best)
 
-    def final_best(self, best: Best | None, objective: Objective, x, state, carried, f,
-                   iteration) -> Best | None:
+    def final_best(
+        self, best: Best | None, objective: Objective, x, state, carried, f, iteration
+    ) -> Best | None:
         """``best`` with the run's final iterate as a candidate where it was not evaluated
         in the loop (a run on data ends with an update), scored by ``evaluate``."""
         if best is None or self.evaluate is None:
@@ -122,5 +149,8 @@ class Tracker:
         if best is None:
             return x, state, carried, f
         found = jnp.isfinite(best.score)
-        return select(found, (best.x, best.state, best.carried, best.f.astype(jnp.result_type(f))),
-                      (x, state, carried, f))
+        return select(
+            found,
+            (best.x, best.state, best.carried, best.f.astype(jnp.result_type(f))),
+            (x, state, carried, f),
+        )

@@ -39,7 +39,13 @@ import numpy as np
 
 from optsolve.backends.native.driver import stopped_at
 from optsolve.backends.native.training_steps import (
-    Chunk, FlatCarry, Prepared, chunk_of_batches, epochs_chunk, init_carry, run_solution,
+    Chunk,
+    FlatCarry,
+    Prepared,
+    chunk_of_batches,
+    epochs_chunk,
+    init_carry,
+    run_solution,
     stand_in_carry,
 )
 from optsolve.solve_api.cache import BoundedCache
@@ -52,9 +58,9 @@ from optsolve.solve_api.solution import History, Solution, Stats
 
 PyTree = Any
 CHUNK = 32  # the most batches of an iterable run per compiled call
-CHUNK_BYTES = 64 * 2 ** 20  # ... and the most bytes of stacked batches per call
+CHUNK_BYTES = 64 * 2**20  # ... and the most bytes of stacked batches per call
 EPOCH_SLOTS = 16  # the most epochs of in-memory data run per compiled call, ...
-ORDER_SAMPLES = 2 ** 16  # ... and the most samples in their orders (each call draws all)
+ORDER_SAMPLES = 2**16  # ... and the most samples in their orders (each call draws all)
 # Chunks are also sized by time, so that a Ctrl-C (seen between chunks, with two in flight)
 # and the progress bar respond within about 0.3 s: each takes about this long, from the
 # seconds per step last read for its compiled call (in this run or an earlier one); the
@@ -68,7 +74,7 @@ def _steps_in(seconds: float, per_step: float | None) -> int:
     known yet)."""
     if per_step is None:
         return _FIRST_STEPS
-    return int(min(max(seconds / max(per_step, 1e-9), 1), 2 ** 24))
+    return int(min(max(seconds / max(per_step, 1e-9), 1), 2**24))
 
 
 @functools.cache
@@ -94,8 +100,10 @@ def chunk_length(batch: Any) -> int:
     batches fit in ``CHUNK_BYTES`` (at least 1). Each call costs a dispatch and a status
     read, so longer chunks serve small batches; the cap bounds the device memory."""
     # nbytes, not size times a numpy itemsize: a PRNG key's dtype is not a numpy one
-    size = sum(leaf.nbytes if hasattr(leaf, "nbytes") else np.asarray(leaf).nbytes
-               for leaf in jax.tree_util.tree_leaves(batch))
+    size = sum(
+        leaf.nbytes if hasattr(leaf, "nbytes") else np.asarray(leaf).nbytes
+        for leaf in jax.tree_util.tree_leaves(batch)
+    )
     length = CHUNK
     while length > 1 and length * size > CHUNK_BYTES:
         length //= 2
@@ -109,7 +117,7 @@ class _IterableChunks:
 
     def __init__(self, batches: Iterator, run: Callable, length: int):
         self.batches, self.run, self.length = batches, run, length
-        self.held = None          # a batch of another shape than the chunk it was read for
+        self.held = None  # a batch of another shape than the chunk it was read for
         self.interrupted = False  # Ctrl-C while reading: the batches read so far still run
 
     def next(self, most: int | None):
@@ -135,7 +143,8 @@ class _IterableChunks:
             return None
         padded = group + [group[-1]] * (self.length - len(group))
         return len(group), lambda carry, n, replay=False, begin=False: self.run(
-            carry, padded, n, _flags()[replay], _flags()[begin])
+            carry, padded, n, _flags()[replay], _flags()[begin]
+        )
 
 
 class _Epochs:
@@ -162,27 +171,37 @@ class _Epochs:
         self.position += count
         self.remaining -= count
         return count, lambda carry, n, replay=False, begin=False: self.run(
-            carry, self.spec.source, self.spec.key, first, lead, n_epochs, n,
-            _flags()[replay], _flags()[begin])
+            carry,
+            self.spec.source,
+            self.spec.key,
+            first,
+            lead,
+            n_epochs,
+            n,
+            _flags()[replay],
+            _flags()[begin],
+        )
 
 
 class _Dispatched(NamedTuple):
-    carry_in: Any      # the carry the chunk started from (a FlatCarry)
-    start: Any         # its iteration (an int array, or 0)
-    begin: bool        # the chunk made the run's first carry (carry_in stood in for it)
-    run: Callable      # run(carry, n, replay=False, begin=False): the chunk's compiled call
+    carry_in: Any  # the carry the chunk started from (a FlatCarry)
+    start: Any  # its iteration (an int array, or 0)
+    begin: bool  # the chunk made the run's first carry (carry_in stood in for it)
+    run: Callable  # run(carry, n, replay=False, begin=False): the chunk's compiled call
     chunk: Chunk
 
 
-def run_training(make_solver, problem: OptimizationProblem, algorithm: Any,
-                 options: SolveOptions) -> Solution:
+def run_training(
+    make_solver, problem: OptimizationProblem, algorithm: Any, options: SolveOptions
+) -> Solution:
     """Train ``algorithm`` on ``options.data``; see the module docstring."""
     spec: DataSpec = options.data
     # the host checks maxtime between chunks; the compiled steps need no clock. The host
     # also moves the progress bar between chunks: a bar updated from inside the compiled
     # steps stops them at every update, which costs more than the steps of a short run
-    loop_options = dataclasses.replace(options, data=None, maxtime=None, resume=None,
-                                       progress=False, checkpoint=None)
+    loop_options = dataclasses.replace(
+        options, data=None, maxtime=None, resume=None, progress=False, checkpoint=None
+    )
     checkpoint = options.checkpoint
     # each chunk records its own steps: the first carry holds no record
     init_options = dataclasses.replace(loop_options, resume=options.resume, history=0)
@@ -199,15 +218,17 @@ def run_training(make_solver, problem: OptimizationProblem, algorithm: Any,
 
     if spec.in_memory:
         first = jax.tree_util.tree_map(
-            lambda a: jax.ShapeDtypeStruct((spec.batch_size,) + a.shape[1:], a.dtype),
-            spec.source)
+            lambda a: jax.ShapeDtypeStruct((spec.batch_size,) + a.shape[1:], a.dtype), spec.source
+        )
         carry = start(first)
         size = jax.tree_util.tree_leaves(spec.source)[0].shape[0]
-        slots = 1 if options.maxtime is not None else max(
-            1, min(EPOCH_SLOTS, ORDER_SAMPLES // size))
+        slots = (
+            1 if options.maxtime is not None else max(1, min(EPOCH_SLOTS, ORDER_SAMPLES // size))
+        )
         resumed = options.resume.stats.iterations if options.resume is not None else None
-        source = _Epochs(spec, compiled(epochs_chunk, spec.batch_size, slots), slots,
-                         int(resumed or 0))
+        source = _Epochs(
+            spec, compiled(epochs_chunk, spec.batch_size, slots), slots, int(resumed or 0)
+        )
     else:
         batches = iter(_batches(spec))
         try:
@@ -215,14 +236,15 @@ def run_training(make_solver, problem: OptimizationProblem, algorithm: Any,
         except StopIteration:
             raise ValueError("solve: `data` holds no batch.") from None
         carry = start(first)
-        source = _IterableChunks(_chain([first], batches), compiled(chunk_of_batches),
-                                 chunk_length(first))
+        source = _IterableChunks(
+            _chain([first], batches), compiled(chunk_of_batches), chunk_length(first)
+        )
 
-    recent: list[_Dispatched] = []   # the last two chunks dispatched
+    recent: list[_Dispatched] = []  # the last two chunks dispatched
     timing = getattr(source.run, "func", source.run)  # the compiled call, which its speed
     # steps of the next chunk; the last status read
     budget, read_at = _steps_in(_CHUNK_SECONDS, _SECONDS_PER_STEP.get(timing)), started
-    records: list[tuple] = []        # with history: each chunk's records and step count
+    records: list[tuple] = []  # with history: each chunk's records and step count
     dispatched = 0
     interrupted = out_of_time = False
     finish = compiled(run_solution)
@@ -245,8 +267,11 @@ def run_training(make_solver, problem: OptimizationProblem, algorithm: Any,
                 records.append((chunk.records, chunk.executed))
             carry = chunk.carry
             dispatched += count
-            if checkpoint is not None and checkpoint.due(dispatched) and \
-                    int(chunk.status) == RUNNING:
+            if (
+                checkpoint is not None
+                and checkpoint.due(dispatched)
+                and int(chunk.status) == RUNNING
+            ):
                 # written at once (one wait per checkpoint): a chunk dispatched first would
                 # run before it, and a run killed there would lose it
                 _write_checkpoint(checkpoint, finish, carry)
@@ -285,22 +310,38 @@ def run_training(make_solver, problem: OptimizationProblem, algorithm: Any,
     final = _final_carry(recent)
     solution, summary = at_last if final is last else finish(final)
     solution = solution.unpack()
-    status, reason, iterations, f_evals, grad_evals, skipped = (
-        int(v) for v in np.asarray(summary))
+    status, reason, iterations, f_evals, grad_evals, skipped = (int(v) for v in np.asarray(summary))
     if status == RUNNING:
         # the data or the epochs ran out: the iteration budget was used up
-        status = int(ReturnCode.INTERRUPTED if interrupted else
-                     ReturnCode.MAXTIME if out_of_time else ReturnCode.MAXITERS)
+        status = int(
+            ReturnCode.INTERRUPTED
+            if interrupted
+            else ReturnCode.MAXTIME
+            if out_of_time
+            else ReturnCode.MAXITERS
+        )
     history = None
     if options.history:
         counts = jax.device_get([n for _, n in records])
-        parts = [jax.tree_util.tree_map(lambda a, n=n: a[:n], r) for (r, _), n in
-                 zip(records, counts)]
+        parts = [
+            jax.tree_util.tree_map(lambda a, n=n: a[:n], r) for (r, _), n in zip(records, counts)
+        ]
         history = History(*jax.tree_util.tree_map(lambda *a: jnp.concatenate(a), *parts))
-    stats = Stats(iterations=iterations, f_evals=f_evals, grad_evals=grad_evals,
-                  time=solution.stats.time, skipped=None if skipped < 0 else skipped)
-    return replace(solution, retcode=ReturnCode(status), reason=reason, stats=stats,
-                   history=history, original=solution.state)
+    stats = Stats(
+        iterations=iterations,
+        f_evals=f_evals,
+        grad_evals=grad_evals,
+        time=solution.stats.time,
+        skipped=None if skipped < 0 else skipped,
+    )
+    return replace(
+        solution,
+        retcode=ReturnCode(status),
+        reason=reason,
+        stats=stats,
+        history=history,
+        original=solution.state,
+    )
 
 
 def _write_checkpoint(checkpoint, finish, carry) -> None:
@@ -308,10 +349,16 @@ def _write_checkpoint(checkpoint, finish, carry) -> None:
     solution, summary = finish(carry)
     solution = solution.unpack()
     _, _, iterations, f_evals, grad_evals, _ = (int(v) for v in np.asarray(summary))
-    checkpoint.write(replace(
-        solution, retcode=ReturnCode.INTERRUPTED, reason=None, history=None,
-        original=solution.state,
-        stats=Stats(iterations=iterations, f_evals=f_evals, grad_evals=grad_evals)))
+    checkpoint.write(
+        replace(
+            solution,
+            retcode=ReturnCode.INTERRUPTED,
+            reason=None,
+            history=None,
+            original=solution.state,
+            stats=Stats(iterations=iterations, f_evals=f_evals, grad_evals=grad_evals),
+        )
+    )
 
 
 def _final_carry(recent: list[_Dispatched]):

@@ -15,10 +15,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from optsolve.backends.native.prepared import FlatCarry, Prepared, zeros_of
 from optsolve.backends.native.driver import StreamLoop, running, stream_loop
 from optsolve.backends.native.in_memory import rows_of
 from optsolve.backends.native.objective import Objective
+from optsolve.backends.native.prepared import FlatCarry, Prepared, zeros_of
 from optsolve.backends.native.rules import INT
 from optsolve.solve_api.cache import BoundedCache
 from optsolve.solve_api.capabilities import check_objective
@@ -30,12 +30,12 @@ PyTree = Any
 
 
 class Chunk(NamedTuple):
-    carry: FlatCarry       # the driver's carry after the chunk (without its record)
-    executed: jax.Array    # steps run by this call, a failing one included
-    records: tuple         # with ``history``: this chunk's batch losses, gradient norms,
-                           # metrics and evaluations (None where not recorded)
-    status: jax.Array      # the carry's status, iteration and last finite loss, which the
-    iteration: jax.Array   # host reads
+    carry: FlatCarry  # the driver's carry after the chunk (without its record)
+    executed: jax.Array  # steps run by this call, a failing one included
+    records: tuple  # with ``history``: this chunk's batch losses, gradient norms,
+    # metrics and evaluations (None where not recorded)
+    status: jax.Array  # the carry's status, iteration and last finite loss, which the
+    iteration: jax.Array  # host reads
     f_last: jax.Array
 
 
@@ -51,10 +51,12 @@ class _Steps(NamedTuple):
 def _run_steps(parts: StreamLoop, problem, steps: _Steps, batches, offset, end) -> _Steps:
     """Steps while the run goes on and ``carry.iteration < end``, step k on
     ``batches[k - offset]``."""
+
     def body(steps: _Steps) -> _Steps:
         batch = jax.tree_util.tree_map(
-            lambda a: lax.dynamic_index_in_dim(a, steps.carry.iteration - offset,
-                                               keepdims=False), batches)
+            lambda a: lax.dynamic_index_in_dim(a, steps.carry.iteration - offset, keepdims=False),
+            batches,
+        )
         return _Steps(steps.executed + 1, parts.step(steps.carry, _on_batch(problem, batch)))
 
     return lax.while_loop(lambda s: running(s.carry) & (s.carry.iteration < end), body, steps)
@@ -79,10 +81,19 @@ def _finish(steps: _Steps) -> Chunk:
     # The chunk's Solution is built once, by run_solution, not by every chunk: each output
     # buffer of a compiled call costs its dispatch.
     carry, record = steps.carry, steps.carry.record
-    records = () if record is None else (record.objective, record.grad_norm, record.metrics,
-                                         record.evaluation)
-    return Chunk(FlatCarry.of(carry._replace(record=None)), steps.executed, records,
-                 carry.status, carry.iteration, carry.f_last)
+    records = (
+        ()
+        if record is None
+        else (record.objective, record.grad_norm, record.metrics, record.evaluation)
+    )
+    return Chunk(
+        FlatCarry.of(carry._replace(record=None)),
+        steps.executed,
+        records,
+        carry.status,
+        carry.iteration,
+        carry.f_last,
+    )
 
 
 def _replaying(options: SolveOptions, replay) -> SolveOptions:
@@ -90,8 +101,7 @@ def _replaying(options: SolveOptions, replay) -> SolveOptions:
     return dataclasses.replace(options, replay=replay)
 
 
-def chunk_of_batches(solver, problem, options, carry, batches: list, n, replay,
-                     begin) -> Chunk:
+def chunk_of_batches(solver, problem, options, carry, batches: list, n, replay, begin) -> Chunk:
     """The first ``n`` of a list of same-shaped batches, stacked on the device
     (``replay``: a bool array, True while the host replays steps it ran before; ``begin``:
     a bool array, True where the run starts here, see :func:`_begin`)."""
@@ -104,8 +114,22 @@ def chunk_of_batches(solver, problem, options, carry, batches: list, n, replay,
     return _finish(_run_steps(parts, problem, steps, stacked, first, first + n))
 
 
-def epochs_chunk(solver, problem, options, batch_size, slots, carry, data, key, first_epoch,
-                 lead, n_epochs, n, replay, begin) -> Chunk:
+def epochs_chunk(
+    solver,
+    problem,
+    options,
+    batch_size,
+    slots,
+    carry,
+    data,
+    key,
+    first_epoch,
+    lead,
+    n_epochs,
+    n,
+    replay,
+    begin,
+) -> Chunk:
     """The first ``n`` steps of epochs ``first_epoch`` .. ``first_epoch + n_epochs - 1``
     (at most ``slots``, static), from batch ``lead`` of the first (where a resumed run
     continues): each epoch a permutation of the data (in order without a key) cut into
@@ -119,22 +143,31 @@ def epochs_chunk(solver, problem, options, batch_size, slots, carry, data, key, 
     first = carry.iteration
     used = n_batches * batch_size
     # every slot's order, drawn together (the host keeps slots x samples small)
-    orders = None if key is None else jax.vmap(
-        lambda e: jax.random.permutation(jax.random.fold_in(key, first_epoch + e), size)[
-            :used])(jnp.arange(slots, dtype=INT))
+    orders = (
+        None
+        if key is None
+        else jax.vmap(
+            lambda e: jax.random.permutation(jax.random.fold_in(key, first_epoch + e), size)[:used]
+        )(jnp.arange(slots, dtype=INT))
+    )
 
     # one loop over the chunk's steps, each gathering its batch (as the run under jax.jit
     # does): a loop per epoch inside a loop over epochs runs slower
     def body(steps: _Steps) -> _Steps:
         epoch, index = jnp.divmod(lead + steps.carry.iteration - first, n_batches)
-        batch = rows_of(data, None if orders is None else lax.dynamic_index_in_dim(
-            orders, epoch, keepdims=False), index, batch_size)
+        batch = rows_of(
+            data,
+            None if orders is None else lax.dynamic_index_in_dim(orders, epoch, keepdims=False),
+            index,
+            batch_size,
+        )
         return _Steps(steps.executed + 1, parts.step(steps.carry, _on_batch(problem, batch)))
 
     end = first + jnp.minimum(n, n_epochs * n_batches - lead)
     start = _start(parts, carry, _on_batch(problem, one_batch), slots * n_batches)
-    return _finish(lax.while_loop(lambda s: running(s.carry) & (s.carry.iteration < end),
-                                  body, start))
+    return _finish(
+        lax.while_loop(lambda s: running(s.carry) & (s.carry.iteration < end), body, start)
+    )
 
 
 def run_solution(solver, problem, options, carry) -> tuple[FlatCarry, jax.Array]:
@@ -146,9 +179,19 @@ def run_solution(solver, problem, options, carry) -> tuple[FlatCarry, jax.Array]
     solution = replace(solution, original=None)
     stats = solution.stats
     skipped = -1 if stats.skipped is None else stats.skipped  # -1: no step may skip
-    summary = jnp.stack([jnp.asarray(v, INT) for v in (
-        solution.retcode, solution.reason, stats.iterations, stats.f_evals, stats.grad_evals,
-        skipped)])
+    summary = jnp.stack(
+        [
+            jnp.asarray(v, INT)
+            for v in (
+                solution.retcode,
+                solution.reason,
+                stats.iterations,
+                stats.f_evals,
+                stats.grad_evals,
+                skipped,
+            )
+        ]
+    )
     return FlatCarry.of(solution), summary
 
 
@@ -158,9 +201,13 @@ def _init(solver, problem, options, batch_spec):
     for a batch; no data is needed."""
     treedef, leaves = batch_spec
     python_zeros = {"bool": False, "int": 0, "float": 0.0, "complex": 0j}
-    batch = jax.tree_util.tree_unflatten(treedef, [
-        python_zeros[spec[1]] if spec[0] == "python" else jnp.zeros(spec[0], spec[1])
-        for spec in leaves])
+    batch = jax.tree_util.tree_unflatten(
+        treedef,
+        [
+            python_zeros[spec[1]] if spec[0] == "python" else jnp.zeros(spec[0], spec[1])
+            for spec in leaves
+        ],
+    )
     carry = stream_loop(solver, problem, options).init(_on_batch(problem, batch))
     return FlatCarry.of(carry._replace(record=None))
 
@@ -179,8 +226,7 @@ def stand_in_carry(make_solver, problem, algorithm, options, batch) -> FlatCarry
     traces the start), for a first chunk that makes the carry itself (:func:`_begin`)."""
     prepared = Prepared(make_solver, problem, algorithm, options)
     spec = tree_spec(batch)
-    key = (make_solver, prepared.treedef, tuple(leaf_spec(leaf) for leaf in prepared.leaves),
-           spec)
+    key = (make_solver, prepared.treedef, tuple(leaf_spec(leaf) for leaf in prepared.leaves), spec)
 
     def make():  # the objective checked once per structure and shapes, as the carry is found
         check_objective(problem, batch)

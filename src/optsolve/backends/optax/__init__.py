@@ -2,5 +2,9 @@
 parameter groups, composition (chain, MultiSteps, ApplyIfFinite) and pytree schedules."""
 
 from optsolve.backends.optax import (  # noqa: F401  (registration)
-    algorithms, backend, compose, groups, schedules,
+    algorithms,
+    backend,
+    compose,
+    groups,
+    schedules,
 )

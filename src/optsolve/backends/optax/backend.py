@@ -22,21 +22,25 @@ import jax.numpy as jnp
 import optax
 
 from optsolve.backends.native.chunked import run_iterative
+from optsolve.backends.native.in_memory import run_in_memory_compiled
+from optsolve.backends.native.objective import Objective
+from optsolve.backends.native.protocol import GradientStepSolver, Step, SteppingSolver, Update
+from optsolve.backends.native.training import run_training
 from optsolve.backends.optax.factory_arguments import (
-    FactoryArguments, float_valued_names, is_number,
+    FactoryArguments,
+    float_valued_names,
+    is_number,
 )
 from optsolve.backends.optax.model_parameters import on_model_parameters
 from optsolve.backends.optax.schedules import Schedule
-from optsolve.backends.native.protocol import GradientStepSolver, Step, SteppingSolver, Update
-from optsolve.backends.native.objective import Objective
-from optsolve.backends.native.in_memory import run_in_memory_compiled
-from optsolve.backends.native.training import run_training
 from optsolve.solve_api.algorithm import Algorithm, check_replace
 from optsolve.solve_api.cache import BoundedCache
 from optsolve.solve_api.options import SolveOptions
 from optsolve.solve_api.problem import OptimizationProblem
 from optsolve.solve_api.registry import (
-    register_adapter, register_algorithm, register_backend,
+    register_adapter,
+    register_algorithm,
+    register_backend,
 )
 from optsolve.solve_api.solution import Solution
 
@@ -70,8 +74,9 @@ class OptaxFamily(Algorithm):
         makes the chain a static optax transformation)."""
         return self.transformation().init(params)
 
-    def update(self, updates: PyTree, state: PyTree, params: PyTree = None,
-               **extra_args: Any) -> tuple[PyTree, PyTree]:
+    def update(
+        self, updates: PyTree, state: PyTree, params: PyTree = None, **extra_args: Any
+    ) -> tuple[PyTree, PyTree]:
         """optax's ``update`` (see :meth:`init`)."""
         tx = optax.with_extra_args_support(self.transformation())
         return tx.update(updates, state, params, **extra_args)
@@ -94,7 +99,7 @@ class OptaxAlgorithm(FactoryArguments, OptaxFamily):
         """The factory's arguments, by name (a copy)."""
         return dict(self._arguments)
 
-    def replace(self, **changes: Any) -> "OptaxAlgorithm":
+    def replace(self, **changes: Any) -> OptaxAlgorithm:
         """A copy with some hyperparameters changed."""
         check_replace(self, changes, self._arguments)
         return type(self)(**{**self._arguments, **changes})
@@ -107,18 +112,25 @@ class OptaxAlgorithm(FactoryArguments, OptaxFamily):
         """``eps_root=0``: the step divides by sqrt(nu), whose derivative at nu = 0 (a
         gradient entry that has been exactly zero, a parameter f ignores) is infinite."""
         eps_root = self._arguments.get("eps_root")
-        if eps_root is None or isinstance(eps_root, jax.core.Tracer) or callable(eps_root) \
-                or float(eps_root) != 0.0:
+        if (
+            eps_root is None
+            or isinstance(eps_root, jax.core.Tracer)
+            or callable(eps_root)
+            or float(eps_root) != 0.0
+        ):
             return []
-        return [f"{type(self).__name__} with eps_root=0 takes sqrt(nu), whose derivative is "
-                "infinite where nu = 0 (a gradient entry that has stayed exactly zero), so "
-                "unrolled derivatives can be NaN; pass eps_root > 0 (e.g. 1e-8)."]
+        return [
+            f"{type(self).__name__} with eps_root=0 takes sqrt(nu), whose derivative is "
+            "infinite where nu = 0 (a gradient entry that has stayed exactly zero), so "
+            "unrolled derivatives can be NaN; pass eps_root > 0 (e.g. 1e-8)."
+        ]
 
     def transformation(self) -> optax.GradientTransformation:
         """The optax transformation for the current hyperparameters (traced or concrete)."""
         hp = self._arguments
         injected = [
-            name for name, value in hp.items()
+            name
+            for name, value in hp.items()
             if callable(value) and name in self.schedulable and name not in self.native_schedules
         ]
         if not injected:
@@ -157,8 +169,12 @@ def _schedulable_names(factory: Callable[..., Any]) -> tuple[frozenset[str], fro
 _NOT_IN_FLOAT16 = frozenset({"dadapt_adamw", "prodigy"})
 
 
-def make_optax_algorithm(factory: Callable[..., optax.GradientTransformation], name: str,
-                         source: str, base: type | None = None) -> type[OptaxAlgorithm]:
+def make_optax_algorithm(
+    factory: Callable[..., optax.GradientTransformation],
+    name: str,
+    source: str,
+    base: type | None = None,
+) -> type[OptaxAlgorithm]:
     """Generate the algorithm class for one optax factory (``source`` names it in docs),
     registered as an algorithm; with ``base`` (a subclass of OptaxAlgorithm), a class of
     that base that ``solve`` does not run by itself (a part of a chain)."""
@@ -179,19 +195,25 @@ def make_optax_algorithm(factory: Callable[..., optax.GradientTransformation], n
         f"Example:\n  >>> sol = optsolve.solve(problem, optsolve.{name}(...), maxiters=100)\n\n"
         f"The arguments are those of ``{source}``, whose documentation follows.\n\n"
     )
-    cls = type(name, (base or OptaxAlgorithm,), {
-        "factory": staticmethod(factory),
-        "schedulable": schedulable,
-        "native_schedules": native,
-        "float_valued": float_valued_names(factory),
-        "float_dtypes": (("bfloat16", "float32", "float64")
-                         if source.rsplit(".", 1)[-1] in _NOT_IN_FLOAT16
-                         else OptaxAlgorithm.float_dtypes),
-        "__init__": __init__,
-        "__doc__": header + inspect.cleandoc(factory.__doc__ or ""),
-        "__module__": "optsolve",
-        "__qualname__": name,
-    })
+    cls = type(
+        name,
+        (base or OptaxAlgorithm,),
+        {
+            "factory": staticmethod(factory),
+            "schedulable": schedulable,
+            "native_schedules": native,
+            "float_valued": float_valued_names(factory),
+            "float_dtypes": (
+                ("bfloat16", "float32", "float64")
+                if source.rsplit(".", 1)[-1] in _NOT_IN_FLOAT16
+                else OptaxAlgorithm.float_dtypes
+            ),
+            "__init__": __init__,
+            "__doc__": header + inspect.cleandoc(factory.__doc__ or ""),
+            "__module__": "optsolve",
+            "__qualname__": name,
+        },
+    )
     cls.__signature__ = signature
     __init__.__doc__ = cls.__doc__
     __init__.__qualname__ = f"{name}.__init__"
@@ -227,7 +249,7 @@ class OptaxTransform(OptaxFamily):
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"OptaxTransform is immutable; use .replace({name}=...).")
 
-    def replace(self, **changes: Any) -> "OptaxTransform":
+    def replace(self, **changes: Any) -> OptaxTransform:
         """A copy holding another ``transformation``."""
         check_replace(self, changes, ("transformation",))
         return OptaxTransform(changes.get("transformation", self._transformation))
@@ -235,8 +257,10 @@ class OptaxTransform(OptaxFamily):
     def unrolls_by_forward_passes(self) -> bool:
         return _has_linesearch(self._transformation)  # a static transformation: cached
 
-    conditional_traits: ClassVar[dict[str, str]] = {"threads_model_state": "without a line search",
-                                                    "takes_data": "without a line search"}
+    conditional_traits: ClassVar[dict[str, str]] = {
+        "threads_model_state": "without a line search",
+        "takes_data": "without a line search",
+    }
 
     def capabilities(self) -> dict[str, Any]:
         """The family's traits; a transformation with a line search evaluates f at trial
@@ -244,8 +268,7 @@ class OptaxTransform(OptaxFamily):
         needs one deterministic objective, so it does not train on data."""
         caps = super().capabilities()
         # a line search needs one deterministic objective: no minibatches either
-        caps["threads_model_state"] = caps["takes_data"] = \
-            not _has_linesearch(self._transformation)
+        caps["threads_model_state"] = caps["takes_data"] = not _has_linesearch(self._transformation)
         return caps
 
     def __repr__(self) -> str:
@@ -261,9 +284,14 @@ jax.tree_util.register_pytree_node(
 
 # ----------------------------------------------------------------------------- the solver
 
-_EXTRA_ARG_SETS = (("value", "grad", "value_fn"), ("obj_fn",), ("value", "grad", "value_fn", "obj_fn"))
+_EXTRA_ARG_SETS = (
+    ("value", "grad", "value_fn"),
+    ("obj_fn",),
+    ("value", "grad", "value_fn", "obj_fn"),
+)
 _LINESEARCH_STATES = (
-    optax.ScaleByZoomLinesearchState, optax.ScaleByBacktrackingLinesearchState,
+    optax.ScaleByZoomLinesearchState,
+    optax.ScaleByBacktrackingLinesearchState,
 )
 
 
@@ -317,8 +345,12 @@ class _OptaxSolver:
             kwargs = self._extra_args(objective, f, g, names)
             try:
                 with _optax_promotion():
-                    jax.eval_shape(lambda gg, ss, xx: self.tx.update(gg, ss, xx, **kwargs), g,
-                                   state, x)
+                    jax.eval_shape(
+                        lambda gg, ss, xx: self.tx.update(gg, ss, xx, **kwargs),  # noqa: B023  (eval_shape traces it here)
+                        g,
+                        state,
+                        x,
+                    )
             except (TypeError, ValueError) as err:
                 first_error = first_error or err
                 continue
@@ -369,8 +401,16 @@ class _OptaxStepper(_OptaxSolver, SteppingSolver):
         # the gradient once at the accepted point
         grad_evals = jnp.ones((), jnp.int32) if backtracking else trials
         nonfinite = _met_nonfinite(ls)
-        return Step(x_new, ls.value, ls.grad, new_state, trials, grad_evals, nonfinite,
-                    nonfinite_trials=nonfinite)
+        return Step(
+            x_new,
+            ls.value,
+            ls.grad,
+            new_state,
+            trials,
+            grad_evals,
+            nonfinite,
+            nonfinite_trials=nonfinite,
+        )
 
 
 _LINESEARCH = BoundedCache(64)
@@ -390,8 +430,9 @@ def _has_linesearch(tx: optax.GradientTransformation) -> bool:
     return _LINESEARCH.get_or_make(tx, lambda: _linesearch_in(tx))
 
 
-def _make_solver(algorithm: OptaxAlgorithm | OptaxTransform,
-                 problem: OptimizationProblem) -> _OptaxSolver:
+def _make_solver(
+    algorithm: OptaxAlgorithm | OptaxTransform, problem: OptimizationProblem
+) -> _OptaxSolver:
     tx = algorithm.transformation()
     ls = _final_linesearch_state(jax.eval_shape(tx.init, problem.x0))
     if ls is not None and ls.grad is not None:
@@ -399,8 +440,9 @@ def _make_solver(algorithm: OptaxAlgorithm | OptaxTransform,
     return _OptaxUpdater(tx)
 
 
-def solve_optax(problem: OptimizationProblem, algorithm: Algorithm,
-                options: SolveOptions, loop: Any = None) -> Solution:
+def solve_optax(
+    problem: OptimizationProblem, algorithm: Algorithm, options: SolveOptions, loop: Any = None
+) -> Solution:
     """Run an optax-family algorithm: one compiled loop (see
     :mod:`optsolve.backends.native.driver`) in the ``loop`` the adjoint chose, or, with
     ``data``, the training loop of :mod:`optsolve.backends.native.training` (eager), or

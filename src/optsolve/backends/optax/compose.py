@@ -18,7 +18,11 @@ import jax
 import optax
 
 from optsolve.backends.optax.backend import (
-    OptaxAlgorithm, OptaxFamily, OptaxTransform, make_optax_algorithm, solve_optax,
+    OptaxAlgorithm,
+    OptaxFamily,
+    OptaxTransform,
+    make_optax_algorithm,
+    solve_optax,
 )
 from optsolve.backends.optax.model_parameters import on_model_parameters
 from optsolve.solve_api.algorithm import check_replace
@@ -47,7 +51,8 @@ def _check_member(owner: str, member: Any, where: str) -> None:
         raise TypeError(
             f"{owner}: {where} must be an optsolve optax-family algorithm or transformation "
             f"(optsolve.Adam(1e-3), optsolve.ClipByGlobalNorm(1.0), ...), an "
-            f"optax.GradientTransformation or an optax.MultiSteps, got {type(member).__name__}.")
+            f"optax.GradientTransformation or an optax.MultiSteps, got {type(member).__name__}."
+        )
 
 
 def _transformation(member: Member) -> optax.GradientTransformation:
@@ -78,7 +83,8 @@ def _refuse_part(problem, algorithm, options, loop=None):
     raise TypeError(
         f"solve: {name} is a part of an algorithm, not one: it transforms gradients but "
         f"makes no descent step of its own. Chain it with one, e.g. "
-        f"optsolve.chain({name}(...), optsolve.Adam(1e-3)).")
+        f"optsolve.chain({name}(...), optsolve.Adam(1e-3))."
+    )
 
 
 def _part(factory, name: str, source: str) -> type:
@@ -88,11 +94,11 @@ def _part(factory, name: str, source: str) -> type:
 register_backend(TransformPart, _refuse_part)
 
 
-ClipByGlobalNorm = _part(optax.clip_by_global_norm, "ClipByGlobalNorm",
-                         "optax.clip_by_global_norm")
+ClipByGlobalNorm = _part(optax.clip_by_global_norm, "ClipByGlobalNorm", "optax.clip_by_global_norm")
 Clip = _part(optax.clip, "Clip", "optax.clip")
-AddDecayedWeights = _part(optax.add_decayed_weights, "AddDecayedWeights",
-                          "optax.add_decayed_weights")
+AddDecayedWeights = _part(
+    optax.add_decayed_weights, "AddDecayedWeights", "optax.add_decayed_weights"
+)
 Scale = _part(optax.scale, "Scale", "optax.scale")
 PARTS = (ClipByGlobalNorm, Clip, AddDecayedWeights, Scale)
 
@@ -120,7 +126,7 @@ class Chain(OptaxFamily):
     def __repr__(self) -> str:
         return f"optsolve.chain({', '.join(map(repr, self.members))})"
 
-    def replace(self, **changes: Any) -> "Chain":
+    def replace(self, **changes: Any) -> Chain:
         """A copy with other ``members`` (a tuple)."""
         check_replace(self, changes, ("members",))
         return Chain(*changes.get("members", self.members))
@@ -136,8 +142,10 @@ def chain(*members: Member) -> Chain:
 
 
 jax.tree_util.register_pytree_node(
-    Chain, lambda c: (_split(c.members)[0], _split(c.members)[1]),
-    lambda statics, children: _rebuilt(Chain, members=_merge(children, statics)))
+    Chain,
+    lambda c: (_split(c.members)[0], _split(c.members)[1]),
+    lambda statics, children: _rebuilt(Chain, members=_merge(children, statics)),
+)
 
 
 def _rebuilt(cls, **fields):
@@ -169,14 +177,13 @@ class MultiSteps(OptaxFamily):
     def __repr__(self) -> str:
         return f"optsolve.MultiSteps({self.inner!r}, every_k={self.every_k})"
 
-    def replace(self, **changes: Any) -> "MultiSteps":
+    def replace(self, **changes: Any) -> MultiSteps:
         """A copy with another ``inner`` or ``every_k``."""
         check_replace(self, changes, ("inner", "every_k"))
         return MultiSteps(changes.get("inner", self.inner), changes.get("every_k", self.every_k))
 
     def transformation(self) -> optax.GradientTransformation:
-        return optax.MultiSteps(_transformation(self.inner),
-                                self.every_k).gradient_transformation()
+        return optax.MultiSteps(_transformation(self.inner), self.every_k).gradient_transformation()
 
 
 class ApplyIfFinite(OptaxFamily):
@@ -192,8 +199,10 @@ class ApplyIfFinite(OptaxFamily):
     def __init__(self, inner: Member, max_consecutive_errors: int):
         _check_member("ApplyIfFinite", inner, "`inner`")
         if not isinstance(max_consecutive_errors, int) or max_consecutive_errors < 0:
-            raise TypeError("ApplyIfFinite: `max_consecutive_errors` must be an int >= 0, got "
-                            f"{max_consecutive_errors!r}.")
+            raise TypeError(
+                "ApplyIfFinite: `max_consecutive_errors` must be an int >= 0, got "
+                f"{max_consecutive_errors!r}."
+            )
         object.__setattr__(self, "inner", inner)
         object.__setattr__(self, "max_consecutive_errors", max_consecutive_errors)
 
@@ -201,14 +210,18 @@ class ApplyIfFinite(OptaxFamily):
         raise AttributeError("ApplyIfFinite is immutable; use .replace(...).")
 
     def __repr__(self) -> str:
-        return (f"optsolve.ApplyIfFinite({self.inner!r}, "
-                f"max_consecutive_errors={self.max_consecutive_errors})")
+        return (
+            f"optsolve.ApplyIfFinite({self.inner!r}, "
+            f"max_consecutive_errors={self.max_consecutive_errors})"
+        )
 
-    def replace(self, **changes: Any) -> "ApplyIfFinite":
+    def replace(self, **changes: Any) -> ApplyIfFinite:
         """A copy with another ``inner`` or ``max_consecutive_errors``."""
         check_replace(self, changes, ("inner", "max_consecutive_errors"))
-        return ApplyIfFinite(changes.get("inner", self.inner),
-                             changes.get("max_consecutive_errors", self.max_consecutive_errors))
+        return ApplyIfFinite(
+            changes.get("inner", self.inner),
+            changes.get("max_consecutive_errors", self.max_consecutive_errors),
+        )
 
     def transformation(self) -> optax.GradientTransformation:
         return optax.apply_if_finite(_transformation(self.inner), self.max_consecutive_errors)

@@ -44,8 +44,10 @@ def float_valued_names(factory: Callable[..., Any]) -> frozenset[str]:
         annotation = str(param.annotation)
         if annotation in ("<class 'int'>", "int"):
             continue
-        if isinstance(param.default, float) or (param.default is inspect.Parameter.empty and any(
-                m in annotation for m in ("float", "ScalarOrSchedule"))):
+        if isinstance(param.default, float) or (
+            param.default is inspect.Parameter.empty
+            and any(m in annotation for m in ("float", "ScalarOrSchedule"))
+        ):
             names.add(name)
     return frozenset(names)
 
@@ -81,9 +83,14 @@ class ModelMask:
 
 def _is_mask_tree(name: str, value: Any) -> bool:
     # a function of the parameters is optax's other form; a module is callable, but a tree
-    return "mask" in name and value is not None and not isinstance(value, ModelMask) and \
-        not (callable(value) and jax.tree_util.treedef_is_leaf(
-            jax.tree_util.tree_structure(value)))
+    return (
+        "mask" in name
+        and value is not None
+        and not isinstance(value, ModelMask)
+        and not (
+            callable(value) and jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(value))
+        )
+    )
 
 
 class FactoryArguments:
@@ -107,10 +114,16 @@ class FactoryArguments:
         except TypeError as err:
             raise TypeError(f"{type(self).__name__}{signature}: {err}") from None
         bound.apply_defaults()
-        arguments = {name: float(value) if name in self.float_valued and isinstance(
-            value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)) else
-                     ModelMask(value, name) if _is_mask_tree(name, value) else value
-                     for name, value in bound.arguments.items()}
+        arguments = {
+            name: float(value)
+            if name in self.float_valued
+            and isinstance(value, (int, np.integer))
+            and not isinstance(value, (bool, np.bool_))
+            else ModelMask(value, name)
+            if _is_mask_tree(name, value)
+            else value
+            for name, value in bound.arguments.items()
+        }
         object.__setattr__(self, "_arguments", arguments)
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -134,10 +147,14 @@ class FactoryArguments:
         every solve flattens its algorithm several times."""
         aux = self.__dict__.get("_aux_data")
         if aux is None:
-            leaf_names = tuple(n for n, v in self._arguments.items()
-                               if self.is_leaf_value(v) and n not in self.static_names)
-            statics = tuple((n, freeze(v)) for n, v in self._arguments.items()
-                            if n not in leaf_names)
+            leaf_names = tuple(
+                n
+                for n, v in self._arguments.items()
+                if self.is_leaf_value(v) and n not in self.static_names
+            )
+            statics = tuple(
+                (n, freeze(v)) for n, v in self._arguments.items() if n not in leaf_names
+            )
             aux = (leaf_names, statics)
             object.__setattr__(self, "_aux_data", aux)
         return aux

@@ -14,8 +14,8 @@ import optax
 
 from optsolve.backends.optax.backend import OptaxFamily, solve_optax
 from optsolve.backends.optax.compose import OPTAX_WRAPPERS, optax_transformation
-from optsolve.solve_api.pytree import freeze, thaw
 from optsolve.solve_api.algorithm import check_replace
+from optsolve.solve_api.pytree import freeze, thaw
 from optsolve.solve_api.registry import register_algorithm, register_backend
 from optsolve.solve_api.trainable import fit_to
 
@@ -25,8 +25,7 @@ Group = OptaxFamily | optax.GradientTransformation | optax.MultiSteps | None
 
 def _is_label_function(labels: Any) -> bool:
     # a model (an NNX or equinox module) is callable too, but it is a pytree with leaves
-    return callable(labels) and jax.tree_util.treedef_is_leaf(
-        jax.tree_util.tree_structure(labels))
+    return callable(labels) and jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(labels))
 
 
 class ParameterGroups(OptaxFamily):
@@ -56,7 +55,8 @@ class ParameterGroups(OptaxFamily):
             )
         for name, alg in groups.items():
             if alg is not None and not isinstance(
-                    alg, (OptaxFamily, optax.GradientTransformation) + OPTAX_WRAPPERS):
+                alg, (OptaxFamily, optax.GradientTransformation) + OPTAX_WRAPPERS
+            ):
                 raise TypeError(
                     f"ParameterGroups: group {name!r} must be an optsolve optax algorithm, an "
                     "optax.GradientTransformation, an optax.MultiSteps or None (frozen), got "
@@ -71,16 +71,18 @@ class ParameterGroups(OptaxFamily):
     def __repr__(self) -> str:
         return f"ParameterGroups({self.groups!r}, labels={self.labels!r})"
 
-    def replace(self, **changes: Any) -> "ParameterGroups":
+    def replace(self, **changes: Any) -> ParameterGroups:
         """A copy with other ``groups`` or ``labels``."""
         check_replace(self, changes, ("groups", "labels"))
-        return ParameterGroups(changes.get("groups", self.groups),
-                               changes.get("labels", self.labels))
+        return ParameterGroups(
+            changes.get("groups", self.groups), changes.get("labels", self.labels)
+        )
 
     def _label_tree(self, x: PyTree) -> PyTree:
         if _is_label_function(self.labels):
             labels = jax.tree_util.tree_map_with_path(
-                lambda path, _: self.labels(jax.tree_util.keystr(path)), x)
+                lambda path, _: self.labels(jax.tree_util.keystr(path)), x
+            )
         else:
             labels = fit_to(self.labels, x, "ParameterGroups: `labels`")
         unknown = set(jax.tree_util.tree_leaves(labels)) - set(self.groups)
@@ -106,7 +108,9 @@ class ParameterGroups(OptaxFamily):
 
 def _flatten(groups: ParameterGroups):
     names = tuple(groups.groups)
-    children = tuple(alg if isinstance(alg, OptaxFamily) else None for alg in groups.groups.values())
+    children = tuple(
+        alg if isinstance(alg, OptaxFamily) else None for alg in groups.groups.values()
+    )
     statics = tuple(None if isinstance(alg, OptaxFamily) else alg for alg in groups.groups.values())
     return children, (names, tuple(freeze(s) for s in statics), freeze(groups.labels))
 

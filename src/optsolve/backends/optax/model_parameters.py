@@ -50,9 +50,14 @@ def on_model_parameters(tx: optax.GradientTransformation) -> optax.GradientTrans
             if name in extra_args:
                 fn = extra_args[name]
                 extra_args[name] = lambda p, *a, _fn=fn, **k: _fn(
-                    fit_to(p, like, "params"), *a, **k)
-        new, state = tx.update(as_nnx_state(updates), state,
-                               None if params is None else as_nnx_state(params), **extra_args)
+                    fit_to(p, like, "params"), *a, **k
+                )
+        new, state = tx.update(
+            as_nnx_state(updates),
+            state,
+            None if params is None else as_nnx_state(params),
+            **extra_args,
+        )
         return fit_to(new, updates, "updates"), state
 
     if isinstance(tx, optax.GradientTransformationExtraArgs):

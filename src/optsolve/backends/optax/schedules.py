@@ -39,12 +39,14 @@ class Schedule(FactoryArguments):
     source: ClassVar[Callable[..., Callable[[Any], Any]]]  # optax's factory of the same name
     static_names: ClassVar[frozenset[str]] = frozenset()
 
-    def replace(self, **changes: Any) -> "Schedule":
+    def replace(self, **changes: Any) -> Schedule:
         """A copy with some arguments changed."""
         unknown = sorted(set(changes) - set(self._arguments))
         if unknown:
-            raise TypeError(f"{type(self).__name__}.replace: unknown argument(s) {unknown}; "
-                            f"valid: {', '.join(self._arguments)}.")
+            raise TypeError(
+                f"{type(self).__name__}.replace: unknown argument(s) {unknown}; "
+                f"valid: {', '.join(self._arguments)}."
+            )
         return type(self)(**{**self._arguments, **changes})
 
     def schedule(self) -> Callable[[Any], Any]:
@@ -59,35 +61,51 @@ class Schedule(FactoryArguments):
         return f"optsolve.schedules.{type(self).__name__}({args})"
 
 
-def _warmup_cosine_decay(init_value, peak_value, warmup_steps, decay_steps, end_value=0.0,
-                         exponent=1.0):
+def _warmup_cosine_decay(
+    init_value, peak_value, warmup_steps, decay_steps, end_value=0.0, exponent=1.0
+):
     # optax's own tests `peak_value == 0.0` in Python, which a traced value cannot answer
     safe_peak = jnp.where(peak_value == 0.0, 1.0, peak_value)
     alpha = jnp.where(peak_value == 0.0, 0.0, end_value / safe_peak)
-    return optax.join_schedules([
-        optax.linear_schedule(init_value, peak_value, warmup_steps),
-        optax.cosine_decay_schedule(peak_value, decay_steps - warmup_steps, alpha=alpha,
-                                    exponent=exponent),
-    ], [warmup_steps])
+    return optax.join_schedules(
+        [
+            optax.linear_schedule(init_value, peak_value, warmup_steps),
+            optax.cosine_decay_schedule(
+                peak_value, decay_steps - warmup_steps, alpha=alpha, exponent=exponent
+            ),
+        ],
+        [warmup_steps],
+    )
 
 
-def _make(name: str, factory: Callable[..., Any], static: tuple[str, ...] = (),
-          build: Callable[..., Any] | None = None) -> type[Schedule]:
+def _make(
+    name: str,
+    factory: Callable[..., Any],
+    static: tuple[str, ...] = (),
+    build: Callable[..., Any] | None = None,
+) -> type[Schedule]:
     source = f"optax.schedules.{factory.__name__}"
-    cls = type(name, (Schedule,), {
-        "factory": staticmethod(factory if build is None else _with_signature(build, factory)),
-        "source": staticmethod(factory),
-        "static_names": frozenset(static),
-        "float_valued": float_valued_names(factory),
-        "__doc__": (f"``{source}`` as a pytree: its float arguments are leaves"
-                    + (f" (but {', '.join(static)}, on which it branches)" if static else "")
-                    + ", so new values reuse compiled code.\n\n"
-                    + inspect.cleandoc(factory.__doc__ or "")),
-        "__module__": "optsolve.schedules",
-        "__qualname__": name,
-    })
-    jax.tree_util.register_pytree_with_keys(cls, cls._tree_flatten_with_keys, cls._tree_unflatten,
-                                           cls._tree_flatten)
+    cls = type(
+        name,
+        (Schedule,),
+        {
+            "factory": staticmethod(factory if build is None else _with_signature(build, factory)),
+            "source": staticmethod(factory),
+            "static_names": frozenset(static),
+            "float_valued": float_valued_names(factory),
+            "__doc__": (
+                f"``{source}`` as a pytree: its float arguments are leaves"
+                + (f" (but {', '.join(static)}, on which it branches)" if static else "")
+                + ", so new values reuse compiled code.\n\n"
+                + inspect.cleandoc(factory.__doc__ or "")
+            ),
+            "__module__": "optsolve.schedules",
+            "__qualname__": name,
+        },
+    )
+    jax.tree_util.register_pytree_with_keys(
+        cls, cls._tree_flatten_with_keys, cls._tree_unflatten, cls._tree_flatten
+    )
     return cls
 
 
@@ -103,17 +121,23 @@ CosineDecaySchedule = _make("CosineDecaySchedule", _S.cosine_decay_schedule)
 PolynomialSchedule = _make("PolynomialSchedule", _S.polynomial_schedule)
 PiecewiseConstantSchedule = _make("PiecewiseConstantSchedule", _S.piecewise_constant_schedule)
 WarmupConstantSchedule = _make("WarmupConstantSchedule", _S.warmup_constant_schedule)
-WarmupCosineDecaySchedule = _make("WarmupCosineDecaySchedule", _S.warmup_cosine_decay_schedule,
-                                  build=_warmup_cosine_decay)
-CosineOnecycleSchedule = _make("CosineOnecycleSchedule", _S.cosine_onecycle_schedule,
-                               static=("pct_start", "div_factor", "final_div_factor"))
-LinearOnecycleSchedule = _make("LinearOnecycleSchedule", _S.linear_onecycle_schedule,
-                               static=("pct_start", "pct_final", "div_factor",
-                                       "final_div_factor"))
+WarmupCosineDecaySchedule = _make(
+    "WarmupCosineDecaySchedule", _S.warmup_cosine_decay_schedule, build=_warmup_cosine_decay
+)
+CosineOnecycleSchedule = _make(
+    "CosineOnecycleSchedule",
+    _S.cosine_onecycle_schedule,
+    static=("pct_start", "div_factor", "final_div_factor"),
+)
+LinearOnecycleSchedule = _make(
+    "LinearOnecycleSchedule",
+    _S.linear_onecycle_schedule,
+    static=("pct_start", "pct_final", "div_factor", "final_div_factor"),
+)
 ExponentialDecay = _make("ExponentialDecay", _S.exponential_decay, static=("decay_rate",))
 WarmupExponentialDecaySchedule = _make(
-    "WarmupExponentialDecaySchedule", _S.warmup_exponential_decay_schedule,
-    static=("decay_rate",))
+    "WarmupExponentialDecaySchedule", _S.warmup_exponential_decay_schedule, static=("decay_rate",)
+)
 
 # optax's names, for a change of prefix: optax.cosine_decay_schedule -> optsolve.schedules....
 constant_schedule = ConstantSchedule
@@ -129,8 +153,15 @@ exponential_decay = ExponentialDecay
 warmup_exponential_decay_schedule = WarmupExponentialDecaySchedule
 
 SCHEDULES: tuple[type[Schedule], ...] = (
-    ConstantSchedule, LinearSchedule, CosineDecaySchedule, PolynomialSchedule,
-    PiecewiseConstantSchedule, WarmupConstantSchedule, WarmupCosineDecaySchedule,
-    CosineOnecycleSchedule, LinearOnecycleSchedule, ExponentialDecay,
+    ConstantSchedule,
+    LinearSchedule,
+    CosineDecaySchedule,
+    PolynomialSchedule,
+    PiecewiseConstantSchedule,
+    WarmupConstantSchedule,
+    WarmupCosineDecaySchedule,
+    CosineOnecycleSchedule,
+    LinearOnecycleSchedule,
+    ExponentialDecay,
     WarmupExponentialDecaySchedule,
 )

@@ -30,13 +30,14 @@ A non-finite f, gradient or Hessian at any evaluation gives FAILURE with the las
 iterate (never SUCCESS or MAXITERS, never an exception), and ``Solution.detail`` says how
 often, under ``solve(nonfinite="fail")``; under ``"reject"``, the default of the methods
 that compare values (``MethodSpec.rejects_nonfinite``), the method sees +inf there and
-passes over the point, the count still in the message; a run that ends outside the constraints or bounds (by more than
-``FEASIBILITY_TOL``, relative, in :mod:`optsolve.backends.scipy.compiled`) is INFEASIBLE, its
-message stating the violation; trust-constr's success on its barrier subproblem while the
-barrier still keeps it short of the constrained optimum is STALLED. ``Solution.detail`` is scipy's
-message, then optsolve's notes where it stopped the run or changed the code. The run itself
-is in :mod:`optsolve.backends.scipy.run` (optsolve's per-iteration side in :mod:`optsolve.backends.scipy.monitor`), the
-method tables in :mod:`optsolve.backends.scipy.options` and :mod:`optsolve.backends.scipy.retcodes`.
+passes over the point, the count still in the message; a run that ends outside the constraints or
+bounds (by more than ``FEASIBILITY_TOL``, relative, in :mod:`optsolve.backends.scipy.compiled`) is
+INFEASIBLE, its message stating the violation; trust-constr's success on its barrier subproblem
+while the barrier still keeps it short of the constrained optimum is STALLED. ``Solution.detail`` is
+scipy's message, then optsolve's notes where it stopped the run or changed the code. The run itself
+is in :mod:`optsolve.backends.scipy.run` (optsolve's per-iteration side in
+:mod:`optsolve.backends.scipy.monitor`), the method tables in :mod:`optsolve.backends.scipy.options`
+and :mod:`optsolve.backends.scipy.retcodes`.
 
 Inside ``jax.jit`` / ``jax.vmap`` the run goes through ``jax.pure_callback``
 (``vmap_method="sequential"``: one scipy run per batch element); ``Solution.original``
@@ -53,18 +54,23 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from optsolve.backends.scipy.options import (
-    GLOBAL_SPECS, MINIMIZE_SPECS, MethodSpec, canonical_method, check_options, methods_with,
-)
 from optsolve.backends.scipy.compiled import eval_dtype
 from optsolve.backends.scipy.memory import check_dense_memory
+from optsolve.backends.scipy.options import (
+    GLOBAL_SPECS,
+    MINIMIZE_SPECS,
+    MethodSpec,
+    canonical_method,
+    check_options,
+    methods_with,
+)
 from optsolve.backends.scipy.run import run_host
 from optsolve.solve_api.algorithm import Algorithm
-from optsolve.solve_api.kkt import constraint_size
 from optsolve.solve_api.cache import BoundedCache
+from optsolve.solve_api.kkt import constraint_size
 from optsolve.solve_api.options import SolveOptions
 from optsolve.solve_api.problem import OptimizationProblem
-from optsolve.solve_api.pytree import tree_spec, freeze, is_traced, thaw
+from optsolve.solve_api.pytree import freeze, is_traced, thaw, tree_spec
 from optsolve.solve_api.registry import register_algorithm, register_backend
 from optsolve.solve_api.solution import History, Solution, Stats
 
@@ -88,8 +94,10 @@ class _ScipyAlgorithm(Algorithm):
     def __new__(cls, method: str | None = None, **options: Any):
         if cls in (ScipyMinimize, ScipyGlobal):
             if method is None:
-                raise TypeError(f"{cls.__name__}: `method` is required; one of "
-                                f"{', '.join(repr(s.name) for s in cls._specs().values())}.")
+                raise TypeError(
+                    f"{cls.__name__}: `method` is required; one of "
+                    f"{', '.join(repr(s.name) for s in cls._specs().values())}."
+                )
             cls = cls._classes[canonical_method(cls._kind, method)]
         return object.__new__(cls)
 
@@ -105,12 +113,14 @@ class _ScipyAlgorithm(Algorithm):
             if not isinstance(local, ScipyMinimize):
                 raise TypeError(
                     "ScipyGlobal(method='basinhopping'): `local` must be a ScipyMinimize or a "
-                    f"scipy.optimize.minimize method name, got {local!r}.")
+                    f"scipy.optimize.minimize method name, got {local!r}."
+                )
         options = check_options(spec, options)
         if local is not None:
             options["local"] = local
-        object.__setattr__(self, "_options", tuple(sorted(
-            (k, freeze(v)) for k, v in options.items())))
+        object.__setattr__(
+            self, "_options", tuple(sorted((k, freeze(v)) for k, v in options.items()))
+        )
 
     @classmethod
     def traits(cls) -> dict[str, Any]:
@@ -135,7 +145,7 @@ class _ScipyAlgorithm(Algorithm):
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"{type(self).__name__} is immutable; use .replace({name}=...).")
 
-    def replace(self, **changes: Any) -> "_ScipyAlgorithm":
+    def replace(self, **changes: Any) -> _ScipyAlgorithm:
         """A copy with some scipy options changed (checked like a new construction)."""
         return type(self)(**{**self.options, **changes})
 
@@ -278,27 +288,36 @@ class ScipyGlobal(_ScipyAlgorithm):
 def _make_class(base: type, spec: MethodSpec) -> type:
     base_name = base.__name__
     name = f"{base_name}(method={spec.name!r})"
-    cls = type(name, (base,), {
-        "spec": spec,
-        "needs_gradient": spec.needs_gradient,
-        "needs_hessian": spec.hessian is not None,
-        "takes_bounds": spec.takes_bounds,
-        "takes_constraints": spec.takes_constraints,
-        "rejects_nonfinite": spec.rejects_nonfinite,
-        # dual_annealing calls its callback per new best minimum and shgo per iteration of
-        # its local searches: neither shows an iterate per iteration it counts.
-        "records_history": spec.callback_per_iteration,
-        "conditional_traits": {
-            trait: f"with a `local` method that {what}"
-            for trait, what in (("takes_bounds", "takes bounds"),
-                                ("takes_constraints", "takes constraints"))
-        } if spec.key == "basinhopping" else {},
-        "__doc__": f"{base_name} with method={spec.name!r}: see {base_name}.",
-        "__module__": "optsolve",
-        "__qualname__": name,
-    })
+    cls = type(
+        name,
+        (base,),
+        {
+            "spec": spec,
+            "needs_gradient": spec.needs_gradient,
+            "needs_hessian": spec.hessian is not None,
+            "takes_bounds": spec.takes_bounds,
+            "takes_constraints": spec.takes_constraints,
+            "rejects_nonfinite": spec.rejects_nonfinite,
+            # dual_annealing calls its callback per new best minimum and shgo per iteration of
+            # its local searches: neither shows an iterate per iteration it counts.
+            "records_history": spec.callback_per_iteration,
+            "conditional_traits": {
+                trait: f"with a `local` method that {what}"
+                for trait, what in (
+                    ("takes_bounds", "takes bounds"),
+                    ("takes_constraints", "takes constraints"),
+                )
+            }
+            if spec.key == "basinhopping"
+            else {},
+            "__doc__": f"{base_name} with method={spec.name!r}: see {base_name}.",
+            "__module__": "optsolve",
+            "__qualname__": name,
+        },
+    )
     jax.tree_util.register_pytree_node(
-        cls, lambda a: ((), a._options), lambda aux, _, cls=cls: _unflatten(cls, aux))
+        cls, lambda a: ((), a._options), lambda aux, _, cls=cls: _unflatten(cls, aux)
+    )
     base._classes[spec.key] = cls
     register_algorithm(cls)
     return cls
@@ -318,16 +337,26 @@ for _spec in GLOBAL_SPECS.values():
 
 def _plain_options(options: SolveOptions) -> dict:
     """solve's options as Python numbers and flags for the host run (see ``run_host``)."""
+
     def num(v, kind):
         return None if v is None else kind(np.asarray(v))
-    return {"maxiters": num(options.maxiters, int), "maxtime": num(options.maxtime, float),
-            "gtol": num(options.gtol, float), "ftol": num(options.ftol, float),
-            "xtol": num(options.get("xtol"), float),  # (least_squares takes it)
-            "callback": options.callback, "callback_every": options.callback_every,
-            "progress": bool(options.progress), "history": bool(options.history),
-            "metrics": options.metrics, "evaluate": options.evaluate,
-            "eval_every": options.eval_every, "keep": options.keep,
-            "nonfinite": options.nonfinite}
+
+    return {
+        "maxiters": num(options.maxiters, int),
+        "maxtime": num(options.maxtime, float),
+        "gtol": num(options.gtol, float),
+        "ftol": num(options.ftol, float),
+        "xtol": num(options.get("xtol"), float),  # (least_squares takes it)
+        "callback": options.callback,
+        "callback_every": options.callback_every,
+        "progress": bool(options.progress),
+        "history": bool(options.history),
+        "metrics": options.metrics,
+        "evaluate": options.evaluate,
+        "eval_every": options.eval_every,
+        "keep": options.keep,
+        "nonfinite": options.nonfinite,
+    }
 
 
 _F_DTYPES = BoundedCache(1024)
@@ -335,13 +364,19 @@ _F_DTYPES = BoundedCache(1024)
 
 def _objective_dtype(problem: OptimizationProblem):
     """f's output dtype; cached per (f, shapes, dtypes): tracing f costs more than scipy's setup."""
+
     def trace():
         x_spec = jax.tree_util.tree_map(
-            lambda l: jax.ShapeDtypeStruct(np.shape(l), jnp.result_type(l)), problem.x0)
+            lambda leaf: jax.ShapeDtypeStruct(np.shape(leaf), jnp.result_type(leaf)), problem.x0
+        )
         p_spec = jax.tree_util.tree_map(
-            lambda l: jax.ShapeDtypeStruct(
-                np.shape(l), jnp.result_type(l),
-                weak_type=bool(getattr(jax.typeof(l), "weak_type", False))), problem.p)
+            lambda leaf: jax.ShapeDtypeStruct(
+                np.shape(leaf),
+                jnp.result_type(leaf),
+                weak_type=bool(getattr(jax.typeof(leaf), "weak_type", False)),
+            ),
+            problem.p,
+        )
         return jax.eval_shape(problem.f, x_spec, p_spec).dtype
 
     try:
@@ -351,8 +386,14 @@ def _objective_dtype(problem: OptimizationProblem):
     return _F_DTYPES.get_or_make(key, trace)
 
 
-def solve_scipy(problem: OptimizationProblem, algorithm: _ScipyAlgorithm,
-                options: SolveOptions, loop: Any = None, *, host_run=run_host) -> Solution:
+def solve_scipy(
+    problem: OptimizationProblem,
+    algorithm: _ScipyAlgorithm,
+    options: SolveOptions,
+    loop: Any = None,
+    *,
+    host_run=run_host,
+) -> Solution:
     """Run a scipy-family algorithm; through ``jax.pure_callback`` when inputs are traced.
     ``loop`` is unused: scipy's iterations run on the host (no algorithm here unrolls).
     ``host_run``: the run on concrete inputs (least_squares has its own)."""
@@ -365,15 +406,21 @@ def solve_scipy(problem: OptimizationProblem, algorithm: _ScipyAlgorithm,
     if not is_traced(problem, options):
         run = host_run(problem, algorithm, _plain_options(options))
         # One transfer for x's leaves and the objective.
-        x_tree, objective = jax.device_put((run.host.unravel_numpy(run.x),
-                                            np.asarray(run.fun, f_dtype)))
+        x_tree, objective = jax.device_put(
+            (run.host.unravel_numpy(run.x), np.asarray(run.fun, f_dtype))
+        )
         history = None if run.history is None else History(*run.history)
         solution = Solution(
-            x=x_tree, objective=objective, retcode=run.code,
+            x=x_tree,
+            objective=objective,
+            retcode=run.code,
             stats=Stats(iterations=run.nit, f_evals=run.nfev, grad_evals=run.njev, time=None),
-            original=run.result, history=history, detail=run.detail,
-            multipliers=None if run.multipliers is None else jnp.asarray(
-                run.multipliers, run.host.dtype),
+            original=run.result,
+            history=history,
+            detail=run.detail,
+            multipliers=None
+            if run.multipliers is None
+            else jnp.asarray(run.multipliers, run.host.dtype),
         )
     else:
         solution = _solve_traced(problem, algorithm, options, f_dtype, host_run)
@@ -382,21 +429,29 @@ def solve_scipy(problem: OptimizationProblem, algorithm: _ScipyAlgorithm,
 
 def _add_counts(solution: Solution, earlier: Stats) -> Solution:
     """``solution`` with the earlier run's iterations and evaluations added to its own."""
+
     def add(now, before):
         if now is None or before is None:
             return now
         if isinstance(now, int):  # eager: both concrete
             return now + int(before)
         return now + jnp.asarray(before).astype(now.dtype)
+
     stats = solution.stats
-    return dataclasses.replace(solution, stats=Stats(
-        iterations=add(stats.iterations, earlier.iterations),
-        f_evals=add(stats.f_evals, earlier.f_evals),
-        grad_evals=add(stats.grad_evals, earlier.grad_evals), time=None))
+    return dataclasses.replace(
+        solution,
+        stats=Stats(
+            iterations=add(stats.iterations, earlier.iterations),
+            f_evals=add(stats.f_evals, earlier.f_evals),
+            grad_evals=add(stats.grad_evals, earlier.grad_evals),
+            time=None,
+        ),
+    )
 
 
-def _check_early(problem: OptimizationProblem, algorithm: _ScipyAlgorithm,
-                 options: SolveOptions) -> None:
+def _check_early(
+    problem: OptimizationProblem, algorithm: _ScipyAlgorithm, options: SolveOptions
+) -> None:
     """Errors known before running (so they are plain Python errors even under jit)."""
     spec = algorithm.spec
     # (basinhopping's bounds and constraints are checked centrally: see capabilities())
@@ -406,7 +461,8 @@ def _check_early(problem: OptimizationProblem, algorithm: _ScipyAlgorithm,
         raise ValueError(
             f"solve: {type(algorithm).__name__} does not take `gtol` (got gtol={options.gtol}): "
             f"{why}. Remove it (use ftol or maxiters), or use a method that tests the gradient: "
-            f"{', '.join(s for s in methods_with('native_gtol'))}, Newton-CG.")
+            f"{', '.join(s for s in methods_with('native_gtol'))}, Newton-CG."
+        )
     check_dense_memory(problem, algorithm)
     if isinstance(algorithm, ScipyGlobal) and spec.key != "basinhopping" and problem.bounds is None:
         raise ValueError(
@@ -423,21 +479,26 @@ def _solve_traced(problem, algorithm, options, f_dtype, host_run=run_host) -> So
         raise ValueError(
             f"solve: history=True with {type(algorithm).__name__} needs an eager solve (outside "
             "jax.jit / jax.vmap): scipy runs on the host and its number of iterations, the "
-            "history's length, is only known at the end.")
+            "history's length, is only known at the end."
+        )
     if options.keep == "best" or options.evaluate is not None:
         raise ValueError(
             f"solve: `evaluate` and keep='best' with {type(algorithm).__name__} need an eager "
-            "solve (outside jax.jit / jax.vmap): scipy's iterates are followed on the host.")
+            "solve (outside jax.jit / jax.vmap): scipy's iterates are followed on the host."
+        )
     spec = algorithm.spec
     p_leaves = jax.tree_util.tree_leaves(problem.p)
-    p_weak = tuple(bool(getattr(jax.typeof(l), "weak_type", False))
-                   if not isinstance(l, (bool, int, float, complex)) else True
-                   for l in p_leaves)
+    p_weak = tuple(
+        bool(getattr(jax.typeof(leaf), "weak_type", False))
+        if not isinstance(leaf, (bool, int, float, complex))
+        else True
+        for leaf in p_leaves
+    )
     x_leaves, x_def = jax.tree_util.tree_flatten(problem.x0)
     int_t = jnp.int32
     has_njev = spec.needs_gradient
     shapes = (
-        [jax.ShapeDtypeStruct(np.shape(l), jnp.result_type(l)) for l in x_leaves]
+        [jax.ShapeDtypeStruct(np.shape(leaf), jnp.result_type(leaf)) for leaf in x_leaves]
         + [jax.ShapeDtypeStruct((), f_dtype)]
         + [jax.ShapeDtypeStruct((), int_t)] * (4 if has_njev else 3)
     )
@@ -453,20 +514,37 @@ def _solve_traced(problem, algorithm, options, f_dtype, host_run=run_host) -> So
         run = host_run(prob, algorithm, plain, p_weak)
         xs = jax.tree_util.tree_leaves(run.host.unravel_numpy(run.x))
         ints = [run.nit, run.nfev] + ([run.njev] if has_njev else [])
-        lam = [] if not n_lam else [np.asarray(
-            np.full(n_lam, np.nan) if run.multipliers is None else run.multipliers,
-            shapes[-1].dtype)]
-        return (*xs, np.asarray(run.fun, f_dtype), np.asarray(int(run.code), np.int32),
-                *(np.asarray(i, np.int32) for i in ints), *lam)
+        lam = (
+            []
+            if not n_lam
+            else [
+                np.asarray(
+                    np.full(n_lam, np.nan) if run.multipliers is None else run.multipliers,
+                    shapes[-1].dtype,
+                )
+            ]
+        )
+        return (
+            *xs,
+            np.asarray(run.fun, f_dtype),
+            np.asarray(int(run.code), np.int32),
+            *(np.asarray(i, np.int32) for i in ints),
+            *lam,
+        )
 
     out = jax.pure_callback(host_fn, tuple(shapes), problem, options, vmap_method="sequential")
     n = len(x_leaves)
     x = jax.tree_util.tree_unflatten(x_def, out[:n])
-    fun, code, nit, nfev = out[n:n + 4]
+    fun, code, nit, nfev = out[n : n + 4]
     njev = out[n + 4] if has_njev else None
-    return Solution(x=x, objective=fun, retcode=code,
-                    stats=Stats(iterations=nit, f_evals=nfev, grad_evals=njev, time=None),
-                    original=None, multipliers=out[-1] if n_lam else None)
+    return Solution(
+        x=x,
+        objective=fun,
+        retcode=code,
+        stats=Stats(iterations=nit, f_evals=nfev, grad_evals=njev, time=None),
+        original=None,
+        multipliers=out[-1] if n_lam else None,
+    )
 
 
 register_backend(ScipyMinimize, solve_scipy)

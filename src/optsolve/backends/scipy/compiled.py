@@ -1,14 +1,13 @@
 """The problem as scipy sees it: callables of one float64 vector, backed by compiled JAX.
 
 ``x0`` (any pytree) is flattened with ``jax.flatten_util.ravel_pytree``; scipy works on the
-flat float64 vector and every evaluation unravels it to x0's structure and dtypes. Each
-derivative scipy asks for is one compiled executable (a
-:class:`~optsolve.backends.scipy.host_executable.HostExecutable`: run inline in the calling thread on a
-CPU), built once per (f, shapes, dtypes) and cached, and called with numpy inputs and ``p``
-bound as an argument: no tracing, no dispatch through ``jax.jit``'s cache and no
-recompilation when ``p`` changes. Objective and gradient come
-from one evaluation (``value_and_grad``), packed in one vector so one device-to-host copy
-serves both.
+flat float64 vector and every evaluation unravels it to x0's structure and dtypes. Each derivative
+scipy asks for is one compiled executable (a
+:class:`~optsolve.backends.scipy.host_executable.HostExecutable`: run inline in the calling thread
+on a CPU), built once per (f, shapes, dtypes) and cached, and called with numpy inputs and ``p``
+bound as an argument: no tracing, no dispatch through ``jax.jit``'s cache and no recompilation when
+``p`` changes. Objective and gradient come from one evaluation (``value_and_grad``), packed in one
+vector so one device-to-host copy serves both.
 """
 
 from __future__ import annotations
@@ -65,13 +64,16 @@ def _warn_low_precision(dtype: np.dtype) -> None:
         f"optsolve: scipy's methods work in float64, but f is evaluated in {dtype} (JAX's x64 "
         "mode is off): line searches, trust regions and constraint tolerances may stop "
         "early or report INFEASIBLE. Enable float64 at start-up with "
-        "jax.config.update('jax_enable_x64', True). (Shown once.)", RuntimeWarning,
-        stacklevel=2)
+        "jax.config.update('jax_enable_x64', True). (Shown once.)",
+        RuntimeWarning,
+        stacklevel=2,
+    )
 
 
 def _promote(tree: PyTree, dtype: np.dtype) -> PyTree:
     """Floating leaves of ``tree`` as ``dtype``; Python scalars and weakly typed leaves (which
     adapt to what they meet) and leaves already of ``dtype`` are kept as they are."""
+
     def cast(leaf):
         if isinstance(leaf, (bool, int, float, complex)) or getattr(leaf, "weak_type", False):
             return leaf
@@ -80,6 +82,7 @@ def _promote(tree: PyTree, dtype: np.dtype) -> PyTree:
         if leaf_dtype != dtype and jnp.issubdtype(leaf_dtype, jnp.floating):
             return jnp.asarray(leaf, dtype)
         return leaf
+
     return jax.tree_util.tree_map(cast, tree)
 
 
@@ -139,12 +142,14 @@ def _build(kind: str, f, constraints, unravel, dtype) -> Callable:
     if kind == "c_batch":  # (S, n) -> (S, m)
         return jax.vmap(cons, in_axes=(0, None))
     if kind == "fg":
+
         def fg(xf, p):
             # [f, g...]: one transfer. Nothing else is computed here: a reduction over g
             # (a finiteness check) splits XLA's fusions into more kernels, and changes how
             # it rounds g, unless a barrier stops it, which costs more kernels still.
             value, grad = jax.value_and_grad(obj)(xf, p)
             return jnp.concatenate([value[None], grad])
+
         return fg
     if kind == "hessp":
         return lambda xf, v, p: jax.jvp(lambda y: jax.grad(obj)(y, p), (xf,), (v,))[1]
@@ -153,20 +158,24 @@ def _build(kind: str, f, constraints, unravel, dtype) -> Callable:
     if kind == "c":
         return cons
     if kind == "cj":
+
         def cj(xf, p):
             return cons(xf, p), jax.jacrev(cons)(xf, p)
+
         return cj
     if kind == "chvp":
         # Hessian of the Lagrangian's constraint part, sum_i v_i c_i(x), times u.
         def chvp(xf, v, u, p):
             grad = jax.grad(lambda y: jnp.dot(v, cons(y, p)))
             return jax.jvp(grad, (xf,), (u,))[1]
+
         return chvp
     raise ValueError(kind)
 
 
-def compiled(kind: str, problem: OptimizationProblem, p: PyTree, n_cons: int,
-             batch: int | None = None) -> HostExecutable:
+def compiled(
+    kind: str, problem: OptimizationProblem, p: PyTree, n_cons: int, batch: int | None = None
+) -> HostExecutable:
     """The compiled executable of ``kind`` for this problem's shapes (cached); ``batch``:
     the number of points of a ``"f_batch"`` call."""
     g_fns = tuple(c.g for c in problem.constraints or ())
@@ -179,9 +188,12 @@ def compiled(kind: str, problem: OptimizationProblem, p: PyTree, n_cons: int,
         n = flat0.shape[0]
         vec = jax.ShapeDtypeStruct((n,), flat0.dtype)
         fn = _build(kind, problem.f, problem.constraints or (), unravel, flat0.dtype)
-        args = {"hessp": (vec, vec), "chvp": (vec, jax.ShapeDtypeStruct((n_cons,), flat0.dtype), vec),
-                "f_batch": (jax.ShapeDtypeStruct((batch or 0, n), flat0.dtype),),
-                "c_batch": (jax.ShapeDtypeStruct((batch or 0, n), flat0.dtype),)}
+        args = {
+            "hessp": (vec, vec),
+            "chvp": (vec, jax.ShapeDtypeStruct((n_cons,), flat0.dtype), vec),
+            "f_batch": (jax.ShapeDtypeStruct((batch or 0, n), flat0.dtype),),
+            "c_batch": (jax.ShapeDtypeStruct((batch or 0, n), flat0.dtype),),
+        }
         return HostExecutable(fn, args.get(kind, (vec,)), p)
 
     return _CACHE.get_or_make(key, build)
@@ -226,14 +238,24 @@ class HostProblem:
         self.n_cons = 0
         if self.constraints:
             x_spec = jax.tree_util.tree_map(
-                lambda l: jax.ShapeDtypeStruct(np.shape(l), self.dtype), problem.x0)
-            sizes = [int(np.prod(jax.eval_shape(c.g, x_spec, self.p).shape))
-                     for c in self.constraints]
+                lambda leaf: jax.ShapeDtypeStruct(np.shape(leaf), self.dtype), problem.x0
+            )
+            sizes = [
+                int(np.prod(jax.eval_shape(c.g, x_spec, self.p).shape)) for c in self.constraints
+            ]
             self.n_cons = sum(sizes)
-            self.c_lower = np.concatenate([np.broadcast_to(np.asarray(c.lower, np.float64), (m,))
-                                           for c, m in zip(self.constraints, sizes)])
-            self.c_upper = np.concatenate([np.broadcast_to(np.asarray(c.upper, np.float64), (m,))
-                                           for c, m in zip(self.constraints, sizes)])
+            self.c_lower = np.concatenate(
+                [
+                    np.broadcast_to(np.asarray(c.lower, np.float64), (m,))
+                    for c, m in zip(self.constraints, sizes)
+                ]
+            )
+            self.c_upper = np.concatenate(
+                [
+                    np.broadcast_to(np.asarray(c.upper, np.float64), (m,))
+                    for c, m in zip(self.constraints, sizes)
+                ]
+            )
         self._f64 = self.dtype == np.float64
         self._fg: HostCall | None = None
         self.n_f = 0
@@ -275,8 +297,11 @@ class HostProblem:
     def nonfinite_note(self) -> str:
         """E.g. "f was not finite at 3 of 57 evaluations" ("" when every value was finite)."""
         totals = {"f": self.n_f, "the gradient": self.n_g, "the Hessian": self.n_h}
-        note = "; ".join(f"{what} was not finite at {n} of {totals[what]} evaluations"
-                         for what, n in self.bad.items() if n)
+        note = "; ".join(
+            f"{what} was not finite at {n} of {totals[what]} evaluations"
+            for what, n in self.bad.items()
+            if n
+        )
         if note and self.reject:
             note += " (rejected: passed to the method as f = +inf, nonfinite='reject')"
         return note
@@ -290,8 +315,11 @@ class HostProblem:
         self.n_f += 1
         finite = math.isfinite(f)
         self._seen(x, f, finite)
-        if self.n_f <= self.watch_first and finite and (
-                self.best_of_first is None or f < self.best_of_first[1]):
+        if (
+            self.n_f <= self.watch_first
+            and finite
+            and (self.best_of_first is None or f < self.best_of_first[1])
+        ):
             self.best_of_first = (np.array(x, dtype=np.float64), f)
         return f if finite or not self.reject else math.inf
 
@@ -313,10 +341,14 @@ class HostProblem:
         size = min((b for k, b in self._batched if k == kind and b >= s), default=None)
         if size is None:
             size = s
-            self._batched[kind, s] = compiled(kind, self.problem, self.p, self.n_cons,
-                                              batch=s).bind(self.p)
-        padded = points if size == s else np.concatenate(
-            [points, np.broadcast_to(points[-1:], (size - s, self.n))])
+            self._batched[kind, s] = compiled(
+                kind, self.problem, self.p, self.n_cons, batch=s
+            ).bind(self.p)
+        padded = (
+            points
+            if size == s
+            else np.concatenate([points, np.broadcast_to(points[-1:], (size - s, self.n))])
+        )
         values = np.asarray(self._batched[kind, size](self._x(padded))[0], dtype=np.float64)
         return points, values[:s]
 
@@ -500,7 +532,10 @@ class HostProblem:
         out, start = [], 0
         for leaf in leaves:
             size = int(np.prod(np.shape(leaf)))
-            out.append(np.asarray(x[start:start + size], dtype=jnp.result_type(leaf))
-                       .reshape(np.shape(leaf)))
+            out.append(
+                np.asarray(x[start : start + size], dtype=jnp.result_type(leaf)).reshape(
+                    np.shape(leaf)
+                )
+            )
             start += size
         return jax.tree_util.tree_unflatten(treedef, out)

@@ -76,9 +76,15 @@ class HostExecutable:
         if ENABLED and jax.default_backend() == "cpu":
             try:
                 self._sharding = jax.sharding.SingleDeviceSharding(_sync_device())
-                self._compiled = jax.jit(
-                    fn, in_shardings=self._sharding, out_shardings=self._sharding,
-                ).lower(*specs, p).compile()
+                self._compiled = (
+                    jax.jit(
+                        fn,
+                        in_shardings=self._sharding,
+                        out_shardings=self._sharding,
+                    )
+                    .lower(*specs, p)
+                    .compile()
+                )
                 self.synchronous = True
             except Exception:  # noqa: BLE001 - no private client in this jaxlib: default device
                 self._sharding = None
@@ -94,7 +100,8 @@ class HostExecutable:
             p = jax.tree_util.tree_map(self._to_device, p)
         else:  # numpy data once per solve, not on every call
             p = jax.tree_util.tree_map(
-                lambda leaf: jnp.asarray(leaf) if isinstance(leaf, np.ndarray) else leaf, p)
+                lambda leaf: jnp.asarray(leaf) if isinstance(leaf, np.ndarray) else leaf, p
+            )
         if self._single:
             return lambda *arrays: [np.asarray(compiled(*arrays, p))]
         return lambda *arrays: [np.asarray(o) for o in compiled(*arrays, p)]

@@ -24,7 +24,10 @@ from optsolve.backends.scipy.backend import _make_class, _ScipyAlgorithm, solve_
 from optsolve.backends.scipy.losses import LOSSES, RobustCost
 from optsolve.backends.scipy.monitor import Monitor, Stop
 from optsolve.backends.scipy.options import (
-    GLOBAL_SPECS, MINIMIZE_SPECS, MethodSpec, check_options,
+    GLOBAL_SPECS,
+    MINIMIZE_SPECS,
+    MethodSpec,
+    check_options,
 )
 from optsolve.backends.scipy.residuals import ResidualHost, number_of_residuals
 from optsolve.backends.scipy.retcodes import scipy_message
@@ -45,14 +48,24 @@ _EPS = float(np.finfo(float).eps)
 # gtol, ftol and xtol are solve's (scipy tests them, with scipy's definitions); maxiters is
 # counted by optsolve (least_squares' only budget, max_nfev, counts evaluations and stays
 # an option); the monitor always runs, since least_squares reports no iteration count.
-_COMMON = dict(needs_gradient=True, native_gtol=True, native_ftol=True, native_xtol=True,
-               maxiter_name=None, monitor_counts=True, owner="ScipyLeastSquares")
+_COMMON = dict(
+    needs_gradient=True,
+    native_gtol=True,
+    native_ftol=True,
+    native_xtol=True,
+    maxiter_name=None,
+    monitor_counts=True,
+    owner="ScipyLeastSquares",
+)
 _LEAST_SQUARES = "scipy.optimize:least_squares"
-LEAST_SQUARES_SPECS: dict[str, MethodSpec] = {s.key: s for s in (
-    MethodSpec("trf", "trf", _LEAST_SQUARES, takes_bounds=True, **_COMMON),
-    MethodSpec("dogbox", "dogbox", _LEAST_SQUARES, takes_bounds=True, **_COMMON),
-    MethodSpec("lm", "lm", _LEAST_SQUARES, **_COMMON),
-)}
+LEAST_SQUARES_SPECS: dict[str, MethodSpec] = {
+    s.key: s
+    for s in (
+        MethodSpec("trf", "trf", _LEAST_SQUARES, takes_bounds=True, **_COMMON),
+        MethodSpec("dogbox", "dogbox", _LEAST_SQUARES, takes_bounds=True, **_COMMON),
+        MethodSpec("lm", "lm", _LEAST_SQUARES, **_COMMON),
+    )
+}
 
 _TRUST_REGION_ONLY = ("tr_solver", "tr_options")  # "relevant only for 'trf' and 'dogbox'"
 
@@ -64,8 +77,10 @@ def _canonical_method(method: Any) -> str:
         if key in MINIMIZE_SPECS or key in GLOBAL_SPECS:
             owner = "ScipyMinimize" if key in MINIMIZE_SPECS else "ScipyGlobal"
             hint = f" {method!r} is a method of {owner}, for a scalar objective."
-        raise ValueError(f"ScipyLeastSquares: `method` must be one of 'trf', 'dogbox', 'lm'; "
-                         f"got {method!r}.{hint}")
+        raise ValueError(
+            f"ScipyLeastSquares: `method` must be one of 'trf', 'dogbox', 'lm'; "
+            f"got {method!r}.{hint}"
+        )
     return key
 
 
@@ -140,41 +155,58 @@ class ScipyLeastSquares(_ScipyAlgorithm):
     _kind = "least_squares"
     _classes: ClassVar[dict[str, type]] = {}
 
-    def __new__(cls, method: str | None = None, loss: str = "linear", f_scale: float = 1.0,
-                **scipy_options: Any):
+    def __new__(
+        cls,
+        method: str | None = None,
+        loss: str = "linear",
+        f_scale: float = 1.0,
+        **scipy_options: Any,
+    ):
         if cls is ScipyLeastSquares:
             cls = cls._classes[_canonical_method("trf" if method is None else method)]
         return object.__new__(cls)
 
-    def __init__(self, method: str | None = None, loss: str = "linear", f_scale: float = 1.0,
-                 **scipy_options: Any):
+    def __init__(
+        self,
+        method: str | None = None,
+        loss: str = "linear",
+        f_scale: float = 1.0,
+        **scipy_options: Any,
+    ):
         spec = type(self).spec
         if method is not None and _canonical_method(method) != spec.key:
             raise TypeError(f"{type(self).__name__}: got method={method!r}.")
         who = f"ScipyLeastSquares(method={spec.name!r})"
         if not isinstance(loss, str) or loss not in LOSSES:
-            raise ValueError(f"{who}: `loss` must be one of {', '.join(map(repr, LOSSES))}; "
-                             f"got loss={loss!r}.")
+            raise ValueError(
+                f"{who}: `loss` must be one of {', '.join(map(repr, LOSSES))}; got loss={loss!r}."
+            )
         if spec.key == "lm" and loss != "linear":
-            raise ValueError(f"{who}: MINPACK's Levenberg-Marquardt minimises the plain sum "
-                             f"of squares, so `loss` must be 'linear'; got loss={loss!r}. Use "
-                             "method='trf' or 'dogbox' for a robust loss.")
+            raise ValueError(
+                f"{who}: MINPACK's Levenberg-Marquardt minimises the plain sum "
+                f"of squares, so `loss` must be 'linear'; got loss={loss!r}. Use "
+                "method='trf' or 'dogbox' for a robust loss."
+            )
         try:
             f_scale = float(f_scale)
         except (TypeError, ValueError):
             f_scale = None
         if f_scale is None or not np.isfinite(f_scale) or f_scale <= 0:
-            raise ValueError(f"{who}: `f_scale` must be a positive finite number; got "
-                             f"f_scale={f_scale!r}.")
+            raise ValueError(
+                f"{who}: `f_scale` must be a positive finite number; got f_scale={f_scale!r}."
+            )
         for name, value in scipy_options.items():
             if spec.key == "lm" and name in _TRUST_REGION_ONLY:
-                raise TypeError(f"{who}: `{name}` is not an option here: it only applies to "
-                                f"the trust-region methods 'trf' and 'dogbox'; got "
-                                f"{name}={value!r}.")
+                raise TypeError(
+                    f"{who}: `{name}` is not an option here: it only applies to "
+                    f"the trust-region methods 'trf' and 'dogbox'; got "
+                    f"{name}={value!r}."
+                )
         options = check_options(spec, scipy_options)
         options.update(loss=loss, f_scale=f_scale)
-        object.__setattr__(self, "_options", tuple(sorted(
-            (k, freeze(v)) for k, v in options.items())))
+        object.__setattr__(
+            self, "_options", tuple(sorted((k, freeze(v)) for k, v in options.items()))
+        )
 
     @property
     def loss(self) -> str:
@@ -188,8 +220,9 @@ class ScipyLeastSquares(_ScipyAlgorithm):
 
     def __repr__(self) -> str:
         defaults = {"loss": "linear", "f_scale": 1.0}
-        args = "".join(f", {k}={thaw(v)!r}" for k, v in self._options
-                       if k not in defaults or v != defaults[k])
+        args = "".join(
+            f", {k}={thaw(v)!r}" for k, v in self._options if k not in defaults or v != defaults[k]
+        )
         return f"ScipyLeastSquares(method={self.method!r}{args})"
 
     def minimised_problem(self, problem: Any) -> Any:
@@ -200,8 +233,12 @@ class ScipyLeastSquares(_ScipyAlgorithm):
         residual = getattr(problem, "residual", None)
         if self.loss == "linear" or residual is None:
             return problem
-        return OptimizationProblem(RobustCost(residual, self.loss, self.f_scale), problem.x0,
-                                   problem.p, bounds=problem.bounds)
+        return OptimizationProblem(
+            RobustCost(residual, self.loss, self.f_scale),
+            problem.x0,
+            problem.p,
+            bounds=problem.bounds,
+        )
 
 
 for _spec in LEAST_SQUARES_SPECS.values():
@@ -210,12 +247,15 @@ for _spec in LEAST_SQUARES_SPECS.values():
 
 # --------------------------------------------------------------------------- the run
 
+
 def _trust_region_callback(monitor: Monitor):
     """trf's and dogbox's ``callback(intermediate_result)``, once per iteration; its ``fun``
     is the residual vector, its ``cost`` the objective."""
+
     def callback(intermediate_result):  # scipy dispatches on this parameter name
         if monitor.record(intermediate_result.x, float(intermediate_result.cost)):
             raise StopIteration
+
     return callback
 
 
@@ -235,11 +275,13 @@ def _lm_jacobian(host: ResidualHost, monitor: Monitor):
             if monitor.record(x, host.cost_at(x)):
                 raise Stop
         return host.jacobian(x)
+
     return jac
 
 
-def _call_least_squares(problem, algorithm, options, host: ResidualHost, monitor: Monitor,
-                        bounds) -> OptimizeResult:
+def _call_least_squares(
+    problem, algorithm, options, host: ResidualHost, monitor: Monitor, bounds
+) -> OptimizeResult:
     """scipy.optimize.least_squares with solve's tolerances, optsolve's callback and the
     compiled residuals and Jacobian (a runner of ``scipy_run._run``)."""
     import scipy.optimize as so
@@ -256,24 +298,32 @@ def _call_least_squares(problem, algorithm, options, host: ResidualHost, monitor
         jac, callback = _lm_jacobian(host, monitor), None
     else:
         jac, callback = host.jacobian, _trust_region_callback(monitor)
-    return so.least_squares(host.residuals, _start(host, bounds), jac=jac, method=spec.name,
-                            callback=callback, **kwargs)
+    return so.least_squares(
+        host.residuals, _start(host, bounds), jac=jac, method=spec.name, callback=callback, **kwargs
+    )
 
 
-def run_least_squares(problem: LeastSquaresProblem, algorithm: ScipyLeastSquares,
-                      options: dict, p_weak: tuple[bool, ...] | None = None) -> HostRun:
+def run_least_squares(
+    problem: LeastSquaresProblem,
+    algorithm: ScipyLeastSquares,
+    options: dict,
+    p_weak: tuple[bool, ...] | None = None,
+) -> HostRun:
     """One least_squares run on concrete inputs (``options``: ``backend._plain_options``)."""
     spec = algorithm.spec
-    host = ResidualHost(problem, algorithm.minimised_problem(problem), algorithm.loss,
-                        algorithm.f_scale, p_weak)
+    host = ResidualHost(
+        problem, algorithm.minimised_problem(problem), algorithm.loss, algorithm.f_scale, p_weak
+    )
     host.rejects_nonfinite_trials = spec.key == "lm"
     bounds = _bounds(problem)
     monitor = Monitor(host, options, spec, options["maxiters"], None, bounds)
     result = _run(_call_least_squares, problem, algorithm, options, host, monitor, bounds)
     notes = [scipy_message(result)]
     if host.rejected:
-        notes.append(f"the residuals were not finite at {host.rejected} of {host.n_f} "
-                     "evaluations, trial steps MINPACK rejected")
+        notes.append(
+            f"the residuals were not finite at {host.rejected} of {host.n_f} "
+            "evaluations, trial steps MINPACK rejected"
+        )
     if monitor.stopped_by is not None and result.get("status") == -2:
         notes[0] = f"stopped by {monitor.stopped_by}"  # scipy only says its callback did
     from scipy.optimize import OptimizeResult
@@ -305,8 +355,7 @@ def run_least_squares(problem: LeastSquaresProblem, algorithm: ScipyLeastSquares
 _STATIONARY_COSINE = 1e-3
 
 
-def _judge_after_rejected_trials(host: ResidualHost, x: np.ndarray,
-                                 notes: list[str]) -> ReturnCode:
+def _judge_after_rejected_trials(host: ResidualHost, x: np.ndarray, notes: list[str]) -> ReturnCode:
     """SUCCESS if x is stationary by scipy lm's gtol measure (the largest cosine between r
     and J's columns) to ``_STATIONARY_COSINE``, else FAILURE with a note."""
     xc = np.asarray(x, np.float64 if host._f64 else host.dtype)
@@ -316,13 +365,16 @@ def _judge_after_rejected_trials(host: ResidualHost, x: np.ndarray,
     cosine = float(np.max(np.abs(jac.T @ r) / np.where(norms > 0, norms, 1.0)))
     if cosine <= _STATIONARY_COSINE:
         return ReturnCode.SUCCESS
-    notes.append(f"MINPACK stopped at the edge of the non-finite region, not at a stationary "
-                 f"point (the residuals' largest cosine with J's columns is {cosine:.2g})")
+    notes.append(
+        f"MINPACK stopped at the edge of the non-finite region, not at a stationary "
+        f"point (the residuals' largest cosine with J's columns is {cosine:.2g})"
+    )
     return ReturnCode.FAILURE
 
 
-def _check_before_running(problem: OptimizationProblem, algorithm: ScipyLeastSquares,
-                          options: SolveOptions) -> None:
+def _check_before_running(
+    problem: OptimizationProblem, algorithm: ScipyLeastSquares, options: SolveOptions
+) -> None:
     """Errors scipy would raise mid-run, raised first with the argument to change (plain
     Python errors, even under jax.jit)."""
     spec = algorithm.spec
@@ -337,7 +389,8 @@ def _check_before_running(problem: OptimizationProblem, algorithm: ScipyLeastSqu
         raise ValueError(
             f"{who} needs one of ftol, xtol, gtol >= machine epsilon ({_EPS:.2e}) to stop; "
             f"got {', '.join(f'{k}={v!r}' for k, v in given.items())}. Give "
-            "solve(..., gtol=1e-10), say.")
+            "solve(..., gtol=1e-10), say."
+        )
     if spec.key == "lm":
         m = number_of_residuals(problem)
         n = int(sum(np.size(leaf) for leaf in jax.tree_util.tree_leaves(problem.x0)))
@@ -345,7 +398,8 @@ def _check_before_running(problem: OptimizationProblem, algorithm: ScipyLeastSqu
             raise ValueError(
                 f"{who} needs at least as many residuals as parameters (MINPACK's "
                 f"Levenberg-Marquardt); got {m} residuals for {n} parameters. Use "
-                "ScipyLeastSquares('trf') or ScipyLeastSquares('dogbox').")
+                "ScipyLeastSquares('trf') or ScipyLeastSquares('dogbox')."
+            )
         return
     if problem.has_bounds and not is_traced(problem.bounds):
         lower, upper = _bounds(problem)
@@ -354,11 +408,16 @@ def _check_before_running(problem: OptimizationProblem, algorithm: ScipyLeastSqu
                 f"{who} needs lower < upper on every variable (least_squares cannot hold one "
                 f"fixed); got equal `bounds` at flat index "
                 f"{int(np.flatnonzero(lower >= upper)[0])}. Remove that variable from x "
-                "(fix it in p) or loosen its bounds.")
+                "(fix it in p) or loosen its bounds."
+            )
 
 
-def solve_least_squares(problem: LeastSquaresProblem, algorithm: ScipyLeastSquares,
-                        options: SolveOptions, loop: Any = None) -> Solution:
+def solve_least_squares(
+    problem: LeastSquaresProblem,
+    algorithm: ScipyLeastSquares,
+    options: SolveOptions,
+    loop: Any = None,
+) -> Solution:
     """The backend of ScipyLeastSquares: ``solve_scipy`` with the least_squares run."""
     _check_before_running(problem, algorithm, options)
     return solve_scipy(problem, algorithm, options, loop, host_run=run_least_squares)

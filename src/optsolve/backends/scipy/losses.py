@@ -44,7 +44,7 @@ def robust_cost(r: Any, loss: str, f_scale: float, xp: Any = jnp) -> Any:
     if loss == "linear":
         return 0.5 * xp.sum(r * r)
     z = (r / f_scale) ** 2
-    return 0.5 * f_scale ** 2 * xp.sum(rho(z, loss, xp))
+    return 0.5 * f_scale**2 * xp.sum(rho(z, loss, xp))
 
 
 class RobustCost:

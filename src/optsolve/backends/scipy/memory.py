@@ -35,7 +35,8 @@ def check_dense_memory(problem: OptimizationProblem, algorithm: Any) -> None:
     if needed > memory:
         raise MemoryError(
             f"solve: {type(algorithm).__name__} keeps dense {n} x {n} float64 matrices: about "
-            f"{needed / 2 ** 30:.0f} GiB for n = {n}, more than this machine's "
-            f"{memory / 2 ** 30:.0f} GiB. Use a limited-memory method, optsolve.LBFGS() or "
+            f"{needed / 2**30:.0f} GiB for n = {n}, more than this machine's "
+            f"{memory / 2**30:.0f} GiB. Use a limited-memory method, optsolve.LBFGS() or "
             "ScipyMinimize('L-BFGS-B'), or one on Hessian products, ScipyMinimize('Newton-CG') "
-            "or ScipyMinimize('trust-krylov').")
+            "or ScipyMinimize('trust-krylov')."
+        )

@@ -17,11 +17,14 @@ import numpy as np
 from optsolve.backends.scipy.compiled import FEASIBILITY_TOL, HostProblem
 from optsolve.backends.scipy.options import MethodSpec
 from optsolve.solve_api.cache import BoundedCache
-from optsolve.solve_api.host import (advance_progress, progress_every, raise_if_interrupted,
-                                     wants_grad_norm)
+from optsolve.solve_api.host import (
+    advance_progress,
+    progress_every,
+    raise_if_interrupted,
+    wants_grad_norm,
+)
 from optsolve.solve_api.returncode import ReturnCode
 from optsolve.solve_api.stationarity import stationarity
-
 
 _JITTED = BoundedCache(64)
 
@@ -29,8 +32,9 @@ _JITTED = BoundedCache(64)
 def _host_function(fn: Any):
     """``fn(x, p)`` compiled once per function, its values as float64 numpy arrays."""
     compiled = _JITTED.get_or_make(fn, lambda: jax.jit(fn))
-    return lambda x, p: jax.tree_util.tree_map(lambda v: np.asarray(v, np.float64),
-                                               jax.device_get(compiled(x, p)))
+    return lambda x, p: jax.tree_util.tree_map(
+        lambda v: np.asarray(v, np.float64), jax.device_get(compiled(x, p))
+    )
 
 
 def _score(evaluation: Any) -> float:
@@ -38,8 +42,10 @@ def _score(evaluation: Any) -> float:
     if isinstance(evaluation, (tuple, list)) and len(evaluation) == 2:
         evaluation = evaluation[0]
     if np.shape(evaluation) != ():
-        raise TypeError("solve: keep='best' ranks iterates by `evaluate`'s value, which must "
-                        "be a scalar score (lower is better) or a pair (score, aux).")
+        raise TypeError(
+            "solve: keep='best' ranks iterates by `evaluate`'s value, which must "
+            "be a scalar score (lower is better) or a pair (score, aux)."
+        )
     return float(evaluation)
 
 
@@ -73,8 +79,15 @@ class Monitor:
       best: (x, f, score) of the lowest-scoring iterate with ``keep="best"``, else None.
     """
 
-    def __init__(self, host: HostProblem, options: dict, spec: MethodSpec,
-                 own_maxiters: int | None, own_gtol: float | None, bounds=None):
+    def __init__(
+        self,
+        host: HostProblem,
+        options: dict,
+        spec: MethodSpec,
+        own_maxiters: int | None,
+        own_gtol: float | None,
+        bounds=None,
+    ):
         self.host, self.spec, self.bounds = host, spec, bounds
         self.callback = options["callback"]
         self.every = options["callback_every"]
@@ -88,8 +101,9 @@ class Monitor:
             self.feasibility_bar = min(FEASIBILITY_TOL, self.ftol)
         self.gtol = own_gtol
         self.maxiters = own_maxiters
-        self.deadline = (None if options["maxtime"] is None
-                         else time.perf_counter() + options["maxtime"])
+        self.deadline = (
+            None if options["maxtime"] is None else time.perf_counter() + options["maxtime"]
+        )
         self.progress = bool(options.get("progress"))
         self.progress_every = progress_every(options["maxiters"])
         self.k = 0
@@ -102,17 +116,19 @@ class Monitor:
         self.objectives: list[float] | None = None
         self.grad_norms: list[float] | None = None
         history = bool(options.get("history"))
-        self.metrics_fn = (_host_function(options["metrics"])
-                           if history and options.get("metrics") is not None else None)
-        self.evaluate_fn = (_host_function(options["evaluate"])
-                            if options.get("evaluate") is not None else None)
+        self.metrics_fn = (
+            _host_function(options["metrics"])
+            if history and options.get("metrics") is not None
+            else None
+        )
+        self.evaluate_fn = (
+            _host_function(options["evaluate"]) if options.get("evaluate") is not None else None
+        )
         self.eval_every = options.get("eval_every", 1)
         self.keep_best = options.get("keep") == "best"
         self.metrics: list | None = [] if self.metrics_fn is not None else None
-        self.evaluations: list | None = [] if history and self.evaluate_fn is not None \
-            else None
-        self.violations: list[float] | None = [] if history and spec.takes_constraints \
-            else None
+        self.evaluations: list | None = [] if history and self.evaluate_fn is not None else None
+        self.violations: list[float] | None = [] if history and spec.takes_constraints else None
         self.best: tuple[np.ndarray, float, float] | None = None
         self._not_evaluated = None  # evaluate's value with NaN leaves (iterates not due)
         if history or self.keep_best:
@@ -131,10 +147,18 @@ class Monitor:
         """Whether scipy must call the monitor: a per-iteration test, callback, history or
         progress bar is on, or optsolve counts the method's iterations (COBYLA reports no
         ``nit``; see ``MethodSpec.monitor_counts``). Otherwise scipy runs without one."""
-        return (self.callback is not None or self.ftol is not None or self.gtol is not None
-                or self.maxiters is not None or self.deadline is not None
-                or self.objectives is not None or self.progress or self.keep_best
-                or self.spec.key == "cobyla" or self.spec.monitor_counts)
+        return (
+            self.callback is not None
+            or self.ftol is not None
+            or self.gtol is not None
+            or self.maxiters is not None
+            or self.deadline is not None
+            or self.objectives is not None
+            or self.progress
+            or self.keep_best
+            or self.spec.key == "cobyla"
+            or self.spec.monitor_counts
+        )
 
     def record(self, x: np.ndarray, f: float) -> bool:
         """Account one iteration at (x, f); True when the run must stop."""
@@ -152,19 +176,22 @@ class Monitor:
             self._record_violation(x)
         if self.objectives is not None or self.keep_best:
             self._track(x, float(f), self.k)
-        if self.progress and self.spec.callback_per_iteration \
-                and self.k % self.progress_every == 0:
+        if self.progress and self.spec.callback_per_iteration and self.k % self.progress_every == 0:
             advance_progress(self.k, f, grad_norm)
         # The user's callback sees every (every-th) iteration, the last one included; the
         # tests then decide in the compiled driver's order (iterative.py): convergence,
         # the callback's request, maxiters, maxtime.
         stop = False
         if self.callback is not None and self.k % self.every == 0:
-            extra = ((self.grad_norm(x) if grad_norm is None else grad_norm,)
-                     if self.pass_grad_norm else ())
+            extra = (
+                (self.grad_norm(x) if grad_norm is None else grad_norm,)
+                if self.pass_grad_norm
+                else ()
+            )
             try:
-                stop = bool(self.callback(self.k, self.host.unravel_numpy(x), np.float64(f),
-                                          *extra))
+                stop = bool(
+                    self.callback(self.k, self.host.unravel_numpy(x), np.float64(f), *extra)
+                )
             except Exception:
                 self.user_raised = True  # so that it propagates, whatever its type
                 raise
@@ -215,14 +242,22 @@ class Monitor:
             evaluation = self.evaluate_fn(point, self.host.p)
             if self._not_evaluated is None:
                 self._not_evaluated = jax.tree_util.tree_map(
-                    lambda v: np.full(np.shape(v), np.nan), evaluation)
+                    lambda v: np.full(np.shape(v), np.nan), evaluation
+                )
         if self.evaluations is not None:
             self.evaluations.append(self._not_evaluated if evaluation is None else evaluation)
         if self.keep_best:
-            score = f if self.evaluate_fn is None else (
-                None if evaluation is None else _score(evaluation))
-            if score is not None and np.isfinite(score) and np.isfinite(f) and (
-                    self.best is None or score < self.best[2]):
+            score = (
+                f
+                if self.evaluate_fn is None
+                else (None if evaluation is None else _score(evaluation))
+            )
+            if (
+                score is not None
+                and np.isfinite(score)
+                and np.isfinite(f)
+                and (self.best is None or score < self.best[2])
+            ):
                 self.best = (np.array(x, dtype=np.float64), f, score)
 
     def kept(self, x: np.ndarray, fun: float) -> tuple[np.ndarray, float]:
@@ -256,9 +291,10 @@ class Monitor:
         return converged
 
     def _feasible(self, x: np.ndarray) -> bool:
-        """Whether x satisfies the constraints and bounds (to ``feasibility_bar``): on a constrained problem f may be flat where they are violated (a
-        constant objective, a feasibility problem), and a test on f alone would end the run
-        there, INFEASIBLE, where the method would have gone on to a feasible optimum."""
+        """Whether x satisfies the constraints and bounds (to ``feasibility_bar``): on a constrained
+        problem f may be flat where they are violated (a constant objective, a feasibility problem),
+        and a test on f alone would end the run there, INFEASIBLE, where the method would have gone
+        on to a feasible optimum."""
         if not self.host.constraints and self.bounds is None:
             return True
         return self.host.violation(x, self.bounds) <= self.feasibility_bar
@@ -273,8 +309,7 @@ class Monitor:
         objectives = np.asarray(self.objectives, np.float64)
         grad_norms = np.asarray(self.grad_norms, np.float64)
         metrics, evaluations = self.metrics, self.evaluations
-        violations = None if self.violations is None else np.asarray(self.violations,
-                                                                     np.float64)
+        violations = None if self.violations is None else np.asarray(self.violations, np.float64)
         if self.k > 0 and (self.last is None or not np.array_equal(self.last[0], x)):
             objectives[-1] = fun
             grad_norms[-1] = self.grad_norm(x)
@@ -285,8 +320,9 @@ class Monitor:
                 metrics = metrics[:-1] + [self.metrics_fn(point, self.host.p)]
             if evaluations and self.k % self.eval_every == 0:
                 evaluations = evaluations[:-1] + [self.evaluate_fn(point, self.host.p)]
-        stack = lambda values: None if values is None else jax.tree_util.tree_map(
-            lambda *v: np.stack(v), *values)
+        stack = lambda values: (
+            None if values is None else jax.tree_util.tree_map(lambda *v: np.stack(v), *values)
+        )
         return objectives, grad_norms, stack(metrics), stack(evaluations), violations
 
     def finish(self, iterations: int, objective: float) -> None:
@@ -309,17 +345,21 @@ class Monitor:
     # The callback shapes scipy's methods call.
     def intermediate(self):
         """``callback(intermediate_result)``: StopIteration stops scipy."""
+
         def callback(intermediate_result):  # scipy dispatches on this parameter name
             if self.record(intermediate_result.x, float(intermediate_result.fun)):
                 raise StopIteration
+
         return callback
 
     def x_only(self):
         """``callback(xk)`` (TNC, shgo, direct): optsolve's own exception stops scipy."""
+
         def callback(xk):
             f = self.host.value_at(np.asarray(xk), self.spec.needs_gradient)
             if self.record(xk, f):
                 raise Stop
+
         return callback
 
     def x_f_flag(self, skip_first: bool = False):
@@ -334,4 +374,5 @@ class Monitor:
             if skip_first and calls[0] == 1:
                 return False
             return self.record(x, float(f))
+
         return callback

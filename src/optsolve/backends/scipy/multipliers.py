@@ -22,8 +22,7 @@ if TYPE_CHECKING:
     from scipy.optimize import OptimizeResult
 
 
-def solver_multipliers(method: str, result: OptimizeResult,
-                       host: HostProblem) -> np.ndarray | None:
+def solver_multipliers(method: str, result: OptimizeResult, host: HostProblem) -> np.ndarray | None:
     """The flat multipliers (one per constraint component, float64) that ``method``
     returned in ``result``; None where it returns none (then optsolve's least-squares
     ones serve) or where their count does not match the constraints."""
@@ -49,7 +48,7 @@ def solver_multipliers(method: str, result: OptimizeResult,
         lam = np.zeros(m)
         n_eq, n_below = int(eq.sum()), int(below.sum())
         lam[eq] = -raw[:n_eq]
-        lam[below] -= raw[n_eq:n_eq + n_below]
-        lam[above] += raw[n_eq + n_below:]
+        lam[below] -= raw[n_eq : n_eq + n_below]
+        lam[above] += raw[n_eq + n_below :]
         return lam
     return None

@@ -129,77 +129,222 @@ def _parameters(path: str) -> Mapping[str, inspect.Parameter]:
     return inspect.signature(scipy_function(path)).parameters
 
 
-MINIMIZE_SPECS: dict[str, MethodSpec] = {s.key: s for s in (
-    MethodSpec("nelder-mead", "Nelder-Mead", _M + "neldermead", False, takes_bounds=True,
-               first_iteration=1, rejects_nonfinite=True),
-    MethodSpec("powell", "Powell", _M + "powell", False, takes_bounds=True,
-               rejects_nonfinite=True),
-    MethodSpec("cg", "CG", _M + "cg", True, native_gtol=True),
-    MethodSpec("bfgs", "BFGS", _M + "bfgs", True, native_gtol=True),
-    MethodSpec("newton-cg", "Newton-CG", _M + "newtoncg", True, hessian="hessp"),
-    MethodSpec("l-bfgs-b", "L-BFGS-B", _M + "lbfgsb", True, takes_bounds=True,
-               native_gtol=True, native_ftol=True),
-    # TNC's only budget is maxfun, and its callback(xk) cannot stop it.
-    MethodSpec("tnc", "TNC", _M + "tnc", True, takes_bounds=True, native_gtol=True,
-               maxiter_name=None, callback="x"),
-    # COBYLA's maxiter counts function evaluations: it stays COBYLA's own option.
-    MethodSpec("cobyla", "COBYLA", _M + "cobyla", False, takes_bounds=True,
-               takes_constraints=True, maxiter_name=None, rejects_nonfinite=True),
-    # COBYQA's maxiter counts its trust-region iterations (scipy's nit); maxfev, its
-    # evaluation budget, stays its own. Its callback runs after each evaluation.
-    MethodSpec("cobyqa", "COBYQA", _M + "cobyqa", False, takes_bounds=True,
-               takes_constraints=True, callback_per_iteration=False,
-               callback_per_evaluation=True, rejects_nonfinite=True),
-    MethodSpec("slsqp", "SLSQP", _M + "slsqp", True, takes_bounds=True,
-               takes_constraints=True, constrained_ftol=True),
-    MethodSpec("trust-constr", "trust-constr", _M + "trustregion_constr", True,
-               hessian="hessp", takes_bounds=True, takes_constraints=True, native_gtol=True),
-    MethodSpec("dogleg", "dogleg", _TRUST_REGION, True, hessian="hess",
-               native_gtol=True, gtol_2norm=True),
-    MethodSpec("trust-ncg", "trust-ncg", _TRUST_REGION, True, hessian="hessp",
-               native_gtol=True, gtol_2norm=True),
-    MethodSpec("trust-exact", "trust-exact", _TRUST_REGION, True, hessian="hess",
-               native_gtol=True, gtol_2norm=True, extra=("subproblem_maxiter",)),
-    MethodSpec("trust-krylov", "trust-krylov", _TRUST_REGION, True, hessian="hessp",
-               native_gtol=True, gtol_2norm=True, extra=("inexact",)),
-)}
+MINIMIZE_SPECS: dict[str, MethodSpec] = {
+    s.key: s
+    for s in (
+        MethodSpec(
+            "nelder-mead",
+            "Nelder-Mead",
+            _M + "neldermead",
+            False,
+            takes_bounds=True,
+            first_iteration=1,
+            rejects_nonfinite=True,
+        ),
+        MethodSpec(
+            "powell", "Powell", _M + "powell", False, takes_bounds=True, rejects_nonfinite=True
+        ),
+        MethodSpec("cg", "CG", _M + "cg", True, native_gtol=True),
+        MethodSpec("bfgs", "BFGS", _M + "bfgs", True, native_gtol=True),
+        MethodSpec("newton-cg", "Newton-CG", _M + "newtoncg", True, hessian="hessp"),
+        MethodSpec(
+            "l-bfgs-b",
+            "L-BFGS-B",
+            _M + "lbfgsb",
+            True,
+            takes_bounds=True,
+            native_gtol=True,
+            native_ftol=True,
+        ),
+        # TNC's only budget is maxfun, and its callback(xk) cannot stop it.
+        MethodSpec(
+            "tnc",
+            "TNC",
+            _M + "tnc",
+            True,
+            takes_bounds=True,
+            native_gtol=True,
+            maxiter_name=None,
+            callback="x",
+        ),
+        # COBYLA's maxiter counts function evaluations: it stays COBYLA's own option.
+        MethodSpec(
+            "cobyla",
+            "COBYLA",
+            _M + "cobyla",
+            False,
+            takes_bounds=True,
+            takes_constraints=True,
+            maxiter_name=None,
+            rejects_nonfinite=True,
+        ),
+        # COBYQA's maxiter counts its trust-region iterations (scipy's nit); maxfev, its
+        # evaluation budget, stays its own. Its callback runs after each evaluation.
+        MethodSpec(
+            "cobyqa",
+            "COBYQA",
+            _M + "cobyqa",
+            False,
+            takes_bounds=True,
+            takes_constraints=True,
+            callback_per_iteration=False,
+            callback_per_evaluation=True,
+            rejects_nonfinite=True,
+        ),
+        MethodSpec(
+            "slsqp",
+            "SLSQP",
+            _M + "slsqp",
+            True,
+            takes_bounds=True,
+            takes_constraints=True,
+            constrained_ftol=True,
+        ),
+        MethodSpec(
+            "trust-constr",
+            "trust-constr",
+            _M + "trustregion_constr",
+            True,
+            hessian="hessp",
+            takes_bounds=True,
+            takes_constraints=True,
+            native_gtol=True,
+        ),
+        MethodSpec(
+            "dogleg",
+            "dogleg",
+            _TRUST_REGION,
+            True,
+            hessian="hess",
+            native_gtol=True,
+            gtol_2norm=True,
+        ),
+        MethodSpec(
+            "trust-ncg",
+            "trust-ncg",
+            _TRUST_REGION,
+            True,
+            hessian="hessp",
+            native_gtol=True,
+            gtol_2norm=True,
+        ),
+        MethodSpec(
+            "trust-exact",
+            "trust-exact",
+            _TRUST_REGION,
+            True,
+            hessian="hess",
+            native_gtol=True,
+            gtol_2norm=True,
+            extra=("subproblem_maxiter",),
+        ),
+        MethodSpec(
+            "trust-krylov",
+            "trust-krylov",
+            _TRUST_REGION,
+            True,
+            hessian="hessp",
+            native_gtol=True,
+            gtol_2norm=True,
+            extra=("inexact",),
+        ),
+    )
+}
 
-GLOBAL_SPECS: dict[str, MethodSpec] = {s.key: s for s in (
-    MethodSpec("differential_evolution", "differential_evolution", _O + "differential_evolution",
-               True, takes_bounds=True, takes_constraints=True, own_budget=True,
-               rejects_nonfinite=True, extra=("vectorized",)),
-    MethodSpec("dual_annealing", "dual_annealing", _O + "dual_annealing", True, takes_bounds=True,
-               callback_per_iteration=False, own_budget=True, rejects_nonfinite=True),
-    MethodSpec("shgo", "shgo", _O + "shgo", True, takes_bounds=True, takes_constraints=True,
-               maxiter_name="iters", callback="x", callback_per_iteration=False,
-               own_budget=True, rejects_nonfinite=True),
-    # direct's callback starts at its third iteration (the first two divide the box).
-    MethodSpec("direct", "direct", _O + "direct", False, takes_bounds=True, callback="x",
-               maxiter_offset=2, monitor_counts=True, own_budget=True,
-               rejects_nonfinite=True),
-    MethodSpec("basinhopping", "basinhopping", _O + "basinhopping", True, takes_bounds=True,
-               takes_constraints=True, maxiter_name="niter", extra=("local",),
-               own_budget=True, rejects_nonfinite=True),
-)}
+GLOBAL_SPECS: dict[str, MethodSpec] = {
+    s.key: s
+    for s in (
+        MethodSpec(
+            "differential_evolution",
+            "differential_evolution",
+            _O + "differential_evolution",
+            True,
+            takes_bounds=True,
+            takes_constraints=True,
+            own_budget=True,
+            rejects_nonfinite=True,
+            extra=("vectorized",),
+        ),
+        MethodSpec(
+            "dual_annealing",
+            "dual_annealing",
+            _O + "dual_annealing",
+            True,
+            takes_bounds=True,
+            callback_per_iteration=False,
+            own_budget=True,
+            rejects_nonfinite=True,
+        ),
+        MethodSpec(
+            "shgo",
+            "shgo",
+            _O + "shgo",
+            True,
+            takes_bounds=True,
+            takes_constraints=True,
+            maxiter_name="iters",
+            callback="x",
+            callback_per_iteration=False,
+            own_budget=True,
+            rejects_nonfinite=True,
+        ),
+        # direct's callback starts at its third iteration (the first two divide the box).
+        MethodSpec(
+            "direct",
+            "direct",
+            _O + "direct",
+            False,
+            takes_bounds=True,
+            callback="x",
+            maxiter_offset=2,
+            monitor_counts=True,
+            own_budget=True,
+            rejects_nonfinite=True,
+        ),
+        MethodSpec(
+            "basinhopping",
+            "basinhopping",
+            _O + "basinhopping",
+            True,
+            takes_bounds=True,
+            takes_constraints=True,
+            maxiter_name="niter",
+            extra=("local",),
+            own_budget=True,
+            rejects_nonfinite=True,
+        ),
+    )
+}
 
 # Arguments optsolve supplies itself, never options; the reason says where they come from.
 _SUPPLIED = {
-    "fun": "the objective is the problem's f", "func": "the objective is the problem's f",
-    "x0": "the start is the problem's x0", "args": "p is the problem's p",
+    "fun": "the objective is the problem's f",
+    "func": "the objective is the problem's f",
+    "x0": "the start is the problem's x0",
+    "args": "p is the problem's p",
     "kwargs": "p is the problem's p",
-    "jac": "derivatives come from JAX", "grad": "derivatives come from JAX",
-    "hess": "derivatives come from JAX", "hessp": "derivatives come from JAX",
+    "jac": "derivatives come from JAX",
+    "grad": "derivatives come from JAX",
+    "hess": "derivatives come from JAX",
+    "hessp": "derivatives come from JAX",
     "bounds": "bounds are set on the problem: OptimizationProblem(..., bounds=(lower, upper))",
-    "constraints": ("constraints are set on the problem: "
-                    "OptimizationProblem(..., constraints=[optsolve.Constraint(...)])"),
+    "constraints": (
+        "constraints are set on the problem: "
+        "OptimizationProblem(..., constraints=[optsolve.Constraint(...)])"
+    ),
     "callback": "pass it to solve: solve(..., callback=fn), called as fn(iteration, x, objective)",
     "method": "the method is the first argument",
-    "minimizer_kwargs": ("local searches get JAX derivatives from optsolve; choose "
-                         "basinhopping's local method with local=ScipyMinimize(...)"),
+    "minimizer_kwargs": (
+        "local searches get JAX derivatives from optsolve; choose "
+        "basinhopping's local method with local=ScipyMinimize(...)"
+    ),
     "subproblem": "the subproblem is fixed by the method",
-    "vectorized": ("of scipy's methods only differential_evolution evaluates a population "
-                   "at once: ScipyGlobal('differential_evolution', vectorized=True)"),
-    "unknown_options": "", "trust_region_options": "",
+    "vectorized": (
+        "of scipy's methods only differential_evolution evaluates a population "
+        "at once: ScipyGlobal('differential_evolution', vectorized=True)"
+    ),
+    "unknown_options": "",
+    "trust_region_options": "",
 }
 _FINITE_DIFFERENCES = ("eps", "finite_diff_rel_step", "workers", "diff_step", "jac_sparsity")
 _SOLVE_OWNED_ITER = ("maxiter", "niter", "iters")
@@ -214,8 +359,10 @@ def canonical_method(kind: str, method: Any) -> str:
         other = GLOBAL_SPECS if kind == "minimize" else MINIMIZE_SPECS
         hint = ""
         if key in other:
-            hint = (f" {method!r} is a method of "
-                    f"{'ScipyGlobal' if kind == 'minimize' else 'ScipyMinimize'}.")
+            hint = (
+                f" {method!r} is a method of "
+                f"{'ScipyGlobal' if kind == 'minimize' else 'ScipyMinimize'}."
+            )
         raise ValueError(
             f"{owner}: `method` must be one of {', '.join(s.name for s in specs.values())}; "
             f"got {method!r}.{hint}"
@@ -235,11 +382,17 @@ def valid_options(spec: MethodSpec) -> tuple[str, ...]:
             continue
         if name == spec.maxiter_name and not spec.own_budget:
             continue
-        if name in _SOLVE_OWNED_ITER and name != spec.maxiter_name \
-                and spec.maxiter_name is not None:
+        if (
+            name in _SOLVE_OWNED_ITER
+            and name != spec.maxiter_name
+            and spec.maxiter_name is not None
+        ):
             continue  # (COBYLA's maxiter counts evaluations: it stays an option)
-        if (name == "gtol" and spec.native_gtol) or (name == "ftol" and spec.native_ftol) \
-                or (name == "xtol" and spec.native_xtol):
+        if (
+            (name == "gtol" and spec.native_gtol)
+            or (name == "ftol" and spec.native_ftol)
+            or (name == "xtol" and spec.native_xtol)
+        ):
             continue
         if name == "inexact" or name == "subproblem_maxiter":
             continue  # only where listed in spec.extra
@@ -259,50 +412,68 @@ def check_options(spec: MethodSpec, options: dict[str, Any]) -> dict[str, Any]:
     for name, value in options.items():
         if name in valid:
             continue
-        if name in _SUPPLIED and _SUPPLIED[name]:
-            raise TypeError(f"{who}: `{name}` is not an option here: {_SUPPLIED[name]}; "
-                            f"got {name}={value!r}.")
+        if _SUPPLIED.get(name):
+            raise TypeError(
+                f"{who}: `{name}` is not an option here: {_SUPPLIED[name]}; got {name}={value!r}."
+            )
         if name == "tol":
-            raise TypeError(f"{who}: `tol` is not an option here: use solve's tolerances, "
-                            f"solve(..., gtol=..., ftol=...); got tol={value!r}.")
+            raise TypeError(
+                f"{who}: `tol` is not an option here: use solve's tolerances, "
+                f"solve(..., gtol=..., ftol=...); got tol={value!r}."
+            )
         if name in _SOLVE_OWNED_ITER or name == spec.maxiter_name:
             raise TypeError(
                 f"{who}: `{name}` is set through solve's common option: "
-                f"solve(..., maxiters={value!r}); got {name}={value!r} here.")
-        if (name == "gtol" and spec.native_gtol) or (name == "ftol" and spec.native_ftol) \
-                or (name == "xtol" and spec.native_xtol):
-            raise TypeError(f"{who}: `{name}` is set through solve's common option: "
-                            f"solve(..., {name}={value!r}).")
+                f"solve(..., maxiters={value!r}); got {name}={value!r} here."
+            )
+        if (
+            (name == "gtol" and spec.native_gtol)
+            or (name == "ftol" and spec.native_ftol)
+            or (name == "xtol" and spec.native_xtol)
+        ):
+            raise TypeError(
+                f"{who}: `{name}` is set through solve's common option: "
+                f"solve(..., {name}={value!r})."
+            )
         if name == "workers" and spec.key in GLOBAL_SPECS:
             raise TypeError(
                 f"{who}: `workers` is not supported: scipy evaluates the objective in worker "
                 "processes, which needs a picklable objective, and optsolve's compiled "
-                f"objective cannot be pickled; got workers={value!r}. Remove it.")
+                f"objective cannot be pickled; got workers={value!r}. Remove it."
+            )
         if name in _FINITE_DIFFERENCES and spec.needs_gradient:
             raise TypeError(
                 f"{who}: `{name}` only tunes scipy's finite differences, which optsolve "
                 f"never uses (JAX supplies exact derivatives), so scipy would ignore it; "
-                f"got {name}={value!r}. Remove it.")
+                f"got {name}={value!r}. Remove it."
+            )
         if name == "workers":
-            raise TypeError(f"{who}: `workers` is not supported (optsolve's compiled "
-                            f"objective is not picklable); got workers={value!r}.")
+            raise TypeError(
+                f"{who}: `workers` is not supported (optsolve's compiled "
+                f"objective is not picklable); got workers={value!r}."
+            )
         param = spec.parameters().get(name)
         if param is not None and param.default is _no_value():
-            raise TypeError(f"{who}: `{name}` is deprecated by scipy and would only warn; "
-                            f"got {name}={value!r}. Remove it.")
+            raise TypeError(
+                f"{who}: `{name}` is deprecated by scipy and would only warn; "
+                f"got {name}={value!r}. Remove it."
+            )
         raise TypeError(
             f"{who} does not take the option `{name}` (got {name}={value!r}). Valid options: "
             f"{', '.join(valid) or '(none)'}; common options go to solve: maxiters, maxtime, "
-            "gtol, ftol, callback.")
+            "gtol, ftol, callback."
+        )
     if "vectorized" in options and not isinstance(options["vectorized"], bool):
-        raise TypeError(f"{who}: `vectorized` must be True or False, got "
-                        f"vectorized={options['vectorized']!r}.")
+        raise TypeError(
+            f"{who}: `vectorized` must be True or False, got vectorized={options['vectorized']!r}."
+        )
     if options.get("vectorized") and options.get("updating", "deferred") != "deferred":
         raise TypeError(
             f"{who}: vectorized=True evaluates each generation's population in one call, "
             "which needs updating='deferred' (the population changes once per generation); "
             f"got updating={options['updating']!r}. Remove `updating` (vectorized=True "
-            "implies 'deferred') or use vectorized=False.")
+            "implies 'deferred') or use vectorized=False."
+        )
     return dict(options)
 
 

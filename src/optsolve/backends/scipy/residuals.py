@@ -46,10 +46,12 @@ class ResidualExecutables:
 
 def flat_residuals(residual, unravel, dtype):
     """``xf, p -> r``: the residual pytree at ``unravel(xf)`` as one vector of ``dtype``."""
+
     def fn(xf, p):
         with jax.numpy_dtype_promotion("standard"):
             leaves = jax.tree_util.tree_leaves(residual(unravel(xf), p))
         return jnp.concatenate([jnp.ravel(leaf).astype(dtype) for leaf in leaves])
+
     return fn
 
 
@@ -74,8 +76,9 @@ def residual_executables(problem: LeastSquaresProblem, p: PyTree) -> ResidualExe
         fn = flat_residuals(problem.residual, unravel, flat0.dtype)
         m = jax.eval_shape(fn, vec, p).shape[0]
         jac = jacobian_of(fn, m, n)
-        return ResidualExecutables(HostExecutable(fn, (vec,), p),
-                                   HostExecutable(jac, (vec,), p), m, n)
+        return ResidualExecutables(
+            HostExecutable(fn, (vec,), p), HostExecutable(jac, (vec,), p), m, n
+        )
 
     return _CACHE.get_or_make(key, build)
 
@@ -102,8 +105,14 @@ class ResidualHost(HostProblem):
         points the method rejects (MINPACK's lm), counted in ``rejected``, not failures.
     """
 
-    def __init__(self, problem: LeastSquaresProblem, cost_problem: OptimizationProblem,
-                 loss: str, f_scale: float, p_weak: tuple[bool, ...] | None = None):
+    def __init__(
+        self,
+        problem: LeastSquaresProblem,
+        cost_problem: OptimizationProblem,
+        loss: str,
+        f_scale: float,
+        p_weak: tuple[bool, ...] | None = None,
+    ):
         super().__init__(cost_problem, p_weak)
         self.loss, self.f_scale = loss, f_scale
         self.bad.update({"the residuals": 0, "the Jacobian": 0})
@@ -163,5 +172,8 @@ class ResidualHost(HostProblem):
         """E.g. "the residuals were not finite at 3 of 57 evaluations" ("" when all were)."""
         totals = {"the residuals": self.n_f, "the Jacobian": self.n_g}
         verb = {"the residuals": "were", "the Jacobian": "was"}
-        return "; ".join(f"{what} {verb[what]} not finite at {n} of {totals[what]} evaluations"
-                         for what, n in self.bad.items() if n and what in totals)
+        return "; ".join(
+            f"{what} {verb[what]} not finite at {n} of {totals[what]} evaluations"
+            for what, n in self.bad.items()
+            if n and what in totals
+        )

@@ -14,29 +14,33 @@ from __future__ import annotations
 
 from typing import Any
 
-
 from optsolve.solve_api.returncode import ReturnCode
 
 S, MI, MT, F, T, INF, ST = (
-    ReturnCode.SUCCESS, ReturnCode.MAXITERS, ReturnCode.MAXTIME, ReturnCode.FAILURE,
-    ReturnCode.TERMINATED, ReturnCode.INFEASIBLE, ReturnCode.STALLED,
+    ReturnCode.SUCCESS,
+    ReturnCode.MAXITERS,
+    ReturnCode.MAXTIME,
+    ReturnCode.FAILURE,
+    ReturnCode.TERMINATED,
+    ReturnCode.INFEASIBLE,
+    ReturnCode.STALLED,
 )
 
 # scipy.optimize._optimize: warnflag of the line-search methods (_status_message).
 _LINE_SEARCH = {
-    0: S,   # "Optimization terminated successfully."
+    0: S,  # "Optimization terminated successfully."
     1: MI,  # "Maximum number of iterations has been exceeded."
-    2: F,   # "Desired error not necessarily achieved due to precision loss." (line search)
-    3: F,   # "NaN result encountered."
+    2: F,  # "Desired error not necessarily achieved due to precision loss." (line search)
+    3: F,  # "NaN result encountered."
     99: T,  # "`callback` raised `StopIteration`."
 }
 
 # scipy.optimize._trustregion._minimize_trust_region (dogleg, trust-ncg, -exact, -krylov).
 _TRUST_REGION = {
-    0: S,   # "Optimization terminated successfully."
+    0: S,  # "Optimization terminated successfully."
     1: MI,  # "Maximum number of iterations has been exceeded."
     2: ST,  # "A bad approximation caused failure to predict improvement."
-    3: F,   # "A linalg error occurred, such as a non-psd Hessian."
+    3: F,  # "A linalg error occurred, such as a non-psd Hessian."
     99: T,
 }
 
@@ -52,61 +56,61 @@ METHOD_TABLES: dict[str, dict[int, ReturnCode]] = {
     # _tnc.RCSTRINGS.
     "tnc": {
         -1: INF,  # "Infeasible (lower bound > upper bound)"
-        0: S,     # "Local minimum reached (|pg| ~= 0)"
-        1: S,     # "Converged (|f_n-f_(n-1)| ~= 0)"
-        2: S,     # "Converged (|x_n-x_(n-1)| ~= 0)"
-        3: MI,    # "Max. number of function evaluations reached"
-        4: F,     # "Linear search failed"
-        5: S,     # "All lower bounds are equal to the upper bounds"
-        6: ST,    # "Unable to progress"
-        7: T,     # "User requested end of minimization"
+        0: S,  # "Local minimum reached (|pg| ~= 0)"
+        1: S,  # "Converged (|f_n-f_(n-1)| ~= 0)"
+        2: S,  # "Converged (|x_n-x_(n-1)| ~= 0)"
+        3: MI,  # "Max. number of function evaluations reached"
+        4: F,  # "Linear search failed"
+        5: S,  # "All lower bounds are equal to the upper bounds"
+        6: ST,  # "Unable to progress"
+        7: T,  # "User requested end of minimization"
     },
     # scipy._lib.pyprima.common.infos (PRIMA's COBYLA).
     "cobyla": {
-        0: S,    # SMALL_TR_RADIUS
-        1: S,    # FTARGET_ACHIEVED
-        2: F,    # TRSUBP_FAILED
-        3: MI,   # MAXFUN_REACHED
+        0: S,  # SMALL_TR_RADIUS
+        1: S,  # FTARGET_ACHIEVED
+        2: F,  # TRSUBP_FAILED
+        3: MI,  # MAXFUN_REACHED
         20: MI,  # MAXTR_REACHED
-        -1: F,   # NAN_INF_X
-        -2: F,   # NAN_INF_F
-        -3: F,   # NAN_INF_MODEL
+        -1: F,  # NAN_INF_X
+        -2: F,  # NAN_INF_F
+        -3: F,  # NAN_INF_MODEL
         6: INF,  # NO_SPACE_BETWEEN_BOUNDS
-        7: ST,   # DAMAGING_ROUNDING
-        8: F,    # ZERO_LINEAR_CONSTRAINT
-        30: T,   # CALLBACK_TERMINATE
+        7: ST,  # DAMAGING_ROUNDING
+        8: F,  # ZERO_LINEAR_CONSTRAINT
+        30: T,  # CALLBACK_TERMINATE
     },
     # scipy._lib.cobyqa.settings.ExitStatus.
     "cobyqa": {
-        0: S,    # RADIUS_SUCCESS
-        1: S,    # TARGET_SUCCESS
-        2: S,    # FIXED_SUCCESS (all variables fixed by the bounds)
-        3: T,    # CALLBACK_SUCCESS
-        4: S,    # FEASIBLE_SUCCESS (feasibility problem solved)
-        5: MI,   # MAX_EVAL_WARNING
-        6: MI,   # MAX_ITER_WARNING
+        0: S,  # RADIUS_SUCCESS
+        1: S,  # TARGET_SUCCESS
+        2: S,  # FIXED_SUCCESS (all variables fixed by the bounds)
+        3: T,  # CALLBACK_SUCCESS
+        4: S,  # FEASIBLE_SUCCESS (feasibility problem solved)
+        5: MI,  # MAX_EVAL_WARNING
+        6: MI,  # MAX_ITER_WARNING
         -1: INF,  # INFEASIBLE_ERROR
-        -2: F,   # LINALG_ERROR
+        -2: F,  # LINALG_ERROR
     },
     # _slsqp_py.exit_modes.
     "slsqp": {
-        0: S,    # "Optimization terminated successfully"
+        0: S,  # "Optimization terminated successfully"
         2: INF,  # "More equality constraints than independent variables"
-        3: F,    # "More than 3*n iterations in LSQ subproblem"
+        3: F,  # "More than 3*n iterations in LSQ subproblem"
         4: INF,  # "Inequality constraints incompatible"
-        5: F,    # "Singular matrix E in LSQ subproblem"
-        6: F,    # "Singular matrix C in LSQ subproblem"
-        7: F,    # "Rank-deficient equality constraint subproblem HFTI"
-        8: F,    # "Positive directional derivative for linesearch"
-        9: MI,   # "Iteration limit reached"
+        5: F,  # "Singular matrix E in LSQ subproblem"
+        6: F,  # "Singular matrix C in LSQ subproblem"
+        7: F,  # "Rank-deficient equality constraint subproblem HFTI"
+        8: F,  # "Positive directional derivative for linesearch"
+        9: MI,  # "Iteration limit reached"
         99: T,
     },
     # _trustregion_constr.minimize_trustregion_constr.TERMINATION_MESSAGES.
     "trust-constr": {
-        0: MI,   # "The maximum number of function evaluations is exceeded." (maxiter)
-        1: S,    # "`gtol` termination condition is satisfied."
-        2: S,    # "`xtol` termination condition is satisfied."
-        3: T,    # "`callback` raised `StopIteration`."
+        0: MI,  # "The maximum number of function evaluations is exceeded." (maxiter)
+        1: S,  # "`gtol` termination condition is satisfied."
+        2: S,  # "`xtol` termination condition is satisfied."
+        3: T,  # "`callback` raised `StopIteration`."
         4: INF,  # "Constraint violation exceeds 'gtol'"
     },
     "dogleg": _TRUST_REGION,
@@ -119,13 +123,13 @@ METHOD_TABLES: dict[str, dict[int, ReturnCode]] = {
 
 # _lsq/least_squares.TERMINATION_MESSAGES: every method of least_squares (trf, dogbox, lm).
 LEAST_SQUARES_TABLE: dict[int, ReturnCode] = {
-    -2: T,   # "Stopped because `callback` function raised `StopIteration` or returned `True`"
-    -1: F,   # "Improper input parameters status returned from `leastsq`"
-    0: MI,   # "The maximum number of function evaluations is exceeded." (max_nfev)
-    1: S,    # "`gtol` termination condition is satisfied."
-    2: S,    # "`ftol` termination condition is satisfied."
-    3: S,    # "`xtol` termination condition is satisfied."
-    4: S,    # "Both `ftol` and `xtol` termination conditions are satisfied."
+    -2: T,  # "Stopped because `callback` function raised `StopIteration` or returned `True`"
+    -1: F,  # "Improper input parameters status returned from `leastsq`"
+    0: MI,  # "The maximum number of function evaluations is exceeded." (max_nfev)
+    1: S,  # "`gtol` termination condition is satisfied."
+    2: S,  # "`ftol` termination condition is satisfied."
+    3: S,  # "`xtol` termination condition is satisfied."
+    4: S,  # "Both `ftol` and `xtol` termination conditions are satisfied."
 }
 
 
@@ -145,8 +149,7 @@ def global_retcode(method: str, result: Any) -> ReturnCode:
         # dual annealing has no convergence test: scipy's success=True at the end of its
         # iteration budget ("Maximum number of iteration reached") claims none either, so
         # that end, like maxfun's, is MAXITERS.
-        if "maximum number of function call" in message or \
-                "maximum number of iteration" in message:
+        if "maximum number of function call" in message or "maximum number of iteration" in message:
             return MI
         return S if result.success else F
     if method == "differential_evolution":
@@ -199,10 +202,10 @@ def scipy_message(result: Any) -> str:
 _BUDGET_STATUS = {
     "nelder-mead": (1, "maxfev"),  # "Maximum number of function evaluations has been exceeded."
     "powell": (1, "maxfev"),
-    "tnc": (3, "maxfun"),          # "Max. number of function evaluations reached"
-    "cobyla": (3, "maxiter"),      # MAXFUN_REACHED (COBYLA's maxiter counts evaluations)
-    "cobyqa": (5, "maxfev"),       # MAX_EVAL_WARNING
-    "direct": (1, "maxfun"),       # "Number of function evaluations done is larger than maxfun"
+    "tnc": (3, "maxfun"),  # "Max. number of function evaluations reached"
+    "cobyla": (3, "maxiter"),  # MAXFUN_REACHED (COBYLA's maxiter counts evaluations)
+    "cobyqa": (5, "maxfev"),  # MAX_EVAL_WARNING
+    "direct": (1, "maxfun"),  # "Number of function evaluations done is larger than maxfun"
     **dict.fromkeys(("trf", "dogbox", "lm"), (0, "max_nfev")),  # least_squares' only budget
 }
 # Where only the message tells: method -> (words of the message, the option).

@@ -26,6 +26,7 @@ from optsolve.solve_api.registry import register_algorithm, register_backend
 from optsolve.solve_api.returncode import ReturnCode
 from optsolve.solve_api.solution import Solution, Stats
 
+
 @dataclasses.dataclass(frozen=True)
 class RootSpec:
     """A ``scipy.optimize.root`` method: one row of the method table.
@@ -48,15 +49,32 @@ class RootSpec:
 
 
 _NONLIN = ("disp", "xatol", "tol_norm", "line_search", "jac_options")
-ROOT_SPECS: dict[str, RootSpec] = {s.key: s for s in (
-    RootSpec("hybr", True, "maxfev", (2,), ("col_deriv", "band", "eps", "factor", "diag")),
-    RootSpec("lm", True, "maxiter", (5,), ("col_deriv", "gtol", "eps", "factor", "diag")),
-    *(RootSpec(key, False, "maxiter", (2,), _NONLIN)
-      for key in ("broyden1", "broyden2", "anderson", "linearmixing", "diagbroyden",
-                  "excitingmixing", "krylov")),
-    RootSpec("df-sane", False, "maxfev", (2,),
-             ("fnorm", "disp", "eta_strategy", "sigma_eps", "sigma_0", "M", "line_search")),
-)}
+ROOT_SPECS: dict[str, RootSpec] = {
+    s.key: s
+    for s in (
+        RootSpec("hybr", True, "maxfev", (2,), ("col_deriv", "band", "eps", "factor", "diag")),
+        RootSpec("lm", True, "maxiter", (5,), ("col_deriv", "gtol", "eps", "factor", "diag")),
+        *(
+            RootSpec(key, False, "maxiter", (2,), _NONLIN)
+            for key in (
+                "broyden1",
+                "broyden2",
+                "anderson",
+                "linearmixing",
+                "diagbroyden",
+                "excitingmixing",
+                "krylov",
+            )
+        ),
+        RootSpec(
+            "df-sane",
+            False,
+            "maxfev",
+            (2,),
+            ("fnorm", "disp", "eta_strategy", "sigma_eps", "sigma_0", "M", "line_search"),
+        ),
+    )
+}
 METHODS = tuple(ROOT_SPECS)
 # set by solve (ftol, maxiters) rather than given here
 _SOLVE_SETS = ("tol", "xtol", "ftol", "fatol", "maxiter", "maxfev", "nit", "callback", "jac")
@@ -69,8 +87,9 @@ class _NonFinite(Exception):
 def _canonical(method: Any) -> str:
     key = method.lower() if isinstance(method, str) else None
     if key not in ROOT_SPECS:
-        raise ValueError(f"ScipyRoot: `method` must be one of {', '.join(map(repr, METHODS))}"
-                         f"; got {method!r}.")
+        raise ValueError(
+            f"ScipyRoot: `method` must be one of {', '.join(map(repr, METHODS))}; got {method!r}."
+        )
     return key
 
 
@@ -129,14 +148,17 @@ class ScipyRoot(Algorithm):
                 raise TypeError(
                     f"ScipyRoot: `{name}` is not an option here: the tolerance and the budget "
                     "are solve's (solve(prob, alg, ftol=..., maxiters=...)), and the Jacobian "
-                    "is JAX's.")
+                    "is JAX's."
+                )
             if name not in spec.options:
                 raise TypeError(
                     f"ScipyRoot(method={spec.key!r}) does not take the option `{name}`. Valid "
                     f"options: {', '.join(spec.options)}; the tolerance and the budget go to "
-                    "solve: ftol, maxiters.")
-        object.__setattr__(self, "_options", tuple(sorted(
-            (k, freeze(v)) for k, v in scipy_options.items())))
+                    "solve: ftol, maxiters."
+                )
+        object.__setattr__(
+            self, "_options", tuple(sorted((k, freeze(v)) for k, v in scipy_options.items()))
+        )
 
     @property
     def method(self) -> str:
@@ -150,7 +172,7 @@ class ScipyRoot(Algorithm):
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"{type(self).__name__} is immutable; use .replace({name}=...).")
 
-    def replace(self, **changes: Any) -> "ScipyRoot":
+    def replace(self, **changes: Any) -> ScipyRoot:
         """A copy with the method or scipy options changed."""
         options = {k: thaw(v) for k, v in self._options}
         method = changes.pop("method", self.method)
@@ -170,14 +192,20 @@ class ScipyRoot(Algorithm):
 
 def _make_class(spec: RootSpec) -> type:
     name = f"ScipyRoot(method={spec.key!r})"
-    cls = type(name, (ScipyRoot,), {
-        "spec": spec,
-        "needs_gradient": spec.takes_jacobian,  # dF/dx (hybr, lm); the others use F alone
-        "__doc__": f"ScipyRoot with method={spec.key!r}: see ScipyRoot.",
-        "__module__": "optsolve", "__qualname__": name,
-    })
+    cls = type(
+        name,
+        (ScipyRoot,),
+        {
+            "spec": spec,
+            "needs_gradient": spec.takes_jacobian,  # dF/dx (hybr, lm); the others use F alone
+            "__doc__": f"ScipyRoot with method={spec.key!r}: see ScipyRoot.",
+            "__module__": "optsolve",
+            "__qualname__": name,
+        },
+    )
     jax.tree_util.register_pytree_node(
-        cls, lambda a: ((), a._options), lambda aux, _, cls=cls: _unflatten_algorithm(cls, aux))
+        cls, lambda a: ((), a._options), lambda aux, _, cls=cls: _unflatten_algorithm(cls, aux)
+    )
     ScipyRoot._classes[spec.key] = cls
     register_algorithm(cls)
     return cls
@@ -219,8 +247,9 @@ def _run_host(problem: LeastSquaresProblem, algorithm: ScipyRoot, options: Solve
 
     exe = residual_executables(problem, problem.p)
     residuals, jacobian = exe.residuals.bind(problem.p), exe.jacobian.bind(problem.p)
-    x0 = np.concatenate([np.ravel(np.asarray(leaf, np.float64))
-                         for leaf in jax.tree_util.tree_leaves(problem.x0)])
+    x0 = np.concatenate(
+        [np.ravel(np.asarray(leaf, np.float64)) for leaf in jax.tree_util.tree_leaves(problem.x0)]
+    )
     last = {"x": x0, "F": None, "nfev": 0, "njev": 0}
 
     def fun(x):
@@ -244,14 +273,26 @@ def _run_host(problem: LeastSquaresProblem, algorithm: ScipyRoot, options: Solve
         return x0, F0, ReturnCode.MAXITERS, 0, 1, 0, None, "maxiters=0: x0 returned"
     method = algorithm.method
     try:
-        result = scipy.optimize.root(fun, x0, method=method,
-                                     jac=jac if algorithm.spec.takes_jacobian else None,
-                                     options=_scipy_options(algorithm, options))
+        result = scipy.optimize.root(
+            fun,
+            x0,
+            method=method,
+            jac=jac if algorithm.spec.takes_jacobian else None,
+            options=_scipy_options(algorithm, options),
+        )
     except _NonFinite:
         F = last["F"] if last["F"] is not None else np.full_like(x0, np.nan)
-        return (last["x"], F, ReturnCode.FAILURE, last["nfev"], last["nfev"], last["njev"],
-                None, "F (or its Jacobian) was not finite at a point scipy evaluated; x is "
-                      "the last point where F was finite")
+        return (
+            last["x"],
+            F,
+            ReturnCode.FAILURE,
+            last["nfev"],
+            last["nfev"],
+            last["njev"],
+            None,
+            "F (or its Jacobian) was not finite at a point scipy evaluated; x is "
+            "the last point where F was finite",
+        )
     except (ArithmeticError, np.linalg.LinAlgError, ValueError) as err:
         # scipy's nonlin line search overflows on a diverging run (excitingmixing with its
         # default alpha on a system whose Jacobian it has the wrong sign of); its Krylov
@@ -260,24 +301,45 @@ def _run_host(problem: LeastSquaresProblem, algorithm: ScipyRoot, options: Solve
         if isinstance(err, ValueError) and _NONLIN_BREAKDOWN not in str(err):
             raise
         F = last["F"] if last["F"] is not None else np.full_like(x0, np.nan)
-        return (last["x"], F, ReturnCode.FAILURE, last["nfev"], last["nfev"], last["njev"],
-                None, f"scipy stopped with {type(err).__name__}: {err}; x is the last point "
-                      "where F was finite")
+        return (
+            last["x"],
+            F,
+            ReturnCode.FAILURE,
+            last["nfev"],
+            last["nfev"],
+            last["njev"],
+            None,
+            f"scipy stopped with {type(err).__name__}: {err}; x is the last point "
+            "where F was finite",
+        )
     status = int(getattr(result, "status", 0))
     if result.success:
         code = ReturnCode.SUCCESS
-    elif status in algorithm.spec.out_of_budget or "maxfev" in str(result.message) or any(
+    elif (
+        status in algorithm.spec.out_of_budget
+        or "maxfev" in str(result.message)
+        or any(
             # df-sane reports no status, only its message
             why in str(result.message).lower()
-            for why in ("maximum number", "too many function evaluations")):
+            for why in ("maximum number", "too many function evaluations")
+        )
+    ):
         code = ReturnCode.MAXITERS
     else:
         code = ReturnCode.STALLED
     x = np.asarray(result.x, np.float64)
     nfev = int(getattr(result, "nfev", last["nfev"]))
     nit = int(getattr(result, "nit", nfev))
-    return (x, np.asarray(result.fun, np.float64), code, nit, nfev,
-            int(getattr(result, "njev", last["njev"])), result, str(result.message))
+    return (
+        x,
+        np.asarray(result.fun, np.float64),
+        code,
+        nit,
+        nfev,
+        int(getattr(result, "njev", last["njev"])),
+        result,
+        str(result.message),
+    )
 
 
 def _unflatten(x0: Any, flat: Any) -> Any:
@@ -285,43 +347,62 @@ def _unflatten(x0: Any, flat: Any) -> Any:
     out, start = [], 0
     for leaf in leaves:
         size = int(np.size(leaf))
-        out.append(np.reshape(flat[start:start + size], np.shape(leaf)).astype(
-            jnp.result_type(leaf)))
+        out.append(
+            np.reshape(flat[start : start + size], np.shape(leaf)).astype(jnp.result_type(leaf))
+        )
         start += size
     return jax.tree_util.tree_unflatten(treedef, out)
 
 
-def solve_scipy_root(problem: LeastSquaresProblem, algorithm: ScipyRoot,
-                     options: SolveOptions, loop: Any = None) -> Solution:
+def solve_scipy_root(
+    problem: LeastSquaresProblem, algorithm: ScipyRoot, options: SolveOptions, loop: Any = None
+) -> Solution:
     """Run scipy.optimize.root; through ``jax.pure_callback`` when inputs are traced."""
-    for name, given in (("callback", options.callback is not None),
-                        ("maxtime", options.maxtime is not None)):
+    for name, given in (
+        ("callback", options.callback is not None),
+        ("maxtime", options.maxtime is not None),
+    ):
         if given:
-            raise ValueError(f"solve: ScipyRoot does not take `{name}` (scipy.optimize.root "
-                             "runs on the host without one); use NewtonRaphson or Broyden.")
+            raise ValueError(
+                f"solve: ScipyRoot does not take `{name}` (scipy.optimize.root "
+                "runs on the host without one); use NewtonRaphson or Broyden."
+            )
     dtype = jnp.result_type(*jax.tree_util.tree_leaves(problem.x0))
     if not is_traced(problem, options):
         x, F, code, nit, nfev, njev, result, detail = _run_host(problem, algorithm, options)
-        return Solution(x=jax.device_put(_unflatten(problem.x0, x)),
-                        objective=jnp.asarray(0.5 * np.sum(np.square(F)), dtype),
-                        retcode=code, stats=Stats(iterations=nit, f_evals=nfev,
-                                                  grad_evals=njev),
-                        original=result, detail=detail)
+        return Solution(
+            x=jax.device_put(_unflatten(problem.x0, x)),
+            objective=jnp.asarray(0.5 * np.sum(np.square(F)), dtype),
+            retcode=code,
+            stats=Stats(iterations=nit, f_evals=nfev, grad_evals=njev),
+            original=result,
+            detail=detail,
+        )
     x_leaves, x_def = jax.tree_util.tree_flatten(problem.x0)
-    shapes = ([jax.ShapeDtypeStruct(np.shape(l), jnp.result_type(l)) for l in x_leaves]
-              + [jax.ShapeDtypeStruct((), dtype)] + [jax.ShapeDtypeStruct((), jnp.int32)] * 4)
+    shapes = (
+        [jax.ShapeDtypeStruct(np.shape(leaf), jnp.result_type(leaf)) for leaf in x_leaves]
+        + [jax.ShapeDtypeStruct((), dtype)]
+        + [jax.ShapeDtypeStruct((), jnp.int32)] * 4
+    )
 
     def host_fn(prob, opts):
         x, F, code, nit, nfev, njev, _, _ = _run_host(prob, algorithm, opts)
         xs = jax.tree_util.tree_leaves(_unflatten(prob.x0, x))
-        return (*xs, np.asarray(0.5 * np.sum(np.square(F)), dtype),
-                *(np.asarray(int(v), np.int32) for v in (code, nit, nfev, njev)))
+        return (
+            *xs,
+            np.asarray(0.5 * np.sum(np.square(F)), dtype),
+            *(np.asarray(int(v), np.int32) for v in (code, nit, nfev, njev)),
+        )
 
     out = jax.pure_callback(host_fn, tuple(shapes), problem, options, vmap_method="sequential")
     n = len(x_leaves)
     objective, code, nit, nfev, njev = out[n:]
-    return Solution(x=jax.tree_util.tree_unflatten(x_def, list(out[:n])), objective=objective,
-                    retcode=code, stats=Stats(iterations=nit, f_evals=nfev, grad_evals=njev))
+    return Solution(
+        x=jax.tree_util.tree_unflatten(x_def, list(out[:n])),
+        objective=objective,
+        retcode=code,
+        stats=Stats(iterations=nit, f_evals=nfev, grad_evals=njev),
+    )
 
 
 register_backend(ScipyRoot, solve_scipy_root)

@@ -1,7 +1,7 @@
-"""One scipy run on concrete inputs: scipy called with JAX derivatives, optsolve's
-per-iteration tests (:mod:`optsolve.backends.scipy.monitor`), and the result mapped to a ReturnCode with
-optsolve's own rules on top of scipy's status (non-finite values, feasibility, the user's
-gtol). Used by :mod:`optsolve.backends.scipy.backend` directly, or from inside ``jax.pure_callback``.
+"""One scipy run on concrete inputs: scipy called with JAX derivatives, optsolve's per-iteration
+tests (:mod:`optsolve.backends.scipy.monitor`), and the result mapped to a ReturnCode with
+optsolve's own rules on top of scipy's status (non-finite values, feasibility, the user's gtol).
+Used by :mod:`optsolve.backends.scipy.backend` directly, or from inside ``jax.pure_callback``.
 
 scipy is imported by the functions that call it, on the first run: ``import optsolve``
 does not import it.
@@ -21,7 +21,11 @@ from optsolve.backends.scipy.monitor import Monitor, Stop
 from optsolve.backends.scipy.multipliers import solver_multipliers
 from optsolve.backends.scipy.options import MINIMIZE_SPECS, MethodSpec
 from optsolve.backends.scipy.retcodes import (
-    budget_option, global_retcode, least_squares_retcode, minimize_retcode, scipy_message,
+    budget_option,
+    global_retcode,
+    least_squares_retcode,
+    minimize_retcode,
+    scipy_message,
     stopped_by_own_gtol,
 )
 from optsolve.solve_api.problem import OptimizationProblem
@@ -37,8 +41,9 @@ BARRIER_GAP_TOL = 1e-6
 
 
 def _flat(tree) -> np.ndarray:
-    return np.concatenate([np.ravel(np.asarray(leaf, np.float64))
-                           for leaf in jax.tree_util.tree_leaves(tree)])
+    return np.concatenate(
+        [np.ravel(np.asarray(leaf, np.float64)) for leaf in jax.tree_util.tree_leaves(tree)]
+    )
 
 
 def _bounds(problem: OptimizationProblem) -> tuple[np.ndarray, np.ndarray] | None:
@@ -63,9 +68,14 @@ def _nonlinear_constraint(host: HostProblem, spec: MethodSpec) -> list:
         parts = []
         for mask in (eq, ~eq):
             if mask.any():
-                parts.append(NonlinearConstraint(
-                    lambda x, m=mask: host.cons_value(x)[m], host.c_lower[mask],
-                    host.c_upper[mask], jac=lambda x, m=mask: host.cons_jac(x)[m]))
+                parts.append(
+                    NonlinearConstraint(
+                        lambda x, m=mask: host.cons_value(x)[m],
+                        host.c_lower[mask],
+                        host.c_upper[mask],
+                        jac=lambda x, m=mask: host.cons_jac(x)[m],
+                    )
+                )
         return parts
     kwargs = {"jac": host.cons_jac}
     if spec.key == "trust-constr":
@@ -106,8 +116,13 @@ def _minimize(problem, algorithm, options, host, monitor, bounds) -> OptimizeRes
     callback = None
     if monitor.needed:
         callback = monitor.x_only() if spec.callback == "x" else monitor.intermediate()
-    return so.minimize(x0=_start(host, bounds), method=spec.name, callback=callback,
-                       options=scipy_options, **kwargs)
+    return so.minimize(
+        x0=_start(host, bounds),
+        method=spec.name,
+        callback=callback,
+        options=scipy_options,
+        **kwargs,
+    )
 
 
 def _tolerances(spec: MethodSpec, method_options: dict, gtol, ftol) -> dict:
@@ -134,8 +149,14 @@ def _start(host: HostProblem, bounds) -> np.ndarray:
     return host.x0 if bounds is None else np.clip(host.x0, bounds[0], bounds[1])
 
 
-def _local_minimizer(host: HostProblem, local_spec: MethodSpec, local_options: dict,
-                     gtol: float | None, bounds, constraints) -> dict:
+def _local_minimizer(
+    host: HostProblem,
+    local_spec: MethodSpec,
+    local_options: dict,
+    gtol: float | None,
+    bounds,
+    constraints,
+) -> dict:
     kwargs = _derivative_kwargs(host, local_spec)
     kwargs.pop("fun")
     kwargs["method"] = local_spec.name
@@ -178,10 +199,13 @@ def _global(problem, algorithm, options, host, monitor, bounds) -> OptimizeResul
             extra = {}
             if constraints:
                 host.prepare(("hessp", "cj", "chvp"))
-                extra = {"hessp": host.hessp, "constraints": _nonlinear_constraint(
-                    host, MINIMIZE_SPECS["trust-constr"])}
-            return so.minimize(host.fun_and_grad, x, jac=True, method=method, bounds=bounds,
-                               **extra)
+                extra = {
+                    "hessp": host.hessp,
+                    "constraints": _nonlinear_constraint(host, MINIMIZE_SPECS["trust-constr"]),
+                }
+            return so.minimize(
+                host.fun_and_grad, x, jac=True, method=method, bounds=bounds, **extra
+            )
 
         if opts.get("polish", True) is True:
             opts["polish"] = polish
@@ -194,17 +218,25 @@ def _global(problem, algorithm, options, host, monitor, bounds) -> OptimizeResul
             opts.update(vectorized=True, updating="deferred")
             func = host.fun_batch
             if constraints:
-                opts["constraints"] = [so.NonlinearConstraint(
-                    host.cons_batch, host.c_lower, host.c_upper)]
+                opts["constraints"] = [
+                    so.NonlinearConstraint(host.cons_batch, host.c_lower, host.c_upper)
+                ]
         else:
             opts.pop("vectorized", None)
-        return so.differential_evolution(func, box, x0=_start(host, bounds),
-                                          callback=monitor.intermediate(), **opts)
+        return so.differential_evolution(
+            func, box, x0=_start(host, bounds), callback=monitor.intermediate(), **opts
+        )
     if spec.key == "dual_annealing":
         host.prepare(("fg",))
         kwargs = {"method": "L-BFGS-B", "jac": host.grad, "bounds": box}
-        return so.dual_annealing(host.value, box, x0=_start(host, bounds),
-                                 minimizer_kwargs=kwargs, callback=monitor.x_f_flag(), **opts)
+        return so.dual_annealing(
+            host.value,
+            box,
+            x0=_start(host, bounds),
+            minimizer_kwargs=kwargs,
+            callback=monitor.x_f_flag(),
+            **opts,
+        )
     if spec.key == "shgo":
         host.prepare(("fg",))
         # scipy's own local search when given no minimizer_kwargs: SLSQP with ftol 1e-12
@@ -216,8 +248,14 @@ def _global(problem, algorithm, options, host, monitor, bounds) -> OptimizeResul
         if options["maxtime"] is not None:
             opts.setdefault("options", {})
             opts["options"] = {**opts["options"], "maxtime": options["maxtime"]}
-        return so.shgo(host.value, box, constraints=constraints or None,
-                       minimizer_kwargs=kwargs, callback=monitor.x_only(), **opts)
+        return so.shgo(
+            host.value,
+            box,
+            constraints=constraints or None,
+            minimizer_kwargs=kwargs,
+            callback=monitor.x_only(),
+            **opts,
+        )
     if spec.key == "direct":
         host.prepare(("f",))
         return so.direct(host.fun, box, callback=monitor.x_only(), **opts)
@@ -229,11 +267,17 @@ def _global(problem, algorithm, options, host, monitor, bounds) -> OptimizeResul
         host.prepare(("c",) if local_spec.key in ("cobyla", "cobyqa") else ("cj",))
         if local_spec.key == "trust-constr":
             host.prepare(("chvp",))
-    kwargs = _local_minimizer(host, local_spec, local.options, options["gtol"], bounds,
-                              local_constraints)
+    kwargs = _local_minimizer(
+        host, local_spec, local.options, options["gtol"], bounds, local_constraints
+    )
     func = host.fun_and_grad if local_spec.needs_gradient else host.fun
-    return so.basinhopping(func, _start(host, bounds), minimizer_kwargs=kwargs,
-                           callback=monitor.x_f_flag(skip_first=True), **opts)
+    return so.basinhopping(
+        func,
+        _start(host, bounds),
+        minimizer_kwargs=kwargs,
+        callback=monitor.x_f_flag(skip_first=True),
+        **opts,
+    )
 
 
 def vectorized_population(options: dict) -> bool:
@@ -274,22 +318,33 @@ def iteration_budget(algorithm: Any, maxiters: int | None) -> IterationBudget:
     name = spec.maxiter_name
     owner = f"{type(algorithm).__name__.split('(')[0]}({spec.name!r})"
     if name is None:  # optsolve counts (TNC, COBYLA)
-        return IterationBudget(maxiters, None, False, maxiters is not None,
-                               f"solve's maxiters={maxiters}")
+        return IterationBudget(
+            maxiters, None, False, maxiters is not None, f"solve's maxiters={maxiters}"
+        )
     own = algorithm.options.get(name) if spec.own_budget else None
     if maxiters is not None and (own is None or maxiters + spec.maxiter_offset < own):
-        return IterationBudget(maxiters, maxiters + spec.maxiter_offset, True, True,
-                               f"solve's maxiters={maxiters}")
+        return IterationBudget(
+            maxiters, maxiters + spec.maxiter_offset, True, True, f"solve's maxiters={maxiters}"
+        )
     if own is not None:
-        return IterationBudget(own - spec.maxiter_offset, own, False, True,
-                               f"the iteration budget `{name}={own}` of {owner}")
+        return IterationBudget(
+            own - spec.maxiter_offset,
+            own,
+            False,
+            True,
+            f"the iteration budget `{name}={own}` of {owner}",
+        )
     default = spec.parameters().get(name)
-    default = None if default is None or not isinstance(default.default, int) \
-        else default.default
+    default = None if default is None or not isinstance(default.default, int) else default.default
     return IterationBudget(
-        None if default is None else default - spec.maxiter_offset, default, False, False,
+        None if default is None else default - spec.maxiter_offset,
+        default,
+        False,
+        False,
         f"the iteration budget `{name}={default}` (scipy's default) of {owner}"
-        if default is not None else f"scipy's iteration budget of {owner}")
+        if default is not None
+        else f"scipy's iteration budget of {owner}",
+    )
 
 
 @dataclasses.dataclass
@@ -327,8 +382,12 @@ _STOPPED_BY_CALLBACK = "`callback` raised `StopIteration`."
 _ENDS_ONLY_BY_ITERATIONS = ("dual_annealing", "basinhopping", "shgo")
 
 
-def run_host(problem: OptimizationProblem, algorithm: Any, options: dict,
-             p_weak: tuple[bool, ...] | None = None) -> HostRun:
+def run_host(
+    problem: OptimizationProblem,
+    algorithm: Any,
+    options: dict,
+    p_weak: tuple[bool, ...] | None = None,
+) -> HostRun:
     """Run scipy on concrete inputs (``options``: ``scipy_backend._plain_options``)."""
     spec = algorithm.spec
     host = HostProblem(problem, p_weak)
@@ -351,23 +410,38 @@ def run_host(problem: OptimizationProblem, algorithm: Any, options: dict,
     if result.get("nit"):
         monitor.count_first_iterations()  # a run that ended before its first callback
     nit = result.get("nit")
-    if nit is None or spec.monitor_counts or (
-            monitor.reason is not None and not spec.callback_per_evaluation):
+    if (
+        nit is None
+        or spec.monitor_counts
+        or (monitor.reason is not None and not spec.callback_per_evaluation)
+    ):
         # what the callback saw: scipy's nit counts otherwise here. (COBYQA's callback
         # counts evaluations: its nit stays scipy's, a callback stop's included.)
         nit = monitor.k
     budget = iteration_budget(algorithm, options["maxiters"])
-    if (code == ReturnCode.SUCCESS and spec.key in _ENDS_ONLY_BY_ITERATIONS
-            and budget.by_user and int(nit) >= budget.value):
+    if (
+        code == ReturnCode.SUCCESS
+        and spec.key in _ENDS_ONLY_BY_ITERATIONS
+        and budget.by_user
+        and int(nit) >= budget.value
+    ):
         # scipy calls the end of these methods' iteration budget a success; a budget the
         # user set (maxiters or the method's own) that ends the run is MAXITERS, as on
         # every other method
         code = ReturnCode.MAXITERS
-    if code == ReturnCode.MAXITERS and monitor.reason in (None, ReturnCode.MAXITERS) \
-            and budget_option(spec.key, result) in (None, spec.maxiter_name):
-        notes.append(f"{budget.label} ended the run" + (
-            "; dual_annealing has no convergence test: every run ends with its budget"
-            if spec.key == "dual_annealing" else ""))
+    if (
+        code == ReturnCode.MAXITERS
+        and monitor.reason in (None, ReturnCode.MAXITERS)
+        and budget_option(spec.key, result) in (None, spec.maxiter_name)
+    ):
+        notes.append(
+            f"{budget.label} ended the run"
+            + (
+                "; dual_annealing has no convergence test: every run ends with its budget"
+                if spec.key == "dual_annealing"
+                else ""
+            )
+        )
     # (scipy's vectorized nfev counts calls of the population; optsolve counts points)
     nfev = host.n_f if host.batched else int(result.get("nfev", host.n_f))
     njev = None
@@ -378,13 +452,17 @@ def run_host(problem: OptimizationProblem, algorithm: Any, options: dict,
     detail = "; ".join(n for n in notes if n)
     x, fun = monitor.kept(x, fun)
     # scipy's multipliers belong to its own point, not to one optsolve returned instead
-    lam = (solver_multipliers(spec.key, result, host) if host.n_cons
-           and np.array_equal(x, np.asarray(result.x, dtype=np.float64)) else None)
+    lam = (
+        solver_multipliers(spec.key, result, host)
+        if host.n_cons and np.array_equal(x, np.asarray(result.x, dtype=np.float64))
+        else None
+    )
     return HostRun(x, fun, code, int(nit), nfev, njev, result, host, history, detail, lam)
 
 
-def _run(runner, problem, algorithm, options, host: HostProblem, monitor: Monitor,
-         bounds) -> OptimizeResult:
+def _run(
+    runner, problem, algorithm, options, host: HostProblem, monitor: Monitor, bounds
+) -> OptimizeResult:
     """scipy's result, or optsolve's own where it stopped the run or scipy raised on
     numerical trouble (sets ``monitor.reason`` then). The user's exceptions propagate."""
     caught: list[warnings.WarningMessage] = []
@@ -416,8 +494,15 @@ def _run(runner, problem, algorithm, options, host: HostProblem, monitor: Monito
     return result
 
 
-def _outcome(algorithm, result: OptimizeResult, monitor: Monitor, host: HostProblem, bounds,
-             gtol: float | None, notes: list[str]) -> tuple[np.ndarray, float, ReturnCode]:
+def _outcome(
+    algorithm,
+    result: OptimizeResult,
+    monitor: Monitor,
+    host: HostProblem,
+    bounds,
+    gtol: float | None,
+    notes: list[str],
+) -> tuple[np.ndarray, float, ReturnCode]:
     """(x, f, ReturnCode) of the run; appends optsolve's reasons to ``notes``.
 
     Rules on top of scipy's status, in order: a stop optsolve requested wins; a non-finite
@@ -452,41 +537,55 @@ def _outcome(algorithm, result: OptimizeResult, monitor: Monitor, host: HostProb
             # ~rho^2); the violation check below judges it as it judges every method. A catol
             # the user gave is the user's test: its verdict stands.
             success = True
-            notes.append(f"optsolve judges the constraints by FEASIBILITY_TOL "
-                         f"({FEASIBILITY_TOL:g}, relative to max(1, |bound|)), not by "
-                         "COBYLA's default catol (sqrt(eps), absolute)")
+            notes.append(
+                f"optsolve judges the constraints by FEASIBILITY_TOL "
+                f"({FEASIBILITY_TOL:g}, relative to max(1, |bound|)), not by "
+                "COBYLA's default catol (sqrt(eps), absolute)"
+            )
         code = minimize_retcode(spec.key, result.status, success)
     else:
         code = global_retcode(spec.key, result)
     if not (np.isfinite(fun) and np.all(np.isfinite(x))):
         code = ReturnCode.FAILURE
         last = monitor.last or host.last_finite
-        x, fun = (last if last is not None else (host.x0, fun))
+        x, fun = last if last is not None else (host.x0, fun)
     if host.nonfinite:
         notes.append(host.nonfinite_note())
     if host.nonfinite and not host.reject:
         if code in (ReturnCode.SUCCESS, ReturnCode.MAXITERS, ReturnCode.STALLED):
             code = ReturnCode.FAILURE
-    elif (bounds is not None or host.constraints) and code != ReturnCode.TERMINATED \
-            and (violation := host.violation(x, bounds)) > FEASIBILITY_TOL:
+    elif (
+        (bounds is not None or host.constraints)
+        and code != ReturnCode.TERMINATED
+        and (violation := host.violation(x, bounds)) > FEASIBILITY_TOL
+    ):
         # Violated constraints at the end outrank why the method stopped (a failed line
         # search on incompatible constraints is SLSQP's usual way to say it), and the
         # message says by how much: scipy's own words rarely do.
         code = ReturnCode.INFEASIBLE
-        notes.append(f"largest violation of the constraints and bounds at the returned point "
-                     f"{violation:.3g} (relative to max(1, |bound|)) > FEASIBILITY_TOL "
-                     f"{FEASIBILITY_TOL:g}")
+        notes.append(
+            f"largest violation of the constraints and bounds at the returned point "
+            f"{violation:.3g} (relative to max(1, |bound|)) > FEASIBILITY_TOL "
+            f"{FEASIBILITY_TOL:g}"
+        )
     elif code == ReturnCode.SUCCESS and _barrier_left_open(algorithm, result, notes):
         code = ReturnCode.STALLED
-    elif code == ReturnCode.SUCCESS and gtol is not None and monitor.reason is None \
-            and not host.constraints and not stopped_by_own_gtol(spec.key, result):
+    elif (
+        code == ReturnCode.SUCCESS
+        and gtol is not None
+        and monitor.reason is None
+        and not host.constraints
+        and not stopped_by_own_gtol(spec.key, result)
+    ):
         code = _gtol_holds(x, host, bounds, gtol, notes)
     if code == ReturnCode.MAXITERS:
         option = budget_option(spec.key, result)
         if option is not None and option != spec.maxiter_name:
-            notes.append(f"scipy's evaluation budget `{option}` ended the run, not maxiters: "
-                         f"raise it with {type(algorithm).__name__.split('(')[0]}("
-                         f"{spec.name!r}, {option}=...)")
+            notes.append(
+                f"scipy's evaluation budget `{option}` ended the run, not maxiters: "
+                f"raise it with {type(algorithm).__name__.split('(')[0]}("
+                f"{spec.name!r}, {option}=...)"
+            )
     return x, fun, code
 
 
@@ -504,30 +603,39 @@ def _barrier_left_open(algorithm, result: OptimizeResult, notes: list[str]) -> b
     where that gap is within the objective's share of the contract, mu <=
     ``BARRIER_GAP_TOL`` (1 + |f|) (the census's "solved": within 1e-6 (1 + |f*|)), or
     within a larger ``barrier_tol`` the user gave. Appends why where it does not."""
-    if algorithm.spec.key != "trust-constr" or result.get("status") != 1 \
-            or result.get("method") != "tr_interior_point":
+    if (
+        algorithm.spec.key != "trust-constr"
+        or result.get("status") != 1
+        or result.get("method") != "tr_interior_point"
+    ):
         return False
     mu = result.get("barrier_parameter")
-    bar = max(BARRIER_GAP_TOL * (1 + abs(float(result.get("fun", 0.0)))),
-              algorithm.options.get("barrier_tol", 0.0))
+    bar = max(
+        BARRIER_GAP_TOL * (1 + abs(float(result.get("fun", 0.0)))),
+        algorithm.options.get("barrier_tol", 0.0),
+    )
     if mu is None or mu <= bar:
         return False
-    notes.append(f"trust-constr's gtol test held for its barrier subproblem with the barrier "
-                 f"parameter at {mu:.3g} > {bar:.3g}: the constrained optimum is not reached "
-                 f"(f is typically above it by about that much); a smaller gtol takes the "
-                 f"barrier further down, a larger barrier_tol accepts it")
+    notes.append(
+        f"trust-constr's gtol test held for its barrier subproblem with the barrier "
+        f"parameter at {mu:.3g} > {bar:.3g}: the constrained optimum is not reached "
+        f"(f is typically above it by about that much); a smaller gtol takes the "
+        f"barrier further down, a larger barrier_tol accepts it"
+    )
     return True
 
 
-def _gtol_holds(x: np.ndarray, host: HostProblem, bounds, gtol: float,
-                notes: list[str]) -> ReturnCode:
+def _gtol_holds(
+    x: np.ndarray, host: HostProblem, bounds, gtol: float, notes: list[str]
+) -> ReturnCode:
     """SUCCESS if the user's gtol holds at x (projected inf-norm), else STALLED with a note."""
     g = host.peek(x)[1]
     norm = stationarity(x, g, bounds, xp=np)
     if norm <= gtol:
         return ReturnCode.SUCCESS
-    notes.append(f"scipy's own convergence test stopped it; gradient inf-norm {norm:.3g} > "
-                 f"gtol {gtol:.3g}")
+    notes.append(
+        f"scipy's own convergence test stopped it; gradient inf-norm {norm:.3g} > gtol {gtol:.3g}"
+    )
     return ReturnCode.STALLED
 
 
@@ -535,5 +643,13 @@ def _own_result(monitor: Monitor, host: HostProblem, message: str) -> OptimizeRe
     from scipy.optimize import OptimizeResult
 
     x, f = monitor.last or host.last_finite or (host.x0, np.nan)
-    return OptimizeResult(x=x, fun=f, nit=monitor.k, nfev=host.n_f, njev=host.n_g,
-                          success=False, status=None, message=message)
+    return OptimizeResult(
+        x=x,
+        fun=f,
+        nit=monitor.k,
+        nfev=host.n_f,
+        njev=host.n_g,
+        success=False,
+        status=None,
+        message=message,
+    )

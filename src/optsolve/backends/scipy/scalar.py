@@ -61,12 +61,15 @@ class ScalarSpec:
     maxiter_doc: str
 
 
-SCALAR_SPECS: dict[str, ScalarSpec] = {s.key: s for s in (
-    ScalarSpec("brent", False, ("xtol", "bracket"), "iterations"),
-    ScalarSpec("golden", False, ("xtol", "bracket"), "iterations"),
-    # bounded's maxiter counts evaluations of f (its nit is that count too)
-    ScalarSpec("bounded", True, ("xatol",), "evaluations"),
-)}
+SCALAR_SPECS: dict[str, ScalarSpec] = {
+    s.key: s
+    for s in (
+        ScalarSpec("brent", False, ("xtol", "bracket"), "iterations"),
+        ScalarSpec("golden", False, ("xtol", "bracket"), "iterations"),
+        # bounded's maxiter counts evaluations of f (its nit is that count too)
+        ScalarSpec("bounded", True, ("xatol",), "evaluations"),
+    )
+}
 
 # Options of minimize_scalar that solve owns or supplies, with where they come from.
 _OWNED = {
@@ -84,7 +87,8 @@ def _canonical(method: Any) -> str:
     if key not in SCALAR_SPECS:
         raise ValueError(
             f"ScipyMinimizeScalar: `method` must be one of {', '.join(map(repr, SCALAR_SPECS))}; "
-            f"got {method!r}.")
+            f"got {method!r}."
+        )
     return key
 
 
@@ -94,18 +98,26 @@ def _check_options(spec: ScalarSpec, options: dict[str, Any]) -> dict[str, Any]:
         if name in spec.options:
             continue
         if name in _OWNED:
-            tolerance = f" ({', '.join(o for o in spec.options if 'tol' in o)})" \
-                if name == "tol" else ""
-            raise TypeError(f"{who}: `{name}` is not an option here: {_OWNED[name]}"
-                            f"{tolerance}; got {name}={value!r}.")
-        raise TypeError(f"{who} does not take the option `{name}` (got {name}={value!r}). "
-                        f"Valid options: {', '.join(spec.options)}; common options go to "
-                        "solve: maxiters, maxtime, callback.")
+            tolerance = (
+                f" ({', '.join(o for o in spec.options if 'tol' in o)})" if name == "tol" else ""
+            )
+            raise TypeError(
+                f"{who}: `{name}` is not an option here: {_OWNED[name]}"
+                f"{tolerance}; got {name}={value!r}."
+            )
+        raise TypeError(
+            f"{who} does not take the option `{name}` (got {name}={value!r}). "
+            f"Valid options: {', '.join(spec.options)}; common options go to "
+            "solve: maxiters, maxtime, callback."
+        )
     bracket = options.get("bracket")
-    if bracket is not None and (not isinstance(bracket, (tuple, list))
-                                or len(bracket) not in (2, 3)):
-        raise ValueError(f"{who}: `bracket` must be a pair (a, b) that starts scipy's downhill "
-                         f"search or a triple (a, b, c) with f(b) < f(a), f(c); got {bracket!r}.")
+    if bracket is not None and (
+        not isinstance(bracket, (tuple, list)) or len(bracket) not in (2, 3)
+    ):
+        raise ValueError(
+            f"{who}: `bracket` must be a pair (a, b) that starts scipy's downhill "
+            f"search or a triple (a, b, c) with f(b) < f(a), f(c); got {bracket!r}."
+        )
     for name in ("xtol", "xatol"):
         if name in options and not float(options[name]) >= 0:
             raise ValueError(f"{who}: `{name}` must be >= 0, got {options[name]!r}.")
@@ -154,8 +166,10 @@ class ScipyMinimizeScalar(Algorithm):
     def __new__(cls, method: str | None = None, **options: Any):
         if cls is ScipyMinimizeScalar:
             if method is None:
-                raise TypeError("ScipyMinimizeScalar: `method` is required; one of "
-                                f"{', '.join(map(repr, SCALAR_SPECS))}.")
+                raise TypeError(
+                    "ScipyMinimizeScalar: `method` is required; one of "
+                    f"{', '.join(map(repr, SCALAR_SPECS))}."
+                )
             cls = cls._classes[_canonical(method)]
         return object.__new__(cls)
 
@@ -164,15 +178,19 @@ class ScipyMinimizeScalar(Algorithm):
         if method is not None and _canonical(method) != spec.key:
             raise TypeError(f"{type(self).__name__}: got method={method!r}.")
         options = _check_options(spec, options)
-        object.__setattr__(self, "_options", tuple(sorted(
-            (k, freeze(v)) for k, v in options.items())))
+        object.__setattr__(
+            self, "_options", tuple(sorted((k, freeze(v)) for k, v in options.items()))
+        )
 
     @classmethod
     def traits(cls) -> dict[str, Any]:
         """The class's traits, with ``scalar_only`` (x0 is one 0-d array) and
         ``needs_bounds`` (finite bounds: bounded)."""
-        return {**super().traits(), "scalar_only": cls.scalar_only,
-                "needs_bounds": cls.needs_bounds}
+        return {
+            **super().traits(),
+            "scalar_only": cls.scalar_only,
+            "needs_bounds": cls.needs_bounds,
+        }
 
     @property
     def method(self) -> str:
@@ -186,7 +204,7 @@ class ScipyMinimizeScalar(Algorithm):
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"{type(self).__name__} is immutable; use .replace({name}=...).")
 
-    def replace(self, **changes: Any) -> "ScipyMinimizeScalar":
+    def replace(self, **changes: Any) -> ScipyMinimizeScalar:
         """A copy with some scipy options changed (checked like a new construction)."""
         return type(self)(**{**self.options, **changes})
 
@@ -203,13 +221,21 @@ class ScipyMinimizeScalar(Algorithm):
 
 def _make_class(spec: ScalarSpec) -> type:
     name = f"ScipyMinimizeScalar(method={spec.key!r})"
-    cls = type(name, (ScipyMinimizeScalar,), {
-        "spec": spec, "takes_bounds": spec.takes_bounds, "needs_bounds": spec.takes_bounds,
-        "__doc__": f"ScipyMinimizeScalar with method={spec.key!r}: see ScipyMinimizeScalar.",
-        "__module__": "optsolve", "__qualname__": name,
-    })
+    cls = type(
+        name,
+        (ScipyMinimizeScalar,),
+        {
+            "spec": spec,
+            "takes_bounds": spec.takes_bounds,
+            "needs_bounds": spec.takes_bounds,
+            "__doc__": f"ScipyMinimizeScalar with method={spec.key!r}: see ScipyMinimizeScalar.",
+            "__module__": "optsolve",
+            "__qualname__": name,
+        },
+    )
     jax.tree_util.register_pytree_node(
-        cls, lambda a: ((), a._options), lambda aux, _, cls=cls: _unflatten(cls, aux))
+        cls, lambda a: ((), a._options), lambda aux, _, cls=cls: _unflatten(cls, aux)
+    )
     ScipyMinimizeScalar._classes[spec.key] = cls
     register_algorithm(cls)
     return cls
@@ -226,6 +252,7 @@ for _spec in SCALAR_SPECS.values():
 
 
 # ------------------------------------------------------------------------------ the run
+
 
 class _Stop(Exception):
     """Raised from an evaluation to end scipy's run with ``code``."""
@@ -250,16 +277,26 @@ class _Run:
 def _plain(options: SolveOptions) -> dict:
     def num(v, kind):
         return None if v is None else kind(np.asarray(v))
-    return {"maxiters": num(options.maxiters, int), "maxtime": num(options.maxtime, float),
-            "callback": options.callback, "callback_every": options.callback_every}
+
+    return {
+        "maxiters": num(options.maxiters, int),
+        "maxtime": num(options.maxtime, float),
+        "callback": options.callback,
+        "callback_every": options.callback_every,
+    }
 
 
-def _run_host(problem: OptimizationProblem, algorithm: ScipyMinimizeScalar, plain: dict,
-              p_weak: tuple[bool, ...] | None = None) -> _Run:
+def _run_host(
+    problem: OptimizationProblem,
+    algorithm: ScipyMinimizeScalar,
+    plain: dict,
+    p_weak: tuple[bool, ...] | None = None,
+) -> _Run:
     """One minimize_scalar run on concrete inputs."""
     import scipy.optimize as so
 
     from optsolve.backends.scipy.compiled import HostProblem
+
     spec = algorithm.spec
     host = HostProblem(problem, p_weak)
     host.prepare(("f",))
@@ -277,9 +314,12 @@ def _run_host(problem: OptimizationProblem, algorithm: ScipyMinimizeScalar, plai
             raise _Stop(ReturnCode.FAILURE, host.nonfinite_note())
         if not best or f < best[0][1]:
             best[:] = [(float(xf[0]), f)]
-        if callback is not None and count[0] % every == 0:
-            if callback(count[0], host.unravel_numpy(xf), np.float64(f), *extra):
-                raise _Stop(ReturnCode.TERMINATED, "stopped by the user's callback")
+        if (
+            callback is not None
+            and count[0] % every == 0
+            and callback(count[0], host.unravel_numpy(xf), np.float64(f), *extra)
+        ):
+            raise _Stop(ReturnCode.TERMINATED, "stopped by the user's callback")
         if deadline is not None and time.perf_counter() >= deadline:
             raise _Stop(ReturnCode.MAXTIME, "stopped by optsolve's maxtime")
         return f
@@ -290,8 +330,9 @@ def _run_host(problem: OptimizationProblem, algorithm: ScipyMinimizeScalar, plai
     kwargs: dict[str, Any] = {"method": spec.key, "options": options}
     x0 = float(host.x0[0])
     if spec.takes_bounds:
-        lower, upper = (float(np.ravel(np.asarray(jax.tree_util.tree_leaves(b)[0]))[0])
-                        for b in problem.bounds)
+        lower, upper = (
+            float(np.ravel(np.asarray(jax.tree_util.tree_leaves(b)[0]))[0]) for b in problem.bounds
+        )
         kwargs["bounds"] = (lower, upper)
     else:
         bracket = algorithm.options.get("bracket")
@@ -302,21 +343,37 @@ def _run_host(problem: OptimizationProblem, algorithm: ScipyMinimizeScalar, plai
         if not best:  # nothing finite evaluated: the start is the last good point
             best.append((x0, host.fun(host.x0)))
         x, f = best[0]
-        result = so.OptimizeResult(x=x, fun=f, nit=count[0], nfev=host.n_f, success=False,
-                                   message=stop.why)
+        result = so.OptimizeResult(
+            x=x, fun=f, nit=count[0], nfev=host.n_f, success=False, message=stop.why
+        )
         return _Run(x, f, stop.code, count[0], host.n_f, result, stop.why, host)
     except KeyboardInterrupt:
         x, f = best[0] if best else (x0, math.nan)
-        result = so.OptimizeResult(x=x, fun=f, nit=count[0], nfev=host.n_f, success=False,
-                                   message="interrupted (KeyboardInterrupt)")
-        return _Run(x, f, ReturnCode.INTERRUPTED, count[0], host.n_f, result,
-                    "interrupted (KeyboardInterrupt)", host)
+        result = so.OptimizeResult(
+            x=x,
+            fun=f,
+            nit=count[0],
+            nfev=host.n_f,
+            success=False,
+            message="interrupted (KeyboardInterrupt)",
+        )
+        return _Run(
+            x,
+            f,
+            ReturnCode.INTERRUPTED,
+            count[0],
+            host.n_f,
+            result,
+            "interrupted (KeyboardInterrupt)",
+            host,
+        )
     x, f = float(np.ravel(result.x)[0]), float(np.ravel(result.fun)[0])
     nit = int(result.get("nit", count[0]))
     if result.success:
         code = ReturnCode.SUCCESS
-    elif plain["maxiters"] is not None and nit >= plain["maxiters"] or "Maximum number" in str(
-            result.message):
+    elif (plain["maxiters"] is not None and nit >= plain["maxiters"]) or "Maximum number" in str(
+        result.message
+    ):
         code = ReturnCode.MAXITERS
     else:
         code = ReturnCode.FAILURE
@@ -325,22 +382,30 @@ def _run_host(problem: OptimizationProblem, algorithm: ScipyMinimizeScalar, plai
     return _Run(x, f, code, nit, host.n_f, result, str(result.message).strip(), host)
 
 
-def _check(problem: OptimizationProblem, algorithm: ScipyMinimizeScalar,
-           options: SolveOptions) -> None:
+def _check(
+    problem: OptimizationProblem, algorithm: ScipyMinimizeScalar, options: SolveOptions
+) -> None:
     name = type(algorithm).__name__
-    for option, why in (("gtol", "it uses no gradient"),
-                        ("ftol", "scipy's minimize_scalar has no test on f")):
+    for option, why in (
+        ("gtol", "it uses no gradient"),
+        ("ftol", "scipy's minimize_scalar has no test on f"),
+    ):
         value = getattr(options, option)
         if value is not None:
             tolerance = " or ".join(f"`{o}`" for o in algorithm.spec.options if "tol" in o)
             raise ValueError(
                 f"solve: {name} does not take `{option}` (got {option}={value}): {why}. "
                 f"Remove it; its tolerance is the method option {tolerance}, e.g. "
-                f"ScipyMinimizeScalar({algorithm.method!r}, {tolerance.strip('`')}=1e-10).")
+                f"ScipyMinimizeScalar({algorithm.method!r}, {tolerance.strip('`')}=1e-10)."
+            )
 
 
-def solve_minimize_scalar(problem: OptimizationProblem, algorithm: ScipyMinimizeScalar,
-                          options: SolveOptions, loop: Any = None) -> Solution:
+def solve_minimize_scalar(
+    problem: OptimizationProblem,
+    algorithm: ScipyMinimizeScalar,
+    options: SolveOptions,
+    loop: Any = None,
+) -> Solution:
     """Run ``minimize_scalar``; through ``jax.pure_callback`` when inputs are traced.
     ``loop`` is unused (scipy's iterations run on the host)."""
     _check(problem, algorithm, options)
@@ -353,22 +418,35 @@ def solve_minimize_scalar(problem: OptimizationProblem, algorithm: ScipyMinimize
     if not is_traced(problem, options):
         run = _run_host(problem, algorithm, _plain(options))
         x, objective = jax.device_put((np.asarray(run.x, x_dtype), np.asarray(run.fun, f_dtype)))
-        solution = Solution(x=jax.tree_util.tree_unflatten(x_def, [x]), objective=objective,
-                            retcode=run.code,
-                            stats=Stats(iterations=run.nit, f_evals=run.nfev, grad_evals=None,
-                                        time=None),
-                            original=run.result, detail=_detail(run))
+        solution = Solution(
+            x=jax.tree_util.tree_unflatten(x_def, [x]),
+            objective=objective,
+            retcode=run.code,
+            stats=Stats(iterations=run.nit, f_evals=run.nfev, grad_evals=None, time=None),
+            original=run.result,
+            detail=_detail(run),
+        )
     else:
         solution = _solve_traced(problem, algorithm, options, x_def, x_dtype, f_dtype)
     if resume is None:
         return solution
     before = resume.stats
     stats = solution.stats
-    add = lambda now, earlier: now if earlier is None else now + (  # noqa: E731
-        int(earlier) if isinstance(now, int) else jnp.asarray(earlier).astype(now.dtype))
-    return dataclasses.replace(solution, stats=Stats(
-        iterations=add(stats.iterations, before.iterations),
-        f_evals=add(stats.f_evals, before.f_evals), grad_evals=None, time=None))
+    add = lambda now, earlier: (
+        now
+        if earlier is None
+        else now
+        + (int(earlier) if isinstance(now, int) else jnp.asarray(earlier).astype(now.dtype))
+    )
+    return dataclasses.replace(
+        solution,
+        stats=Stats(
+            iterations=add(stats.iterations, before.iterations),
+            f_evals=add(stats.f_evals, before.f_evals),
+            grad_evals=None,
+            time=None,
+        ),
+    )
 
 
 def _detail(run: _Run) -> str:
@@ -380,26 +458,41 @@ def _detail(run: _Run) -> str:
 
 def _solve_traced(problem, algorithm, options, x_def, x_dtype, f_dtype) -> Solution:
     """The host run inside ``jax.pure_callback``: x, objective, retcode and counts only."""
-    p_weak = tuple(bool(getattr(jax.typeof(leaf), "weak_type", False))
-                   if not isinstance(leaf, (bool, int, float, complex)) else True
-                   for leaf in jax.tree_util.tree_leaves(problem.p))
+    p_weak = tuple(
+        bool(getattr(jax.typeof(leaf), "weak_type", False))
+        if not isinstance(leaf, (bool, int, float, complex))
+        else True
+        for leaf in jax.tree_util.tree_leaves(problem.p)
+    )
     static = {"callback": options.callback, "callback_every": options.callback_every}
-    shapes = (jax.ShapeDtypeStruct((), x_dtype), jax.ShapeDtypeStruct((), f_dtype),
-              *(jax.ShapeDtypeStruct((), jnp.int32),) * 3)
+    shapes = (
+        jax.ShapeDtypeStruct((), x_dtype),
+        jax.ShapeDtypeStruct((), f_dtype),
+        *(jax.ShapeDtypeStruct((), jnp.int32),) * 3,
+    )
 
     def host_fn(prob, opts):
         plain = _plain(opts)
         plain.update(static)
         run = _run_host(prob, algorithm, plain, p_weak)
-        return (np.asarray(run.x, x_dtype), np.asarray(run.fun, f_dtype),
-                np.asarray(int(run.code), np.int32), np.asarray(run.nit, np.int32),
-                np.asarray(run.nfev, np.int32))
+        return (
+            np.asarray(run.x, x_dtype),
+            np.asarray(run.fun, f_dtype),
+            np.asarray(int(run.code), np.int32),
+            np.asarray(run.nit, np.int32),
+            np.asarray(run.nfev, np.int32),
+        )
 
-    x, fun, code, nit, nfev = jax.pure_callback(host_fn, shapes, problem, options,
-                                                vmap_method="sequential")
-    return Solution(x=jax.tree_util.tree_unflatten(x_def, [x]), objective=fun, retcode=code,
-                    stats=Stats(iterations=nit, f_evals=nfev, grad_evals=None, time=None),
-                    original=None)
+    x, fun, code, nit, nfev = jax.pure_callback(
+        host_fn, shapes, problem, options, vmap_method="sequential"
+    )
+    return Solution(
+        x=jax.tree_util.tree_unflatten(x_def, [x]),
+        objective=fun,
+        retcode=code,
+        stats=Stats(iterations=nit, f_evals=nfev, grad_evals=None, time=None),
+        original=None,
+    )
 
 
 register_backend(ScipyMinimizeScalar, solve_minimize_scalar)
