@@ -91,10 +91,10 @@ def fusions_and_lapack(fn, *args) -> tuple[int, int, int]:
 
 
 def ported_tests() -> str:
-    """tests/test_roots.py (scipy's own root / fsolve / nonlin tests, ported) and
-    tests/test_contract_roots.py, run by pytest: its summary line."""
+    """tests/backends/classical/test_roots.py (scipy's own root / fsolve / nonlin tests, ported) and
+    tests/contract/test_contract_roots.py, run by pytest: its summary line."""
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_roots.py"],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/backends/classical/test_roots.py"],
         cwd=HERE.parent,
         capture_output=True,
         text=True,
@@ -304,7 +304,7 @@ def main(repeats: int = REPEATS) -> str:
             f"on {machine_line()} (a shared 2-core box: times move between runs, compare the "
             "ratios); BLAS pinned to one thread. Command: `python benchmarks/run.py roots`.",
             markdown_table(header, rows),
-            f"Ported tests (`pytest tests/test_roots.py`: scipy's own `root` / `fsolve` / "
+            f"Ported tests (`pytest tests/backends/classical/test_roots.py`: scipy's own `root` / `fsolve` / "
             f"`nonlin` tests on the JAX-native root finders and ScipyRoot): {ported_tests()}.",
             matrix_free(),
         ]

@@ -5,23 +5,41 @@ JAX's strict dtype promotion is not enabled: optax computes ``b1 ** count`` with
 count, which strict mode refuses once b1 is a traced leaf, as optsolve makes it.
 """
 
+import os
 import sys
 from pathlib import Path
 
-import jax
+# The suite checks what programs compute, not how fast their machine code runs, and compiling
+# them is most of its time: XLA's classic CPU emitters (which optsolve itself picks for small
+# eager chunks) and LLVM's lowest optimisation level compile the same computation in about
+# half the time, fused a little differently, into slower code (docs/benchmarks.md, "The test
+# suite"). Set before JAX starts its CPU client, which reads them once; the subprocesses
+# tests start inherit them. Benchmarks keep XLA's defaults.
+os.environ["XLA_FLAGS"] = " ".join(
+    [
+        os.environ.get("XLA_FLAGS", ""),
+        "--xla_cpu_use_fusion_emitters=false",
+        "--xla_backend_optimization_level=0",
+    ]
+).strip()
+
+import jax  # after XLA_FLAGS
 import pytest
 
 jax.config.update("jax_enable_x64", True)
-sys.path.insert(0, str(Path(__file__).parent))
+# the shared problems and helpers (tests/support) import by their own names
+sys.path.insert(0, str(Path(__file__).parent / "support"))
 
 # XLA's compilation dominates the suite, and many tests build the same program from new
 # closures (the contract matrix builds its problem anew for every rule): JAX's persistent
 # cache, shared by the run's workers, compiles each distinct program once. A hit still
-# counts as a compilation for tests/compile_count.py (the event wraps the cache's lookup).
+# counts as a compilation for tests/support/compile_count.py (the event wraps the cache's lookup).
 # A size bound turns on JAX's file lock (filelock), so that workers never read an entry
 # another one is still writing.
-jax.config.update("jax_compilation_cache_dir",
-                  str(Path(__file__).resolve().parent.parent / ".pytest_cache" / "jax"))
+jax.config.update(
+    "jax_compilation_cache_dir",
+    str(Path(__file__).resolve().parent.parent / ".pytest_cache" / "jax"),
+)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 jax.config.update("jax_compilation_cache_max_size", 2 * 2**30)
 
@@ -51,6 +69,7 @@ def _bounded_compiled_code():
     with open("/proc/self/maps") as maps:
         if sum(1 for _ in maps) > 25000:
             import gc
+
             jax.clear_caches()
             gc.collect()
 
@@ -61,6 +80,9 @@ def pytest_collection_modifyitems(config, items):
     once where the rules of a class spread over workers compile them on each."""
     for item in items:
         callspec = getattr(item, "callspec", None)
-        if callspec is not None and "cls" in callspec.params and \
-                item.module.__name__.startswith("test_contract"):
+        if (
+            callspec is not None
+            and "cls" in callspec.params
+            and item.module.__name__.startswith("test_contract")
+        ):
             item.add_marker(pytest.mark.xdist_group(callspec.id.split("-")[0]))

@@ -44,7 +44,7 @@ def _nested(program: Any) -> Iterator[Any]:
     """The programs in ``program``'s equations' parameters (a loop's body, a conditional's
     branches, a nested jit), not descending into them."""
     # jax.extend.core.subjaxprs does this, but importing jax.extend loads Pallas, which
-    # `import optsolve` has no use for (tests/test_import_cost.py)
+    # `import optsolve` has no use for (tests/solve_api/test_import_cost.py)
     for eqn in program.eqns:
         for param in eqn.params.values():
             for value in param if isinstance(param, tuple) else (param,):
