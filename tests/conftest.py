@@ -15,13 +15,15 @@ from pathlib import Path
 # half the time, fused a little differently, into slower code (docs/benchmarks.md, "The test
 # suite"). Set before JAX starts its CPU client, which reads them once; the subprocesses
 # tests start inherit them. Benchmarks keep XLA's defaults.
-os.environ["XLA_FLAGS"] = " ".join(
-    [
-        os.environ.get("XLA_FLAGS", ""),
-        "--xla_cpu_use_fusion_emitters=false",
-        "--xla_backend_optimization_level=0",
-    ]
-).strip()
+# OPTSOLVE_TEST_XLA_DEFAULTS=1 keeps XLA's defaults (benchmarks/bench_suite.py compares).
+if not os.environ.get("OPTSOLVE_TEST_XLA_DEFAULTS"):
+    os.environ["XLA_FLAGS"] = " ".join(
+        [
+            os.environ.get("XLA_FLAGS", ""),
+            "--xla_cpu_use_fusion_emitters=false",
+            "--xla_backend_optimization_level=0",
+        ]
+    ).strip()
 
 import jax  # after XLA_FLAGS
 import pytest

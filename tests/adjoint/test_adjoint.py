@@ -160,7 +160,7 @@ def test_active_bounds_carry_no_sensitivity():
     p = jnp.array([-0.5, 0.3, 0.6, 1.7])
     prob = OptimizationProblem(f, jnp.full(4, 0.5), p, bounds=(0.0, 1.0))
     for algorithm in (optsolve.ScipyMinimize("L-BFGS-B"), optsolve.LBFGS()):
-        jac = jax.jacobian(lambda p: solve(prob.replace(p=p), algorithm, gtol=1e-9).x)(p)
+        jac = jax.jacobian(lambda p: solve(prob.replace(p=p), algorithm, gtol=1e-9).x)(p)  # noqa: B023  (called in this iteration)
         # free block {1, 2}: x_F = (I + 0.2 * 11^T)^-1 p_F (x_0 = x_3 - 1 shifts only a constant)
         h_free = np.eye(2) + 0.2 * np.ones((2, 2))
         expected = np.zeros((4, 4))
@@ -178,7 +178,7 @@ def test_vmap_over_p_equals_python_loop():
     batched = jax.vmap(hyper)(lams)
     looped = np.array([hyper(lam) for lam in lams])
     np.testing.assert_allclose(batched, looped, rtol=1e-10)
-    np.testing.assert_allclose(batched, [analytic_hypergradient(l) for l in lams], rtol=1e-6)
+    np.testing.assert_allclose(batched, [analytic_hypergradient(lam) for lam in lams], rtol=1e-6)
     scipy_batched = jax.vmap(
         lambda lam: solve(RIDGE_PROBLEM.replace(p=lam), optsolve.ScipyMinimize("BFGS"), gtol=1e-9).x
     )(lams)

@@ -207,7 +207,7 @@ def test_a_constraint_near_both_of_its_bounds_is_held_at_the_one_its_multiplier_
     np.testing.assert_allclose(
         kkt.multipliers(problem(p, u), jnp.stack([x]))[0], 2 * (p - u), rtol=1e-8
     )
-    (dx_dp, dx_du), (df_dp, df_du) = jax.jacrev(solution, argnums=(0, 1))(p, u)
+    (dx_dp, dx_du), (_df_dp, df_du) = jax.jacrev(solution, argnums=(0, 1))(p, u)
     np.testing.assert_allclose([dx_dp, dx_du, df_du], [0.0, 1.0, -2 * (p - u)], atol=1e-8)
     np.testing.assert_allclose(jax.jacfwd(solution, argnums=1)(p, u)[0], 1.0, atol=1e-8)
 

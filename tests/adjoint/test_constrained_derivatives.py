@@ -444,7 +444,7 @@ def _envelope(layout, multipliers):
     does not; optsolve's sign: lambda <= 0 at a lower bound, >= 0 at an upper one): indices
     into theta and the expected df*/dtheta there."""
     expected = {}
-    for (li, ui, lo, up), lam in zip(layout.slots, multipliers):
+    for (li, ui, _lo, _up), lam in zip(layout.slots, multipliers):
         lam = np.broadcast_to(np.asarray(lam), li.shape)
         for k in np.ndindex(li.shape):
             if li[k] >= 0 and li[k] == ui[k]:  # an equality: one entry, either sign

@@ -8,6 +8,8 @@ forms: the quartic below has its minimum at x = A, the Rosenbrock function at x 
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -154,7 +156,7 @@ def test_resume_warm_starts_from_x_and_adds_the_counts(method, hand_maxiter):
 class _Bar:
     """Stands in for tqdm: records where the bar was moved."""
 
-    made: list = []
+    made: ClassVar[list[_Bar]] = []
 
     def __init__(self, total=None, **_):
         self.total, self.n, self.seen = total, 0, []
@@ -256,7 +258,8 @@ def test_an_exception_in_f_propagates():
 
 @pytest.mark.parametrize("method", ["Nelder-Mead", "SLSQP", "COBYQA", "BFGS", "L-BFGS-B"])
 def test_nan_region_edge_is_failure_at_the_last_finite_iterate(method):
-    # (Nelder-Mead and COBYQA pass over such points by default: tests/backends/scipy/test_scipy_nonfinite.py)
+    # (Nelder-Mead and COBYQA pass over such points by default:
+    # tests/backends/scipy/test_scipy_nonfinite.py)
     problem = OptimizationProblem(_nan_beyond_one, jnp.zeros(2))
     sol = solve(problem, ScipyMinimize(method), nonfinite="fail")
     assert sol.retcode == ReturnCode.FAILURE

@@ -15,6 +15,8 @@ contract of pyproject.toml, which sees cycles between subpackages too (squashed)
 
 from __future__ import annotations
 
+import itertools
+
 import grimp
 
 PACKAGE = "optsolve"
@@ -89,7 +91,7 @@ def _one_cycle(graph: grimp.ImportGraph, component: list[str]) -> list[str]:
 def _describe(graph: grimp.ImportGraph, component: list[str]) -> str:
     lines = [f"import cycle among {', '.join(component)}; one cycle:"]
     cycle = _one_cycle(graph, component)
-    for importer, imported in zip(cycle, cycle[1:]):
+    for importer, imported in itertools.pairwise(cycle):
         for detail in graph.get_import_details(importer=importer, imported=imported):
             lines.append(f"  {importer}:{detail['line_number']}  {detail['line_contents']}")
         if not graph.get_import_details(importer=importer, imported=imported):

@@ -191,7 +191,7 @@ def _quadratic(w, p):
     return jnp.sum((w - jnp.arange(3.0)) ** 2 * jnp.array([1.0, 3.0, 10.0]))
 
 
-def _optax_loop(tx, steps, w=jnp.zeros(3)):
+def _optax_loop(tx, steps, w=jnp.zeros(3)):  # noqa: B008  (a jax array is immutable: sharing one is safe)
     state = tx.init(w)
     for _ in range(steps):
         updates, state = tx.update(jax.grad(_quadratic)(w, None), state, w)
@@ -352,7 +352,7 @@ def test_equinox_batchnorm_on_data_equals_a_hand_written_equinox_loop():
 
 def test_equinox_state_is_carried_never_trained_and_eval_mode_needs_no_state_back():
     x0 = eqx.nn.make_with_state(EqxNet)(jax.random.key(0))
-    model, state = x0
+    _model, state = x0
 
     def eval_loss(model_and_state, p):  # inference: the state is read, not changed
         model, state = model_and_state

@@ -6,6 +6,7 @@ problem declared over the trained leaves by hand."""
 from __future__ import annotations
 
 import re
+from typing import ClassVar
 
 import equinox as eqx
 import jax
@@ -325,7 +326,7 @@ def test_implicit_derivatives_of_a_model_and_their_limits():
 class CountedNet(Net):
     """Net counting how often its (Python-level) pytree flattening runs."""
 
-    counts = {"flatten": 0, "unflatten": 0}
+    counts: ClassVar[dict[str, int]] = {"flatten": 0, "unflatten": 0}
 
     def _pytree__flatten(self):
         CountedNet.counts["flatten"] += 1

@@ -105,7 +105,7 @@ def _check_against_scipy(cases, cls, xs, codes, iterations):
     F = JAX_FUNCTIONS[cases[0]["f"].__name__]
     for tc, x, code, its in zip(cases, np.asarray(xs), np.asarray(codes), np.asarray(iterations)):
         args = tc.get("args", ())
-        ref_root, ref = METHODS[cls](
+        _ref_root, ref = METHODS[cls](
             tc["f"], *tc["bracket"], args=args, xtol=TOL, rtol=TOL, full_output=True, disp=False
         )
         if not ref.converged:  # scipy's brentq on the triple and quintuple roots (fun3,
@@ -195,7 +195,9 @@ def test_basic_root_scalar_functions_with_scipy_defaults():
             assert sol.retcode == ReturnCode.SUCCESS, sol.message
             np.testing.assert_allclose(sol.x, 1.0, atol=2e-12, rtol=TOL)
             ref = so.root_scalar(
-                lambda x: float(F(x, None)), bracket=[0.5, np.sqrt(3)], method=ref_method.__name__
+                lambda x: float(F(x, None)),  # noqa: B023  (called in this iteration)
+                bracket=[0.5, np.sqrt(3)],
+                method=ref_method.__name__,
             )
             assert sol.stats.iterations <= ref.iterations + 2
 
@@ -218,7 +220,7 @@ def test_vmap_over_p_equals_a_loop_and_jit_equals_eager(cls):
         assert float(xs[i]) == float(eager.x)
         assert int(codes[i]) == eager.retcode == ReturnCode.SUCCESS
         assert int(its[i]) == eager.stats.iterations and int(evals[i]) == eager.stats.f_evals
-        x, code, it, _ = jax.jit(run)(p)
+        x, _code, it, _ = jax.jit(run)(p)
         assert float(x) == float(eager.x) and int(it) == eager.stats.iterations
     np.testing.assert_allclose(xs, ps, rtol=1e-12)
 

@@ -145,7 +145,7 @@ def test_vmap_and_jit_all_algorithms():
         out = {}
         for name, alg in algs.items():
             kw = {"maxiters": 300} if name == "AdaHessian" else {}
-            out[name] = jax.vmap(lambda p: solve(prob.replace(p=p), alg, **kw))(ps)
+            out[name] = jax.vmap(lambda p: solve(prob.replace(p=p), alg, **kw))(ps)  # noqa: B023  (called in this iteration)
         return out
 
     sols = jax.jit(run, compiler_options=FAST_COMPILE)(ps)
@@ -155,8 +155,8 @@ def test_vmap_and_jit_all_algorithms():
         if name != "AdaHessian":
             assert np.all(np.asarray(sol.retcode) == ReturnCode.SUCCESS), name
         for i in range(ps.shape[0]):
-            one = jax.tree_util.tree_map(lambda a: a[i], sol)
-            check_success(one, lambda x, _: quadratic(x, ps[i]), default_gtol(jnp.float64))
+            one = jax.tree_util.tree_map(lambda a: a[i], sol)  # noqa: B023  (called in this iteration)
+            check_success(one, lambda x, _: quadratic(x, ps[i]), default_gtol(jnp.float64))  # noqa: B023  (called in this iteration)
 
 
 def test_new_hyperparameters_do_not_recompile():

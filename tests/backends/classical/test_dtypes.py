@@ -1,7 +1,7 @@
 """16-bit floats, mixed precision and JAX's strict configurations, on the JAX-native methods.
 
-The contract matrix (tests/contract/test_contract.py) runs the shared rules on every class; these are
-the defects found there one by one: a bfloat16 x0 whose objective is float32 (mixed
+The contract matrix (tests/contract/test_contract.py) runs the shared rules on every class; these
+are the defects found there one by one: a bfloat16 x0 whose objective is float32 (mixed
 precision: the line searches' loops mixed the two), a gradient descent that wandered at
 rounding level until maxiters, float16 Hessian products that overflowed in CG, L-BFGS's
 compact memory under ``jax_numpy_rank_promotion='raise'`` and optax under strict promotion.

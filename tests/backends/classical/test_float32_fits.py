@@ -79,7 +79,8 @@ prob = optsolve.curve_fit_problem(lambda x, b1, b2: b1 * (1 - jnp.exp(-b2 * x)),
                                   jnp.asarray(P.certified, jnp.float32))
 cov = optsolve.covariance(optsolve.solve(prob, optsolve.LevenbergMarquardt()))
 se = np.sqrt(np.diag(np.asarray(cov, float)))
-print(json.dumps(dict(dtype=str(cov.dtype), se=(np.abs(se - P.certified_sd) / P.certified_sd).tolist())))
+print(json.dumps(dict(dtype=str(cov.dtype),
+                      se=(np.abs(se - P.certified_sd) / P.certified_sd).tolist())))
 """)
     assert out["dtype"] == "float32" and max(out["se"]) < 1e-3, out
 

@@ -247,7 +247,7 @@ def test_a_new_xtol_reuses_the_compiled_run_and_may_be_traced():
         with count_compilations() as counter:
             solve(prob, alg, xtol=1e-9)
         assert counter.count == 0, type(alg).__name__
-        run = jax.jit(lambda xtol: solve(prob, alg, xtol=xtol).x)
+        run = jax.jit(lambda xtol: solve(prob, alg, xtol=xtol).x)  # noqa: B023  (called in this iteration)
         np.testing.assert_allclose(run(1e-9), run(1e-10), rtol=1e-6)
 
 

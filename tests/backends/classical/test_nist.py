@@ -1,8 +1,8 @@
 """LevenbergMarquardt and GaussNewton on NIST's StRD nonlinear regression problems, against
 NIST's certified values and scipy's MINPACK ``least_squares(method="lm")``.
 
-The files in tests/support/data/nist/ are NIST's (public domain), read by tests/support/nist.py; the models
-below are their "Model:" lines in jax.numpy. Each test runs scipy's lm by hand (a jitted
+The files in tests/support/data/nist/ are NIST's (public domain), read by tests/support/nist.py; the
+models below are their "Model:" lines in jax.numpy. Each test runs scipy's lm by hand (a jitted
 jax Jacobian, scipy's defaults) from the same start, and requires LevenbergMarquardt to
 reach the certified residual sum of squares (relative 1e-6) with SUCCESS wherever scipy's
 lm does; where scipy misses, ours must do no worse than scipy. From Start 1 scipy's lm
@@ -251,8 +251,8 @@ def test_levenberg_marquardt_parameters(name, start):
     np.testing.assert_array_less(relative(sd, P.certified_sd), SD_RTOL)
 
 
-# the lower-difficulty problems (one compilation each; `python tests/backends/classical/test_nist.py` runs
-# GaussNewton on all nine)
+# the lower-difficulty problems (one compilation each;
+# `python tests/backends/classical/test_nist.py` runs GaussNewton on all nine)
 GN_CASES = [(n, s) for n, s in CASES if load(n).difficulty == "Lower"]
 
 

@@ -400,8 +400,8 @@ def test_scipy_root_problem_root(method):
 def test_scipy_krylov_breakdown_is_failure_not_an_exception():
     """A constant F (J = 0): scipy's Newton-Krylov raises ValueError("Jacobian inversion
     yielded zero vector ...") inside its solve; the Solution is FAILURE with scipy's words,
-    x the last point where F was finite (a finite-difference probe next to x0). A ValueError raised by F itself still reaches the
-    caller (test_F_can_raise)."""
+    x the last point where F was finite (a finite-difference probe next to x0). A ValueError
+    raised by F itself still reaches the caller (test_F_can_raise)."""
     sol = solve(
         RootProblem(lambda x, p: jnp.ones(2), jnp.array([0.7, -0.3])),
         optsolve.ScipyRoot("krylov"),
@@ -538,7 +538,9 @@ def test_matrix_free_bratu_and_its_derivative_equal_the_dense_implicit_one():
     J = jax.jacfwd(bratu)(x, lam)
     exact = -np.linalg.solve(np.asarray(J), np.asarray(jax.jacfwd(bratu, argnums=1)(x, lam)))
     np.testing.assert_allclose(jax.jacfwd(root)(lam), exact, rtol=1e-7)
-    np.testing.assert_allclose(jax.grad(lambda l: jnp.sum(root(l)))(lam), exact.sum(), rtol=1e-7)
+    np.testing.assert_allclose(
+        jax.grad(lambda lam: jnp.sum(root(lam)))(lam), exact.sum(), rtol=1e-7
+    )
 
 
 def test_matrix_free_under_vmap_equals_each_solve():

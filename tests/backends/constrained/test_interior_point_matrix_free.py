@@ -5,7 +5,8 @@ References: the Euclidean projection onto the probability simplex, whose closed 
 threshold of Held, Wolfe & Crowder (Math. Programming 6, 1974) as written by Duchi et al.
 (ICML 2008, Fig. 1); the minimum of a linear function on the unit ball (``-a/|a|``); a
 concave quadratic on a box (its best corner, worked by hand). Hock & Schittkowski's
-published minima with ``linear_solver="minres"`` are in tests/backends/constrained/test_interior_point.py.
+published minima with ``linear_solver="minres"`` are in
+tests/backends/constrained/test_interior_point.py.
 """
 
 import jax

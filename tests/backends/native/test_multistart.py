@@ -118,7 +118,7 @@ def test_jit_of_the_whole_solve_and_vmap_over_p():
         sol = solve(prob.replace(p=p), alg.replace(key=key))
         return sol.x, sol.objective, sol.original.objective
 
-    x, f, fs = run(prob.p, jax.random.key(0))
+    x, _f, fs = run(prob.p, jax.random.key(0))
     np.testing.assert_allclose(x, eager.x, rtol=1e-12, atol=1e-14)
     np.testing.assert_allclose(fs, eager.original.objective, rtol=1e-12, atol=1e-14)
     xs = jax.vmap(lambda p: solve(prob.replace(p=p), alg).x)(jnp.stack([prob.p, prob.p]))
@@ -166,7 +166,8 @@ def test_inner_algorithms_without_bounds_and_from_optax():
         (
             lambda: Multistart(optsolve.ScipyMinimize("BFGS"), 8, jax.random.key(0)),
             TypeError,
-            r"Multistart: `algorithm` must be a JAX-native algorithm .* got .*BFGS.* Use one of: .*LBFGS",
+            r"Multistart: `algorithm` must be a JAX-native algorithm .* got .*BFGS.* "
+            r"Use one of: .*LBFGS",
         ),
         (
             lambda: Multistart(optsolve.Brent(), 8, jax.random.key(0)),

@@ -290,7 +290,7 @@ def test_callback_sees_steps_with_grad_norm_and_stops():
     x3 = hand_loop(optax.adam(0.05), prob, batches()[:3])
     x4 = hand_loop(optax.adam(0.05), prob, batches()[:4])
     g = jax.grad(batch_loss)(x3, prob.p, batches()[3])
-    expected_norm = max(float(jnp.max(jnp.abs(l))) for l in jax.tree_util.tree_leaves(g))
+    expected_norm = max(float(jnp.max(jnp.abs(leaf))) for leaf in jax.tree_util.tree_leaves(g))
     np.testing.assert_allclose(seen[-1][1], batch_loss(x3, prob.p, batches()[3]), rtol=1e-12)
     np.testing.assert_allclose(seen[-1][2], expected_norm, rtol=1e-12)
     assert_close(sol.x, x4, rtol=1e-12)

@@ -95,14 +95,14 @@ def test_vmap_over_keys_learning_rates_x0_and_data_equals_the_loop():
     by_key = jax.vmap(lambda k: solve(PROBLEM, optsolve.Adam(0.05), key=k, **run).x)(keys)
     for i, k in enumerate(keys):
         assert_close(
-            jax.tree_util.tree_map(lambda a: a[i], by_key),
+            jax.tree_util.tree_map(lambda a: a[i], by_key),  # noqa: B023  (called in this iteration)
             solve(PROBLEM, optsolve.Adam(0.05), key=k, **run).x,
         )
     rates = jnp.array([0.01, 0.05, 0.2])
     by_rate = jax.vmap(lambda lr: solve(PROBLEM, optsolve.Adam(lr), key=KEY, **run).x)(rates)
     for i, lr in enumerate(rates):
         assert_close(
-            jax.tree_util.tree_map(lambda a: a[i], by_rate),
+            jax.tree_util.tree_map(lambda a: a[i], by_rate),  # noqa: B023  (called in this iteration)
             solve(PROBLEM, optsolve.Adam(float(lr)), key=KEY, **run).x,
         )
     starts = jnp.linspace(-1.0, 1.0, 3)
@@ -116,7 +116,7 @@ def test_vmap_over_keys_learning_rates_x0_and_data_equals_the_loop():
     for i, b0 in enumerate(starts):
         x0 = {"w": jnp.zeros(4), "b": b0}
         assert_close(
-            jax.tree_util.tree_map(lambda a: a[i], by_start),
+            jax.tree_util.tree_map(lambda a: a[i], by_start),  # noqa: B023  (called in this iteration)
             hand_scan(optax.sgd(0.1), PROBLEM.p, x0, orders(KEY, 2), 2),
         )
     # the data batched: each model trains on its own copy, scaled
@@ -130,7 +130,7 @@ def test_vmap_over_keys_learning_rates_x0_and_data_equals_the_loop():
     )(scales)
     for i, s in enumerate(scales):
         assert_close(
-            jax.tree_util.tree_map(lambda a: a[i], by_data),
+            jax.tree_util.tree_map(lambda a: a[i], by_data),  # noqa: B023  (called in this iteration)
             solve(
                 PROBLEM,
                 optsolve.SGD(0.1),
@@ -236,8 +236,8 @@ def test_stops_under_vmap_equal_each_members_own_run():
         alone = jax.jit(run)(nan_at[i], b0[i])
         assert int(together.retcode[i]) == int(alone.retcode) == codes[i]
         assert int(together.stats.iterations[i]) == int(alone.stats.iterations)
-        assert_close(jax.tree_util.tree_map(lambda a: a[i], together.x), alone.x)
-        assert_close(jax.tree_util.tree_map(lambda a: a[i], together.state), alone.state)
+        assert_close(jax.tree_util.tree_map(lambda a: a[i], together.x), alone.x)  # noqa: B023  (called in this iteration)
+        assert_close(jax.tree_util.tree_map(lambda a: a[i], together.state), alone.state)  # noqa: B023  (called in this iteration)
     assert int(together.stats.iterations[2]) == 3
 
 
@@ -280,7 +280,7 @@ def test_the_callback_sees_the_last_step(every, steps, expected):
         sol = solve(
             PROBLEM,
             optsolve.SGD(0.1),
-            callback=lambda k, x, f: seen.append(int(k)),
+            callback=lambda k, x, f: seen.append(int(k)),  # noqa: B023  (called in this iteration)
             callback_every=every,
             **data,
         )

@@ -104,7 +104,7 @@ def test_float32_runs_stay_float32_and_match_hand_loop(name):
     prob = make_problem(jnp.float32, p=0.01)
     sol = solve(prob, cls(**kwargs), maxiters=25)
     expected = hand_loop(cls.factory(**kwargs), prob, 25, _extra_for(cls))
-    assert all(l.dtype == jnp.float32 for l in jax.tree_util.tree_leaves(sol.x))
+    assert all(leaf.dtype == jnp.float32 for leaf in jax.tree_util.tree_leaves(sol.x))
     assert sol.objective.dtype == jnp.float32
     assert_tree_close(sol.x, expected, rtol=2e-5, atol=1e-6)
 

@@ -27,7 +27,7 @@ def test_one_argument_and_full_output_is_scipys_tuple():
     assert len(popt) == 1 and pcov.shape == (1, 1)
     assert_allclose(popt[0], 1.9149, atol=1e-4)
     assert_allclose(pcov[0, 0], 0.0016, atol=1e-4)
-    popt2, pcov2, infodict, errmsg, ier = curve_fit(
+    popt2, _pcov2, infodict, errmsg, ier = curve_fit(
         lambda x, a: x**a, X, Y, full_output=1, check_finite=False
     )
     assert_array_almost_equal(popt, popt2)
@@ -238,7 +238,7 @@ def test_method_argument_and_full_output():
     for method in ["trf", "dogbox", "lm", None]:
         popt, _ = curve_fit(f, xdata, ydata, method=method)
         assert_allclose(popt, [2.0, 2.0])
-        popt, pcov, infodict, errmsg, ier = curve_fit(
+        popt, _pcov, infodict, errmsg, ier = curve_fit(
             f, xdata, ydata, method=method, full_output=True
         )
         assert_allclose(popt, [2.0, 2.0])
@@ -437,7 +437,8 @@ def test_gh4555():
 def test_gh4555b():
     """scipy's reference is MINPACK's covariance at the point its default ftol stops at;
     converged further (scipy itself at ftol = xtol = 1e-12 with the exact Jacobian gives
-    0.0158972457 for the first entry) it moves by up to 1.6e-6 relative: rtol 2e-6 instead of 2e-7."""
+    0.0158972457 for the first entry) it moves by up to 1.6e-6 relative: rtol 2e-6 instead of
+    2e-7."""
     rng = np.random.default_rng(408113519974467917)
     xdata = np.linspace(0, 4, 50)
     ydata = 2.5 * np.exp(-1.3 * xdata) + 0.5 + 0.2 * rng.normal(size=xdata.size)

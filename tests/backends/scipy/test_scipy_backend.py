@@ -9,6 +9,8 @@ HS071); Rastrigin and Ackley with their global minimum 0 at the origin.
 
 from __future__ import annotations
 
+import itertools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -566,7 +568,7 @@ def test_ftol_stops_with_success():
     )
     assert sol.retcode == ReturnCode.SUCCESS
     # ftol is tested on iterations that moved x (Nelder-Mead's best vertex often stays put)
-    moved = [(a[1], b[1]) for a, b in zip(seen[:-1], seen[1:]) if np.any(a[0] != b[0])]
+    moved = [(a[1], b[1]) for a, b in itertools.pairwise(seen) if np.any(a[0] != b[0])]
     small = [abs(a - b) <= 1e-2 * max(abs(a), abs(b), 1.0) for a, b in moved]
     assert small[-1] and not any(small[:-1])
 

@@ -28,15 +28,16 @@ CONSTRAINED = OptimizationProblem(
         (
             lambda: ScipyMinimize("Newton"),
             ValueError,
-            r"ScipyMinimize: `method` must be one of Nelder-Mead, Powell, CG, BFGS, .*trust-krylov; "
+            r"ScipyMinimize: `method` must be one of Nelder-Mead, Powell, CG, BFGS, "
+            r".*trust-krylov; "
             r"got 'Newton'\.",
         ),
         (lambda: ScipyMinimize("shgo"), ValueError, r"'shgo' is a method of ScipyGlobal"),
         (
             lambda: ScipyGlobal("BFGS"),
             ValueError,
-            r"ScipyGlobal: `method` must be one of differential_evolution, .*; got 'BFGS'\. 'BFGS' is "
-            r"a method of ScipyMinimize",
+            r"ScipyGlobal: `method` must be one of differential_evolution, .*; got 'BFGS'\. "
+            r"'BFGS' is a method of ScipyMinimize",
         ),
         (
             lambda: ScipyMinimize(),
@@ -46,7 +47,8 @@ CONSTRAINED = OptimizationProblem(
         (
             lambda: ScipyMinimize("L-BFGS-B", maxcorr=5),
             TypeError,
-            r"ScipyMinimize\(method='L-BFGS-B'\) does not take the option `maxcorr` \(got maxcorr=5\)\. "
+            r"ScipyMinimize\(method='L-BFGS-B'\) does not take the option `maxcorr` "
+            r"\(got maxcorr=5\)\. "
             r"Valid options: maxcor, maxfun, maxls; common options go to solve",
         ),
         (
@@ -62,7 +64,8 @@ CONSTRAINED = OptimizationProblem(
         (
             lambda: ScipyMinimize("BFGS", eps=1e-8),
             TypeError,
-            r"`eps` only tunes scipy's finite differences, which optsolve never uses \(JAX supplies "
+            r"`eps` only tunes scipy's finite differences, which optsolve never uses "
+            r"\(JAX supplies "
             r"exact derivatives\), so scipy would ignore it; got eps=1e-08",
         ),
         (
@@ -113,7 +116,8 @@ CONSTRAINED = OptimizationProblem(
             r"`callback` is not an option here: pass it to solve: solve\(\.\.\., callback=fn\)",
         ),
         # (the global methods' own iteration budgets, maxiter / niter / iters, are accepted:
-        # tests/backends/scipy/test_scipy_budgets.py; where maxiter counts iterations, minimize refuses it)
+        # tests/backends/scipy/test_scipy_budgets.py; where maxiter counts iterations, minimize
+        # refuses it)
         (
             lambda: ScipyMinimize("COBYQA", maxiter=3),
             TypeError,

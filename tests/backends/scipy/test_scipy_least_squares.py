@@ -240,8 +240,8 @@ def test_float32_evaluation_warns_once_naming_x64():
         (
             lambda: ScipyLeastSquares("trf", loss="l1"),
             ValueError,
-            r"ScipyLeastSquares\(method='trf'\): `loss` must be one of 'linear', 'soft_l1', 'huber', "
-            r"'cauchy', 'arctan'; got loss='l1'\.",
+            r"ScipyLeastSquares\(method='trf'\): `loss` must be one of 'linear', 'soft_l1', "
+            r"'huber', 'cauchy', 'arctan'; got loss='l1'\.",
         ),
         (lambda: ScipyLeastSquares("trf", loss=lambda z: z), ValueError, r"`loss` must be one of"),
         (

@@ -119,7 +119,7 @@ def test_population_batches_reuse_one_compilation_by_padding():
     full = host.fun_batch(pts)
     part = host.fun_batch(pts[:, :5])  # padded to the compiled 8
     one = host.fun_batch(pts[:, 0])  # (n,) is one point
-    assert [k for k in host._batched] == [("f_batch", 8)]
+    assert list(host._batched) == [("f_batch", 8)]
     expect = [float(rastrigin(jnp.asarray(c), 10.0)) for c in pts.T]
     np.testing.assert_allclose(full, expect, rtol=1e-13)
     np.testing.assert_allclose(part, expect[:5], rtol=1e-13)
