@@ -19,9 +19,11 @@ demo: $(STAMP)
 	$(BIN)/python examples/demo.py
 
 test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
 	$(BIN)/python -m mypy
-	$(BIN)/python -m pytest -q -n auto --maxprocesses=4 --dist loadgroup tests
+	$(BIN)/python -m pytest -q -n auto --maxprocesses=4 --dist loadgroup --durations=20 tests
 
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict

@@ -74,7 +74,8 @@ not depend on the machine's load):
   the forward run on this CPU, and optsolve's checkpointed scan costs about the same.
   Forward mode (`jax.jacfwd`) carries one tangent for the learning rate and meets the 3x
   goal. It is the mode to use for one or a few hyperparameters, and the training guide says
-  so. In float64, both equal central finite differences (tests/backends/native/test_training_compiled.py).
+  so. In float64, both equal central finite differences
+(tests/backends/native/test_training_compiled.py).
 """
 
 

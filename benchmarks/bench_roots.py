@@ -94,7 +94,15 @@ def ported_tests() -> str:
     """tests/backends/classical/test_roots.py (scipy's own root / fsolve / nonlin tests, ported) and
     tests/contract/test_contract_roots.py, run by pytest: its summary line."""
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/backends/classical/test_roots.py"],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "tests/backends/classical/test_roots.py",
+        ],
         cwd=HERE.parent,
         capture_output=True,
         text=True,
@@ -304,7 +312,8 @@ def main(repeats: int = REPEATS) -> str:
             f"on {machine_line()} (a shared 2-core box: times move between runs, compare the "
             "ratios); BLAS pinned to one thread. Command: `python benchmarks/run.py roots`.",
             markdown_table(header, rows),
-            f"Ported tests (`pytest tests/backends/classical/test_roots.py`: scipy's own `root` / `fsolve` / "
+            "Ported tests (`pytest tests/backends/classical/test_roots.py`: scipy's own "
+            f"`root` / `fsolve` / "
             f"`nonlin` tests on the JAX-native root finders and ScipyRoot): {ported_tests()}.",
             matrix_free(),
         ]

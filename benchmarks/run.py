@@ -3,11 +3,11 @@
 Usage: ``python benchmarks/run.py [name ...]`` (names: optax, classical, scipy, hypergradient,
 training, least_squares, models, overhead, vmap, program_size, cutest, data_compiled, first_result,
 model_leaves, vectorised_de, multistart, interrupt, roots, constrained, constrained_vmap,
-constrained_large); ``make bench`` runs them all and writes the page anew; a list of names replaces
-only their own sections. Each benchmark runs in a fresh Python process, so none inherits another's
-compiled executables, threads or memory. BLAS is pinned to one thread (threadpoolctl): OpenBLAS's
-default threads stall small BLAS calls on 2-core VMs (see shared/PEERS.md); JAX's own threads are
-left alone.
+constrained_large, suite); ``make bench`` runs them all and writes the page anew; a list of names
+replaces only their own sections. Each benchmark runs in a fresh Python process, so none inherits
+another's compiled executables, threads or memory. BLAS is pinned to one thread (threadpoolctl):
+OpenBLAS's default threads stall small BLAS calls on 2-core VMs (see shared/PEERS.md); JAX's own
+threads are left alone.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ BENCHMARKS = {
     "constrained": "bench_constrained",
     "constrained_vmap": "bench_constrained_vmap",
     "constrained_large": "bench_constrained_large",
+    "suite": "bench_suite",
 }
 
 
