@@ -6,6 +6,7 @@ count, which strict mode refuses once b1 is a traced leaf, as optsolve makes it.
 """
 
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -34,16 +35,21 @@ sys.path.insert(0, str(Path(__file__).parent / "support"))
 
 # XLA's compilation dominates the suite, and many tests build the same program from new
 # closures (the contract matrix builds its problem anew for every rule): JAX's persistent
-# cache, shared by the run's workers, compiles each distinct program once. A hit still
-# counts as a compilation for tests/support/compile_count.py (the event wraps the cache's lookup).
-# A size bound turns on JAX's file lock (filelock), so that workers never read an entry
-# another one is still writing.
-jax.config.update(
-    "jax_compilation_cache_dir",
-    str(Path(__file__).resolve().parent.parent / ".pytest_cache" / "jax"),
-)
+# cache compiles each distinct program once. A hit still counts as a compilation for
+# tests/support/compile_count.py (the event wraps the cache's lookup). One directory per
+# xdist worker, with no size bound: JAX shares a directory between processes safely only
+# with a bound, whose file lock and scan of every entry at each write cost more than the
+# workers' few shared programs save (docs/benchmarks.md, "The test suite"). A directory
+# past 1 GiB is emptied when its worker starts.
+_CACHE = Path(__file__).resolve().parent.parent / ".pytest_cache" / "jax"
+_WORKER_CACHE = _CACHE / os.environ.get("PYTEST_XDIST_WORKER", "main")
+if (
+    _WORKER_CACHE.is_dir()
+    and sum(entry.stat().st_size for entry in _WORKER_CACHE.iterdir()) > 2**30
+):
+    shutil.rmtree(_WORKER_CACHE, ignore_errors=True)
+jax.config.update("jax_compilation_cache_dir", str(_WORKER_CACHE))
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-jax.config.update("jax_compilation_cache_max_size", 2 * 2**30)
 
 
 @pytest.fixture(scope="module")
