@@ -1,6 +1,6 @@
-"""The test suite's compile options: parts of the suite run with XLA's defaults and with the
-options tests/conftest.py sets under OPTSOLVE_TEST_FAST_XLA=1 (XLA's classic CPU emitters,
-LLVM's lowest optimisation level).
+"""The test suite's compile options: parts of the suite run with XLA's defaults
+(OPTSOLVE_TEST_XLA_DEFAULTS=1) and with the options tests/conftest.py sets by default (XLA's
+classic CPU emitters, LLVM's lowest optimisation level).
 
 Each run is a fresh ``pytest`` process with a cold persistent compilation cache of its own
 (benchmarks/suite_probe.py), the two settings interleaved. Reported: the XLA compilations of
@@ -44,7 +44,7 @@ PARTS = {
 def _run(args: list[str], defaults: bool) -> dict:
     with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as out_dir:
         out = Path(out_dir) / "probe.json"
-        env = {k: v for k, v in os.environ.items() if k != "OPTSOLVE_TEST_FAST_XLA"}
+        env = {k: v for k, v in os.environ.items() if k != "OPTSOLVE_TEST_XLA_DEFAULTS"}
         env.update(
             PYTHONPATH=os.pathsep.join(
                 filter(None, [str(ROOT / "benchmarks"), env.get("PYTHONPATH")])
@@ -52,8 +52,8 @@ def _run(args: list[str], defaults: bool) -> dict:
             SUITE_PROBE_OUT=str(out),
             SUITE_PROBE_CACHE=cache,
         )
-        if not defaults:
-            env["OPTSOLVE_TEST_FAST_XLA"] = "1"
+        if defaults:
+            env["OPTSOLVE_TEST_XLA_DEFAULTS"] = "1"
         done = subprocess.run(
             [
                 sys.executable,
@@ -107,7 +107,8 @@ def main(repeats: int = 3) -> str:
     )
     rows = measure(repeats)
     return (
-        "### The test suite: XLA's compile options (OPTSOLVE_TEST_FAST_XLA=1)\n\n"
+        "### The test suite: XLA's compile options (the suite's, and "
+        "XLA's defaults: OPTSOLVE_TEST_XLA_DEFAULTS=1)\n\n"
         f"{machine_line()}; one pytest process per run, a cold compilation cache each, "
         f"{repeats} runs of each setting interleaved; medians [min-max].\n\n"
         + header

@@ -117,7 +117,13 @@ def test_float32_runs_reach_feasible_success(algorithm, index):
     assert int(sol.retcode) == ReturnCode.SUCCESS, (p, sol.message)
     violation = max(p[0] - np.prod(x), abs(np.sum(x**2) - p[1]))
     assert violation <= 1e-4, (p, violation)
-    np.testing.assert_allclose(x, slsqp_reference(p), atol=2e-3)
+    # A minimiser is fixed only to about sqrt(eps |f| / lambda) along the flattest direction
+    # of f on the constraints (lambda its curvature there): f to float32's precision, x to
+    # what that allows (AugmentedLagrangian's x moves by 2.7e-3 between XLA's compile options
+    # while f stays within 2e-6)
+    reference = slsqp_reference(p)
+    np.testing.assert_allclose(objective(x, p), objective(reference, p), rtol=1e-5)
+    np.testing.assert_allclose(x, reference, atol=1e-2)
 
 
 def test_float64_still_judged_to_1e6():
