@@ -225,7 +225,7 @@ def _with_least_squares_derivative(
     leaves, treedef = jax.tree_util.tree_flatten(problem)
 
     def least_squares(leaves_, x_):
-        lam = multipliers(jax.tree_util.tree_unflatten(treedef, leaves_), x_)
+        lam = _multipliers(jax.tree_util.tree_unflatten(treedef, leaves_), x_)
         return jnp.concatenate([jnp.ravel(part) for part in lam])
 
     @jax.custom_jvp

@@ -47,19 +47,15 @@ def relative_violation(problem: OptimizationProblem, x: Any) -> jax.Array:
     return nlp.violation(ravel_pytree(x)[0])
 
 
-def finished(
-    problem: OptimizationProblem, algorithm: Any, solution: Solution, describe: Any = None
-) -> Solution:
-    """The Solution of a run, in the method's terms (module docstring); ``describe(code,
-    violation, state, reason)`` words an eager run's detail (default: the interior point's)."""
-    state = solution.state
-    batched = np.ndim(solution.retcode) != 0
-    if batched:  # a batch solved eagerly under vmap: one verdict per member
-        violation = jax.vmap(lambda x: relative_violation(problem, x))(solution.x)
+def _verdict(problem: OptimizationProblem, x: Any, code: Any, reason: Any, state: Any) -> tuple:
+    """The run's return code and reason in the method's terms, its relative violation and
+    its multipliers (None without constraints); one member per row where ``code`` is
+    batched (a batch solved eagerly under vmap)."""
+    if jnp.ndim(code) != 0:
+        violation = jax.vmap(lambda x: relative_violation(problem, x))(x)
     else:
-        violation = relative_violation(problem, solution.x)
-    code = jnp.asarray(solution.retcode, _INT)
-    reason = jnp.asarray(0 if solution.reason is None else solution.reason, _INT)
+        violation = relative_violation(problem, x)
+    code, reason = jnp.asarray(code, _INT), jnp.asarray(reason, _INT)
     nonfinite = (
         (code == int(ReturnCode.FAILURE))
         & (reason >= 4)
@@ -72,9 +68,25 @@ def finished(
     reason = jnp.where(
         infeasible | (reason == REDUCTION_TOL), 0, jnp.where(reason == RADIUS_TOL, FTOL, reason)
     ).astype(_INT)
-    multipliers = None
-    if problem.constraints:
-        multipliers = state.multipliers()
+    multipliers = state.multipliers() if problem.constraints else None
+    return code, reason, violation, multipliers
+
+
+# an eager run's verdict in one compiled call, not op by op (inside a trace it is inlined)
+_compiled_verdict = jax.jit(_verdict)
+
+
+def finished(
+    problem: OptimizationProblem, algorithm: Any, solution: Solution, describe: Any = None
+) -> Solution:
+    """The Solution of a run, in the method's terms (module docstring); ``describe(code,
+    violation, state, reason)`` words an eager run's detail (default: the interior point's)."""
+    state = solution.state
+    batched = np.ndim(solution.retcode) != 0
+    reason = jnp.asarray(0 if solution.reason is None else solution.reason, _INT)
+    code, reason, violation, multipliers = _compiled_verdict(
+        problem, solution.x, jnp.asarray(solution.retcode, _INT), reason, state
+    )
     detail = solution.detail
     concrete = not batched and not is_traced(code, violation, state)
     if concrete:
