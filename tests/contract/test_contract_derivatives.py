@@ -39,32 +39,43 @@ pytestmark = pytest.mark.filterwarnings(
 )
 
 
-def _partial(x, lam):
-    """x["a"] tracks lam, x["b"] does not depend on it: dx_a/dlam = 1, dx_b/dlam = 0."""
-    return jnp.sum((x["a"] - lam) ** 2) + jnp.sum((x["b"] + 0.5) ** 2)
+def _leaves(x, lam):
+    """x["a"] tracks lam, x["b"] does not depend on it, and f ignores x["u"] (H is singular
+    along it): dx_a/dlam = 1, dx_b/dlam = 0, and dx_u/dlam = 0 (the minimum-norm derivative)."""
+    return jnp.sum((x["a"] - lam) ** 2) + jnp.sum((x["b"] + 0.5) ** 2) + 0.5
 
 
-def _partial_residuals(x, lam):
-    """A pytree of residuals whose half squared norm is :func:`_partial`."""
-    return {"a": jnp.sqrt(2.0) * (x["a"] - lam), "b": jnp.sqrt(2.0) * (x["b"] + 0.5)}
+def _leaves_residuals(x, lam):
+    """A pytree of residuals whose half squared norm is :func:`_leaves`; the constant one
+    makes as many residuals as parameters, which MINPACK's lm needs."""
+    return {
+        "a": jnp.sqrt(2.0) * (x["a"] - lam),
+        "b": jnp.sqrt(2.0) * (x["b"] + 0.5),
+        "c": jnp.ones(1),
+    }
 
 
-X0_PARTIAL = {"a": jnp.zeros(2), "b": jnp.zeros(1)}
+X0_LEAVES = {"a": jnp.zeros(2), "b": jnp.zeros(1), "u": jnp.ones(1)}
 
 
 @pytest.mark.parametrize("cls", CLASSES, ids=_id)
-def test_a_leaf_of_x_that_does_not_depend_on_p(cls):
-    """Reverse mode used to fail with a bare AssertionError from custom_linear_solve's
-    transpose whenever a leaf of x does not depend on p; forward mode must agree."""
+def test_leaves_of_x_that_do_not_depend_on_p_or_that_f_ignores(cls):
+    """Two failures, one run in each mode. Reverse mode used to fail with a bare
+    AssertionError from custom_linear_solve's transpose whenever a leaf of x does not depend
+    on p (x["b"]). Where f ignores a leaf (x["u"]) the Hessian is singular along it, and
+    reverse mode's cotangent for that leaf lies in H's null space: it used to give NaN where
+    forward mode gave the right answer. Both modes give the minimum-norm derivative, and
+    reverse mode warns that the system is singular."""
     alg = CASES[cls].make()
     bounds = BOX if CASES[cls].box else None
 
     def run(lam):
-        prob = problem_for(cls, _partial, _partial_residuals, X0_PARTIAL, lam, bounds)
+        prob = problem_for(cls, _leaves, _leaves_residuals, X0_LEAVES, lam, bounds)
         return solve(prob, alg, maxiters=CASES[cls].iterations).x
 
     if CASES[cls].scalar:
-        # refused; its one scalar tracks lam (x = {"a": x_a}): dx_a/dlam = 1 both ways
+        # refused (x of one scalar has no second leaf); its one scalar tracks lam
+        # (x = {"a": x_a}): dx_a/dlam = 1 both ways
         with pytest.raises(ValueError, match=_SCALAR_ONLY):
             run(0.5)
 
@@ -75,49 +86,13 @@ def test_a_leaf_of_x_that_does_not_depend_on_p(cls):
         for mode in (jax.jacrev, jax.jacfwd):
             np.testing.assert_allclose(mode(scalar)(0.5), 1.0, atol=1e-8)
         return
-    expected = {"a": np.ones(2), "b": np.zeros(1)}
-    for mode in (jax.jacrev, jax.jacfwd):
-        got = mode(run)(0.5)
-        for leaf in ("a", "b"):
-            np.testing.assert_allclose(got[leaf], expected[leaf], atol=1e-8, err_msg=mode.__name__)
-
-
-def _ignoring(x, lam):
-    """f ignores x["u"]: H is singular along it. x["a"] tracks lam: dx_a/dlam = 1."""
-    return jnp.sum((x["a"] - lam) ** 2) + 0.5
-
-
-def _ignoring_residuals(x, lam):
-    """A pytree of residuals whose half squared norm is :func:`_ignoring`; the constant one
-    makes as many residuals as parameters, which MINPACK's lm needs."""
-    return {"a": jnp.sqrt(2.0) * (x["a"] - lam), "c": jnp.ones(1)}
-
-
-X0_IGNORED = {"a": jnp.zeros(2), "u": jnp.ones(1)}
-
-
-@pytest.mark.parametrize("cls", CLASSES, ids=_id)
-def test_a_leaf_of_x_that_f_ignores(cls):
-    """The Hessian is singular along x["u"], which the outer loss reads: reverse mode's
-    cotangent has a component in H's null space. It used to give NaN where forward mode
-    gave the right answer; both are the minimum-norm derivative, dx_u/dlam = 0, so
-    d(sum a + sum u)/dlam = 2, and reverse mode warns that the system is singular."""
-    alg = CASES[cls].make()
-    bounds = BOX if CASES[cls].box else None
-
-    def outer(lam):
-        prob = problem_for(cls, _ignoring, _ignoring_residuals, X0_IGNORED, lam, bounds)
-        x = solve(prob, alg, maxiters=CASES[cls].iterations).x
-        return jnp.sum(x["a"]) + jnp.sum(x["u"])
-
-    if CASES[cls].scalar:  # x of one scalar has no second leaf for f to ignore: refused
-        with pytest.raises(ValueError, match=_SCALAR_ONLY):
-            outer(0.5)
-        return
+    expected = {"a": np.ones(2), "b": np.zeros(1), "u": np.zeros(1)}
     with pytest.warns(RuntimeWarning, match="linear system is singular"):
-        reverse = jax.grad(outer)(0.5)
-    np.testing.assert_allclose(reverse, 2.0, rtol=1e-8)
-    np.testing.assert_allclose(jax.jacfwd(outer)(0.5), 2.0, rtol=1e-8)
+        reverse = jax.jacrev(run)(0.5)
+    forward = jax.jacfwd(run)(0.5)
+    for mode, got in (("jacrev", reverse), ("jacfwd", forward)):
+        for leaf in ("a", "b", "u"):
+            np.testing.assert_allclose(got[leaf], expected[leaf], atol=1e-8, err_msg=mode)
 
 
 def _bounded(x, p):
