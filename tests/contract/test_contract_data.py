@@ -58,9 +58,13 @@ def test_training_on_data_records_resumes_and_reports_progress(cls, tmp_path, ca
         with pytest.raises(ValueError, match="does not train on `data`. Algorithms that do"):
             solve(prob, alg, maxiters=3, **data)
         return
-    n, m = 5, 7  # the checkpoint falls inside the first epoch, the run ends in the second
+    # the checkpoint falls inside the first epoch (8 batches), the run ends in the second;
+    # the run writes one checkpoint (at n: the next would be at 2n > n + m), which is where
+    # it is resumed from below, as after a kill
+    n, m = 7, 5
+    path = tmp_path / "run.npz"
     options = dict(history=True, metrics=_batch_metrics, progress=True, **data)
-    whole = solve(prob, alg, maxiters=n + m, **options)
+    whole = solve(prob, alg, maxiters=n + m, checkpoint=path, checkpoint_every=n, **options)
     _assert_progress_reached(capsys.readouterr().err, n + m, n + m)
     assert whole.stats.iterations == n + m
 
@@ -72,10 +76,7 @@ def test_training_on_data_records_resumes_and_reports_progress(cls, tmp_path, ca
     np.testing.assert_allclose(metrics["largest"], [float(jnp.max(b)) for b in batches])
     np.testing.assert_allclose(losses[0], _loss(X0, 10.0, batches[0]), rtol=1e-12)
 
-    # killed after a checkpoint at step n: the resumed run is the uninterrupted one
-    path = tmp_path / "run.npz"
-    solve(prob, alg, maxiters=n + 2, checkpoint=path, checkpoint_every=n, **options)
-    capsys.readouterr()
+    # resumed from the checkpoint at step n: the run is the uninterrupted one
     saved = optsolve.load(path)
     assert saved.retcode == ReturnCode.INTERRUPTED and saved.stats.iterations == n
     resumed = solve(prob, alg, maxiters=m, resume=saved, **options)
