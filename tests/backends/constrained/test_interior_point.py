@@ -316,27 +316,39 @@ def test_derivatives_of_f_and_x_wrt_the_constraint_bound_match_finite_difference
     np.testing.assert_allclose(jac, _central(x_of, 25.0, 1e-4), rtol=1e-5, atol=1e-7)
 
 
+def _hs035_scaled(x, p):
+    """HS035's objective with p scaling its linear term in x[0]."""
+    return (
+        9
+        - 8 * p * x[0]
+        - 6 * x[1]
+        - 4 * x[2]
+        + 2 * x[0] ** 2
+        + 2 * x[1] ** 2
+        + x[2] ** 2
+        + 2 * x[0] * x[1]
+        + 2 * x[0] * x[2]
+    )
+
+
+def _hs035_shifted(x, p):
+    """HS035's constraint with p moving its right-hand side."""
+    return x[0] + x[1] + 2 * x[2] - p
+
+
 def test_derivatives_wrt_p_in_f_and_in_a_constraint_match_finite_differences():
     """HS035 with p scaling its objective's linear term and the right-hand side of its
-    constraint (active at the solution): x*(p) against central differences."""
+    constraint (active at the solution): x*(p) against central differences. The functions
+    are module-level, so that every solve here is one problem structure (one compiled loop
+    for the eager solves, one for the differentiated ones)."""
 
     def prob(p):
         return OptimizationProblem(
-            lambda x, p: (
-                9
-                - 8 * p * x[0]
-                - 6 * x[1]
-                - 4 * x[2]
-                + 2 * x[0] ** 2
-                + 2 * x[1] ** 2
-                + x[2] ** 2
-                + 2 * x[0] * x[1]
-                + 2 * x[0] * x[2]
-            ),
+            _hs035_scaled,
             jnp.full(3, 0.5),
             p,
             bounds=(0.0, None),
-            constraints=[Constraint(lambda x, p: x[0] + x[1] + 2 * x[2] - p, upper=2.0)],
+            constraints=[Constraint(_hs035_shifted, upper=2.0)],
         )
 
     x_of = lambda p: solve(prob(p), TIGHT).x
