@@ -36,6 +36,7 @@ import numpy as np
 import pytest
 
 import optsolve
+from constrained_problems import hs035_objective
 from optsolve import Constraint, OptimizationProblem, ReturnCode, solve
 from optsolve.solve_api.registry import algorithm_classes
 
@@ -83,17 +84,7 @@ HS21 = Published(
 # HS35 (Beale's): a convex QP, one linear inequality, x >= 0.
 HS35 = Published(
     "HS35",
-    lambda x, p: (
-        9
-        - 8 * x[0]
-        - 6 * x[1]
-        - 4 * x[2]
-        + 2 * x[0] ** 2
-        + 2 * x[1] ** 2
-        + x[2] ** 2
-        + 2 * x[0] * x[1]
-        + 2 * x[0] * x[2]
-    ),
+    hs035_objective,
     (0.5, 0.5, 0.5),
     ((lambda x, p: 3 - x[0] - x[1] - 2 * x[2], 0.0, INF),),
     (0.0, 0.0, 0.0),

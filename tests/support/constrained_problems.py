@@ -1,5 +1,5 @@
-"""Shared constrained reference problems: Hock & Schittkowski's problem 71 and the
-Wächter-Biegler example.
+"""Shared constrained reference problems: Hock & Schittkowski's problems 35 (its objective)
+and 71, and the Wächter-Biegler example.
 
 W. Hock, K. Schittkowski, *Test Examples for Nonlinear Programming Codes*, Lecture Notes in
 Economics and Mathematical Systems 187, Springer (1981), problem 71: four variables in
@@ -15,6 +15,22 @@ from optsolve import Constraint, OptimizationProblem
 
 HS071_F = 17.0140173
 HS071_X = np.array([1.0, 4.7429994, 3.8211503, 1.3794082])
+
+
+def hs035_objective(x, p):
+    """HS035's convex quadratic (f* = 1/9 at (4/3, 7/9, 4/9) with x >= 0 and
+    x0 + x1 + 2 x2 <= 3)."""
+    return (
+        9
+        - 8 * x[0]
+        - 6 * x[1]
+        - 4 * x[2]
+        + 2 * x[0] ** 2
+        + 2 * x[1] ** 2
+        + x[2] ** 2
+        + 2 * x[0] * x[1]
+        + 2 * x[0] * x[2]
+    )
 
 
 def hs071_objective(x, p):

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import optsolve
-from constrained_problems import HS071_X, hs071
+from constrained_problems import HS071_X, hs035_objective, hs071
 from optsolve import Constraint, OptimizationProblem, ReturnCode, solve
 
 jax.config.update("jax_enable_x64", True)
@@ -24,17 +24,7 @@ AL = optsolve.AugmentedLagrangian()
 
 # HS035: a convex quadratic, one linear inequality, x >= 0 (f* = 1/9 at (4/3, 7/9, 4/9)).
 HS035 = OptimizationProblem(
-    lambda x, p: (
-        9
-        - 8 * x[0]
-        - 6 * x[1]
-        - 4 * x[2]
-        + 2 * x[0] ** 2
-        + 2 * x[1] ** 2
-        + x[2] ** 2
-        + 2 * x[0] * x[1]
-        + 2 * x[0] * x[2]
-    ),
+    hs035_objective,
     jnp.full(3, 0.5),
     bounds=(0.0, None),
     constraints=[Constraint(lambda x, p: x[0] + x[1] + 2 * x[2], upper=3.0)],

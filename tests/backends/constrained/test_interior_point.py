@@ -13,6 +13,7 @@ import pytest
 
 import optsolve
 from constrained_problems import (
+    hs035_objective,
     hs071,
     hs071_objective,
     hs071_product,
@@ -31,17 +32,7 @@ TIGHT = optsolve.InteriorPoint(tol=1e-12)
 
 # HS035: a convex quadratic, one linear inequality, x >= 0 (f* = 1/9 at (4/3, 7/9, 4/9)).
 HS035 = OptimizationProblem(
-    lambda x, p: (
-        9
-        - 8 * x[0]
-        - 6 * x[1]
-        - 4 * x[2]
-        + 2 * x[0] ** 2
-        + 2 * x[1] ** 2
-        + x[2] ** 2
-        + 2 * x[0] * x[1]
-        + 2 * x[0] * x[2]
-    ),
+    hs035_objective,
     jnp.full(3, 0.5),
     bounds=(0.0, None),
     constraints=[Constraint(lambda x, p: x[0] + x[1] + 2 * x[2], upper=3.0)],
@@ -317,18 +308,8 @@ def test_derivatives_of_f_and_x_wrt_the_constraint_bound_match_finite_difference
 
 
 def _hs035_scaled(x, p):
-    """HS035's objective with p scaling its linear term in x[0]."""
-    return (
-        9
-        - 8 * p * x[0]
-        - 6 * x[1]
-        - 4 * x[2]
-        + 2 * x[0] ** 2
-        + 2 * x[1] ** 2
-        + x[2] ** 2
-        + 2 * x[0] * x[1]
-        + 2 * x[0] * x[2]
-    )
+    """HS035's objective with p scaling its linear term in x[0] (-8 x[0])."""
+    return hs035_objective(x, p) - 8 * (p - 1) * x[0]
 
 
 def _hs035_shifted(x, p):

@@ -19,6 +19,7 @@ import scipy.optimize as so
 from scipy.optimize import NonlinearConstraint
 
 import optsolve
+from constrained_problems import hs035_objective
 from optsolve import Constraint, OptimizationProblem, ReturnCode, ScipyGlobal, ScipyMinimize, solve
 from optsolve.backends.scipy import compiled as scipy_compiled
 from problems import PROBLEMS
@@ -119,22 +120,8 @@ HS071 = OptimizationProblem(
 HS071_F = 17.0140173  # Hock & Schittkowski (1981), problem 71
 
 
-def hs035_f(x, p):
-    return (
-        9.0
-        - 8 * x[0]
-        - 6 * x[1]
-        - 4 * x[2]
-        + 2 * x[0] ** 2
-        + 2 * x[1] ** 2
-        + x[2] ** 2
-        + 2 * x[0] * x[1]
-        + 2 * x[0] * x[2]
-    )
-
-
 HS035 = OptimizationProblem(
-    hs035_f,
+    hs035_objective,
     jnp.array([0.5, 0.5, 0.5]),
     bounds=(0.0, None),
     constraints=Constraint(lambda x, p: 3.0 - x[0] - x[1] - 2 * x[2], lower=0.0),
